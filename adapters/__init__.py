@@ -1,0 +1,1 @@
+"""Thin per-framework adapters, installed as ``lowlat_mw.adapters.<framework>``."""

@@ -1,0 +1,446 @@
+"""Wire codecs: events <-> WebSocket messages, in Protobuf binary frames or JSON text frames.
+
+Binary frame (subprotocol ``lowlat.v1.proto``)::
+
+    +--------+---------------------------------------------+
+    | header | Envelope (Protobuf), compressed per header  |
+    +--------+---------------------------------------------+
+    header = 0x10 | codec   (high nibble: frame version 1; low nibble: 0 none, 1 zstd, 2 lz4, 3 snappy)
+
+Text frame (subprotocol ``lowlat.v1.json``): one JSON object with a ``"type"`` member, never
+compressed. docs/protocol.md is the normative description of both.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from . import events as ev
+from .compression import BINARY, TEXT, CompressionSelector, decompress
+from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from .proto import lowlat_v1_pb2 as pb
+
+__all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for"]
+
+FRAME_VERSION = 1
+_HEADER_BASE = FRAME_VERSION << 4
+
+
+class WireCodec(Protocol):
+    """Turns events into WebSocket message payloads and back."""
+
+    binary: bool
+
+    def encode(self, event: ev.Event, compressor: CompressionSelector | None = None) -> bytes | str:
+        """Serialize `event`, compressing with `compressor` where it pays off."""
+        ...
+
+    def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
+        """Parse one WebSocket message; raise RemoteProtocolError on bad input."""
+        ...
+
+
+def _invalid(msg: str, code: int = CloseCode.INVALID_PAYLOAD) -> RemoteProtocolError:
+    return RemoteProtocolError(msg, error_code=ErrorCode.INVALID_PAYLOAD, close_code=code)
+
+
+def _bad_request(msg: str) -> RemoteProtocolError:
+    # The frame parsed but its content is not acceptable: answer with an Error, keep the connection.
+    return RemoteProtocolError(msg, error_code=ErrorCode.BAD_REQUEST, close_code=None)
+
+
+def _unsupported(kind: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"unsupported message type {kind!r}", error_code=ErrorCode.UNSUPPORTED_MESSAGE, close_code=None
+    )
+
+
+# ================================================================================ Protobuf
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
+    """Protobuf bytes of ``Envelope(delta=Delta(...))`` without building messages (hot path).
+
+    Byte-for-byte what the protobuf library produces; tests/test_codec.py checks that.
+    """
+    body = chunk.encode() if isinstance(chunk, str) else chunk
+    tag = b"\x1a" if isinstance(chunk, str) else b"\x22"
+    inner = (b"\x08" + _varint(stream_id) if stream_id else b"") + (b"\x10" + _varint(seq) if seq else b"") + tag + _varint(len(body)) + body
+    return b"\x22" + _varint(len(inner)) + inner
+
+
+def _struct_to_dict(struct: Any) -> dict[str, Any]:
+    def fix(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
+            return int(v)
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    return fix(json_format.MessageToDict(struct))
+
+
+def to_protobuf(event: ev.Event) -> pb.Envelope:
+    """Build the Envelope message for `event`."""
+    env = pb.Envelope()
+    if isinstance(event, ev.Delta):
+        d = env.delta
+        d.stream_id, d.seq = event.stream_id, event.seq
+        if event.text is not None:
+            d.text = event.text
+        else:
+            d.data = event.data  # type: ignore[assignment]
+    elif isinstance(event, ev.End):
+        e = env.end
+        e.stream_id, e.last_seq, e.finish_reason = event.stream_id, event.last_seq, event.finish_reason
+        e.timings_ms.update(event.timings_ms)
+        e.usage.update(event.usage)
+    elif isinstance(event, ev.Request):
+        r = env.request
+        r.stream_id, r.model = event.stream_id, event.model
+        if event.text is not None:
+            r.text = event.text
+        elif event.data is not None:
+            r.data = event.data
+        elif event.messages is not None:
+            r.messages.SetInParent()
+            for m in event.messages:
+                r.messages.items.add(role=m.role, content=m.content)
+        if event.params:
+            r.params.update(dict(event.params))
+    elif isinstance(event, ev.Error):
+        env.error.stream_id, env.error.code = event.stream_id, int(event.code)
+        env.error.message, env.error.retryable = event.message, event.retryable
+    elif isinstance(event, ev.Ping):
+        env.ping.id = event.id
+    elif isinstance(event, ev.Pong):
+        env.pong.id = event.id
+    elif isinstance(event, ev.Cancel):
+        env.cancel.stream_id = event.stream_id
+    elif isinstance(event, ev.Hello):
+        h = env.hello
+        h.client, h.resume_token = event.client, event.resume_token
+        h.compression.extend(event.compression)
+        h.last_seq.update(event.last_seq)
+    elif isinstance(event, ev.Welcome):
+        w = env.welcome
+        w.session_id, w.resume_token, w.server, w.resumed = (
+            event.session_id, event.resume_token, event.server, event.resumed)
+        w.compression.extend(event.compression)
+        w.max_frame_size, w.max_decompressed_size = event.max_frame_size, event.max_decompressed_size
+        w.max_streams, w.heartbeat_interval_ms = event.max_streams, event.heartbeat_interval_ms
+        w.idle_timeout_ms = event.idle_timeout_ms
+    elif isinstance(event, ev.GoAway):
+        env.goaway.reason, env.goaway.reconnect_after_ms = event.reason, event.reconnect_after_ms
+    else:
+        raise LocalProtocolError(f"not a protocol event: {event!r}")
+    return env
+
+
+def from_protobuf(env: pb.Envelope) -> ev.Event:
+    """Turn a parsed Envelope into an event (RemoteProtocolError for unset / unknown kinds)."""
+    kind = env.WhichOneof("msg")
+    try:
+        if kind == "delta":
+            d = env.delta
+            which = d.WhichOneof("chunk")
+            if which is None:
+                raise _bad_request("Delta without text or data")
+            return ev.Delta(stream_id=d.stream_id, seq=d.seq, **{which: getattr(d, which)})
+        if kind == "request":
+            r = env.request
+            which = r.WhichOneof("input")
+            kw: dict[str, Any] = {}
+            if which == "messages":
+                kw["messages"] = tuple(ev.ChatMessage(role=m.role, content=m.content) for m in r.messages.items)
+            elif which is not None:
+                kw[which] = getattr(r, which)
+            params = _struct_to_dict(r.params) if r.HasField("params") else {}
+            return ev.Request(stream_id=r.stream_id, model=r.model, params=params, **kw)
+        if kind == "end":
+            e = env.end
+            return ev.End(stream_id=e.stream_id, last_seq=e.last_seq, finish_reason=e.finish_reason,
+                          timings_ms=dict(e.timings_ms), usage=dict(e.usage))
+        if kind == "error":
+            e = env.error
+            try:
+                code = ErrorCode(e.code)
+            except ValueError:
+                code = ErrorCode.UNSPECIFIED
+            return ev.Error(stream_id=e.stream_id, code=code, message=e.message, retryable=e.retryable)
+        if kind == "ping":
+            return ev.Ping(id=env.ping.id)
+        if kind == "pong":
+            return ev.Pong(id=env.pong.id)
+        if kind == "cancel":
+            return ev.Cancel(stream_id=env.cancel.stream_id)
+        if kind == "hello":
+            h = env.hello
+            return ev.Hello(client=h.client, compression=tuple(h.compression),
+                            resume_token=h.resume_token, last_seq=dict(h.last_seq))
+        if kind == "welcome":
+            w = env.welcome
+            return ev.Welcome(
+                session_id=w.session_id, resume_token=w.resume_token, compression=tuple(w.compression),
+                max_frame_size=w.max_frame_size, max_decompressed_size=w.max_decompressed_size,
+                max_streams=w.max_streams, heartbeat_interval_ms=w.heartbeat_interval_ms,
+                idle_timeout_ms=w.idle_timeout_ms, server=w.server, resumed=w.resumed)
+        if kind == "goaway":
+            return ev.GoAway(reason=env.goaway.reason, reconnect_after_ms=env.goaway.reconnect_after_ms)
+    except LocalProtocolError as exc:  # event validation failed: the peer's fault
+        raise _bad_request(str(exc)) from None
+    raise _unsupported(kind or "empty envelope")
+
+
+class ProtoCodec:
+    """Protobuf Envelope in binary frames with a one-byte header (version, compression)."""
+
+    binary = True
+
+    def encode(self, event: ev.Event, compressor: CompressionSelector | None = None) -> bytes:
+        """Serialize `event` as a binary frame, compressed when `compressor` says it pays."""
+        if isinstance(event, ev.Delta):
+            payload = encode_delta_fast(event.stream_id, event.seq, event.chunk)
+            kind = TEXT if event.text is not None else BINARY
+        else:
+            payload = to_protobuf(event).SerializeToString()
+            kind = BINARY if isinstance(event, ev.Request) and event.data is not None else TEXT
+        if compressor is None:
+            return bytes((_HEADER_BASE,)) + payload
+        codec_id, payload = compressor.compress(payload, kind)
+        return bytes((_HEADER_BASE | codec_id,)) + payload
+
+    def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
+        """Parse a binary frame (RemoteProtocolError with the close code to use on bad input)."""
+        if isinstance(frame, str):
+            raise _invalid("text frame on the binary subprotocol lowlat.v1.proto", CloseCode.UNSUPPORTED_DATA)
+        if not frame:
+            raise _invalid("empty frame")
+        header = frame[0]
+        if header >> 4 != FRAME_VERSION:
+            raise RemoteProtocolError(
+                f"unsupported frame version {header >> 4}",
+                error_code=ErrorCode.PROTOCOL_ERROR, close_code=CloseCode.PROTOCOL_ERROR)
+        payload = decompress(header & 0x0F, bytes(frame[1:]), limit, allowed)
+        if len(payload) > limit:
+            raise RemoteProtocolError(
+                f"payload exceeds max_decompressed_size ({limit} bytes)",
+                error_code=ErrorCode.MESSAGE_TOO_BIG, close_code=CloseCode.MESSAGE_TOO_BIG)
+        try:
+            env = pb.Envelope.FromString(payload)
+        except DecodeError as exc:
+            raise _invalid(f"not a valid Envelope: {exc}") from None
+        return from_protobuf(env)
+
+
+# ================================================================================ JSON
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def to_json_dict(event: ev.Event) -> dict[str, Any]:
+    """The JSON object for `event` (docs/protocol.md, "JSON mapping")."""
+    if isinstance(event, ev.Delta):
+        d: dict[str, Any] = {"type": "delta", "stream_id": event.stream_id, "seq": event.seq}
+        if event.text is not None:
+            d["text"] = event.text
+        else:
+            d["data"] = _b64(event.data)  # type: ignore[arg-type]
+        return d
+    if isinstance(event, ev.End):
+        return {"type": "end", "stream_id": event.stream_id, "last_seq": event.last_seq,
+                "finish_reason": event.finish_reason, "timings_ms": dict(event.timings_ms),
+                "usage": dict(event.usage)}
+    if isinstance(event, ev.Request):
+        d = {"type": "request", "stream_id": event.stream_id, "model": event.model}
+        if event.text is not None:
+            d["text"] = event.text
+        elif event.data is not None:
+            d["data"] = _b64(event.data)
+        elif event.messages is not None:
+            d["messages"] = [{"role": m.role, "content": m.content} for m in event.messages]
+        if event.params:
+            d["params"] = dict(event.params)
+        return d
+    if isinstance(event, ev.Error):
+        return {"type": "error", "stream_id": event.stream_id, "code": event.code.wire_name,
+                "message": event.message, "retryable": event.retryable}
+    if isinstance(event, ev.Ping):
+        return {"type": "ping", "id": event.id}
+    if isinstance(event, ev.Pong):
+        return {"type": "pong", "id": event.id}
+    if isinstance(event, ev.Cancel):
+        return {"type": "cancel", "stream_id": event.stream_id}
+    if isinstance(event, ev.Hello):
+        return {"type": "hello", "client": event.client, "compression": list(event.compression),
+                "resume_token": event.resume_token,
+                "last_seq": {str(k): v for k, v in event.last_seq.items()}}
+    if isinstance(event, ev.Welcome):
+        return {"type": "welcome", "session_id": event.session_id, "resume_token": event.resume_token,
+                "compression": list(event.compression), "max_frame_size": event.max_frame_size,
+                "max_decompressed_size": event.max_decompressed_size, "max_streams": event.max_streams,
+                "heartbeat_interval_ms": event.heartbeat_interval_ms,
+                "idle_timeout_ms": event.idle_timeout_ms, "server": event.server, "resumed": event.resumed}
+    if isinstance(event, ev.GoAway):
+        return {"type": "goaway", "reason": event.reason, "reconnect_after_ms": event.reconnect_after_ms}
+    raise LocalProtocolError(f"not a protocol event: {event!r}")
+
+
+class _Fields:
+    """Typed access to a decoded JSON object; wrong types are the peer's fault (1007)."""
+
+    __slots__ = ("obj", "kind")
+
+    def __init__(self, obj: Mapping[str, Any], kind: str) -> None:
+        self.obj, self.kind = obj, kind
+
+    def _get(self, name: str, types: type | tuple[type, ...], default: Any) -> Any:
+        value = self.obj.get(name, default)
+        if value is default:
+            return value
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+            raise _invalid(f"{self.kind}.{name} has the wrong type ({type(value).__name__})")
+        return value
+
+    def u32(self, name: str) -> int:
+        v = self._get(name, int, 0)
+        if not 0 <= v <= 0xFFFFFFFF:
+            raise _invalid(f"{self.kind}.{name} is out of range")
+        return v
+
+    def int(self, name: str) -> int:
+        return self._get(name, int, 0)
+
+    def str(self, name: str, default: str | None = "") -> Any:
+        return self._get(name, str, default)
+
+    def bool(self, name: str) -> bool:
+        return self._get(name, bool, False)
+
+    def bytes(self, name: str) -> bytes | None:
+        v = self._get(name, str, None)
+        if v is None:
+            return None
+        try:
+            return base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raise _invalid(f"{self.kind}.{name} is not valid base64") from None
+
+    def strs(self, name: str) -> tuple[str, ...]:
+        v = self._get(name, list, [])
+        if not all(isinstance(x, str) for x in v):
+            raise _invalid(f"{self.kind}.{name} must be a list of strings")
+        return tuple(v)
+
+    def mapping(self, name: str) -> dict[str, Any]:
+        return dict(self._get(name, dict, {}))
+
+
+def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
+    return t if isinstance(t, tuple) else (t,)
+
+
+def from_json_dict(obj: Any) -> ev.Event:
+    """Turn a decoded JSON value into an event (RemoteProtocolError on bad input)."""
+    if not isinstance(obj, dict):
+        raise _invalid("a JSON frame must be an object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise _invalid('a JSON frame needs a string "type" member')
+    f = _Fields(obj, kind)
+    try:
+        if kind == "request":
+            messages = None
+            if "messages" in obj:
+                raw = f._get("messages", list, [])
+                if not all(isinstance(m, dict) and isinstance(m.get("role", ""), str)
+                           and isinstance(m.get("content", ""), str) for m in raw):
+                    raise _invalid("request.messages must be a list of {role, content} strings")
+                messages = tuple(ev.ChatMessage(role=m.get("role", ""), content=m.get("content", ""))
+                                 for m in raw)
+            return ev.Request(stream_id=f.u32("stream_id"), model=f.str("model"),
+                              text=f.str("text", None), data=f.bytes("data"), messages=messages,
+                              params=f.mapping("params"))
+        if kind == "delta":
+            return ev.Delta(stream_id=f.u32("stream_id"), seq=f.u32("seq"),
+                            text=f.str("text", None), data=f.bytes("data"))
+        if kind == "end":
+            timings = f.mapping("timings_ms")
+            usage = f.mapping("usage")
+            if not all(isinstance(v, int | float) for v in timings.values()) or not all(
+                    isinstance(v, int) for v in usage.values()):
+                raise _invalid("end.timings_ms / end.usage must map names to numbers")
+            return ev.End(stream_id=f.u32("stream_id"), last_seq=f.u32("last_seq"),
+                          finish_reason=f.str("finish_reason"), timings_ms=timings, usage=usage)
+        if kind == "error":
+            return ev.Error(stream_id=f.u32("stream_id"), code=ErrorCode.from_wire_name(f.str("code")),
+                            message=f.str("message"), retryable=f.bool("retryable"))
+        if kind == "ping":
+            return ev.Ping(id=f.u32("id"))
+        if kind == "pong":
+            return ev.Pong(id=f.u32("id"))
+        if kind == "cancel":
+            return ev.Cancel(stream_id=f.u32("stream_id"))
+        if kind == "hello":
+            last_seq: dict[int, int] = {}
+            for k, v in f.mapping("last_seq").items():
+                if not (isinstance(k, str) and k.isdigit() and isinstance(v, int) and v >= 0):
+                    raise _invalid("hello.last_seq must map stream ids to seq numbers")
+                last_seq[int(k)] = v
+            return ev.Hello(client=f.str("client"), compression=f.strs("compression"),
+                            resume_token=f.str("resume_token"), last_seq=last_seq)
+        if kind == "welcome":
+            return ev.Welcome(
+                session_id=f.str("session_id"), resume_token=f.str("resume_token"),
+                compression=f.strs("compression"), max_frame_size=f.u32("max_frame_size"),
+                max_decompressed_size=f.u32("max_decompressed_size"), max_streams=f.u32("max_streams"),
+                heartbeat_interval_ms=f.u32("heartbeat_interval_ms"),
+                idle_timeout_ms=f.u32("idle_timeout_ms"), server=f.str("server"), resumed=f.bool("resumed"))
+        if kind == "goaway":
+            return ev.GoAway(reason=f.str("reason"), reconnect_after_ms=f.u32("reconnect_after_ms"))
+    except LocalProtocolError as exc:
+        raise _bad_request(str(exc)) from None
+    raise _unsupported(kind)
+
+
+class JsonCodec:
+    """One JSON object per text frame; never compressed (use it for browsers and debugging)."""
+
+    binary = False
+
+    def encode(self, event: ev.Event, compressor: CompressionSelector | None = None) -> str:
+        """Serialize `event` as compact JSON text."""
+        return json.dumps(to_json_dict(event), separators=(",", ":"), ensure_ascii=False)
+
+    def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
+        """Parse a text frame (RemoteProtocolError with the close code to use on bad input)."""
+        if not isinstance(frame, str):
+            raise _invalid("binary frame on the text subprotocol lowlat.v1.json", CloseCode.UNSUPPORTED_DATA)
+        try:
+            obj = json.loads(frame)
+        except (ValueError, RecursionError) as exc:
+            raise _invalid(f"not valid JSON: {exc}") from None
+        return from_json_dict(obj)
+
+
+def codec_for(subprotocol: str | None) -> WireCodec:
+    """The codec serving `subprotocol` (None, no subprotocol, means JSON)."""
+    from .settings import SUBPROTOCOL_PROTO
+
+    return ProtoCodec() if subprotocol == SUBPROTOCOL_PROTO else JsonCodec()

@@ -1,0 +1,174 @@
+"""Exceptions, close codes and error codes of lowlat-mw.
+
+Exception tree::
+
+    LowLatError
+    ├── SettingsError            invalid or unknown setting (ValueError too)
+    ├── ProtocolError            a frame broke the protocol; carries the close code to answer with
+    │   ├── LocalProtocolError   we (the caller of the core) misused it
+    │   └── RemoteProtocolError  the peer sent something wrong
+    └── ClientError              raised by the Python client
+        ├── StreamError          the server ended a stream with an Error frame
+        ├── ConnectionClosed     the connection closed with a final code (no reconnect)
+        └── ReconnectFailed      every reconnect attempt failed
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ClientError",
+    "CloseCode",
+    "ConnectionClosed",
+    "ErrorCode",
+    "LocalProtocolError",
+    "LowLatError",
+    "ProtocolError",
+    "ReconnectFailed",
+    "RemoteProtocolError",
+    "SettingsError",
+    "StreamError",
+]
+
+
+class CloseCode(enum.IntEnum):
+    """WebSocket close codes used by lowlat-mw (docs/protocol.md, "Close codes")."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    UNSUPPORTED_DATA = 1003
+    INVALID_PAYLOAD = 1007
+    POLICY_VIOLATION = 1008
+    MESSAGE_TOO_BIG = 1009
+    INTERNAL_ERROR = 1011
+    IDLE_TIMEOUT = 4000
+    HEARTBEAT_TIMEOUT = 4001
+    DRAINING = 4002
+    SLOW_CONSUMER = 4003
+    HANDSHAKE_TIMEOUT = 4004
+
+    @property
+    def reconnect(self) -> bool:
+        """True when a client should reconnect (with backoff) after this code."""
+        return self in _RECONNECT
+
+
+_RECONNECT = frozenset(
+    {
+        CloseCode.GOING_AWAY,
+        CloseCode.INTERNAL_ERROR,
+        CloseCode.IDLE_TIMEOUT,
+        CloseCode.HEARTBEAT_TIMEOUT,
+        CloseCode.DRAINING,
+        CloseCode.SLOW_CONSUMER,
+        CloseCode.HANDSHAKE_TIMEOUT,
+    }
+)
+
+
+def close_code_reconnects(code: int | None) -> bool:
+    """Whether a client should reconnect after close `code` (abnormal drops 1006/None do)."""
+    if code is None or code in (1005, 1006, 1012, 1013, 1014):
+        return True
+    try:
+        return CloseCode(code).reconnect
+    except ValueError:
+        return False
+
+
+class ErrorCode(enum.IntEnum):
+    """Codes carried by Error messages; JSON frames spell them in lower case."""
+
+    UNSPECIFIED = 0
+    BAD_REQUEST = 1
+    MODEL_ERROR = 2
+    TOO_MANY_STREAMS = 3
+    STREAM_ID_IN_USE = 4
+    PROTOCOL_ERROR = 5
+    INVALID_PAYLOAD = 6
+    MESSAGE_TOO_BIG = 7
+    UNSUPPORTED_COMPRESSION = 8
+    UNSUPPORTED_MESSAGE = 9
+    RESUME_FAILED = 10
+    RATE_LIMITED = 11
+    UNAUTHORIZED = 12
+    INTERNAL = 13
+    DRAINING = 14
+
+    @property
+    def wire_name(self) -> str:
+        """The JSON spelling, e.g. ``"model_error"``."""
+        return self.name.lower()
+
+    @classmethod
+    def from_wire_name(cls, name: str) -> ErrorCode:
+        """Parse the JSON spelling; unknown names map to UNSPECIFIED (forward compatible)."""
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            return cls.UNSPECIFIED
+
+
+class LowLatError(Exception):
+    """Base class of every exception lowlat-mw raises on purpose."""
+
+
+class SettingsError(LowLatError, ValueError):
+    """A setting is unknown or has an invalid value; the message names it."""
+
+
+class ProtocolError(LowLatError):
+    """A protocol violation, with the Error code and close code the I/O layer answers with."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_code: ErrorCode = ErrorCode.PROTOCOL_ERROR,
+        close_code: int | None = CloseCode.PROTOCOL_ERROR,
+    ) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.close_code = close_code
+
+
+class LocalProtocolError(ProtocolError):
+    """The caller of the core used it wrongly (a bug on our side of the wire)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something that breaks the protocol."""
+
+
+class ClientError(LowLatError):
+    """Base class for errors raised by the Python client."""
+
+
+class StreamError(ClientError):
+    """The server ended a stream with an Error message."""
+
+    def __init__(self, code: ErrorCode, message: str, *, stream_id: int = 0, retryable: bool = False):
+        super().__init__(f"{code.wire_name}: {message}")
+        self.code = code
+        self.message = message
+        self.stream_id = stream_id
+        self.retryable = retryable
+
+
+class ConnectionClosed(ClientError):
+    """The connection was closed with a code after which the client does not reconnect."""
+
+    def __init__(self, code: int | None, reason: str = ""):
+        try:
+            name = CloseCode(code).name.lower() if code is not None else "abnormal"
+        except ValueError:
+            name = "unknown"
+        super().__init__(f"connection closed with code {code} ({name}){': ' + reason if reason else ''}")
+        self.code = code
+        self.reason = reason
+
+
+class ReconnectFailed(ClientError):
+    """The client gave up reconnecting after its retries."""

@@ -1,0 +1,164 @@
+"""Protocol messages as frozen, validated dataclasses: what the codecs turn into bytes and back.
+
+These are the only message types the core and the client handle; the Protobuf and JSON codecs
+map them one to one (docs/protocol.md, "Messages").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ErrorCode, LocalProtocolError
+
+__all__ = [
+    "Cancel",
+    "ChatMessage",
+    "Delta",
+    "End",
+    "Error",
+    "Event",
+    "GoAway",
+    "Hello",
+    "Ping",
+    "Pong",
+    "Request",
+    "Welcome",
+]
+
+_U32 = 0xFFFFFFFF
+
+
+def _check_u32(name: str, value: int, *, positive: bool = False) -> None:
+    if not isinstance(value, int) or value < (1 if positive else 0) or value > _U32:
+        kind = "a positive" if positive else "a non-negative"
+        raise LocalProtocolError(f"{name} must be {kind} 32-bit integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    """Client's first message: what it can decode, and what to resume."""
+
+    client: str = ""
+    compression: tuple[str, ...] = ()
+    resume_token: str = ""
+    last_seq: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Welcome:
+    """Server's answer to Hello: session identity and the negotiated limits."""
+
+    session_id: str
+    resume_token: str = ""
+    compression: tuple[str, ...] = ()
+    max_frame_size: int = 0
+    max_decompressed_size: int = 0
+    max_streams: int = 0
+    heartbeat_interval_ms: int = 0
+    idle_timeout_ms: int = 0
+    server: str = ""
+    resumed: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatMessage:
+    """One chat turn of a Request."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """Start stream `stream_id` with one of text, data or messages as input."""
+
+    stream_id: int
+    model: str = ""
+    text: str | None = None
+    data: bytes | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_u32("stream_id", self.stream_id, positive=True)
+        given = sum(x is not None for x in (self.text, self.data, self.messages))
+        if given > 1:
+            raise LocalProtocolError("a Request carries at most one of text, data, messages")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delta:
+    """One chunk of a stream's output; exactly one of text or data."""
+
+    stream_id: int
+    seq: int
+    text: str | None = None
+    data: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.data is None):
+            raise LocalProtocolError("a Delta carries exactly one of text, data")
+
+    @property
+    def chunk(self) -> str | bytes:
+        """The chunk, text or bytes."""
+        return self.text if self.text is not None else self.data  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class End:
+    """A stream finished normally ("stop") or by Cancel ("cancelled")."""
+
+    stream_id: int
+    last_seq: int = 0
+    finish_reason: str = "stop"
+    timings_ms: Mapping[str, float] = field(default_factory=dict)
+    usage: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error:
+    """An error for one stream (ends it) or, with stream_id 0, for the connection."""
+
+    stream_id: int = 0
+    code: ErrorCode = ErrorCode.UNSPECIFIED
+    message: str = ""
+    retryable: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    """Ask the server to stop stream `stream_id`."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ping:
+    """Heartbeat probe; the peer answers with Pong(id)."""
+
+    id: int = 0
+
+    def response(self) -> Pong:
+        """The Pong that answers this Ping."""
+        return Pong(id=self.id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pong:
+    """Answer to Ping(id)."""
+
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoAway:
+    """The server is shutting down: finish, then reconnect after the hint."""
+
+    reason: str = ""
+    reconnect_after_ms: int = 0
+
+
+Event = Hello | Welcome | Request | Delta | End | Error | Cancel | Ping | Pong | GoAway

@@ -1,0 +1,101 @@
+"""Sans-IO heartbeat manager and idle-timeout reaper: `now` goes in, decisions come out.
+
+Heartbeat rules (docs/protocol.md, "Heartbeat"):
+
+* A Ping is due ``interval`` seconds after the previous one (or after the connection opened).
+* Any frame from the peer proves it alive. If the peer sent something since the previous Ping,
+  the interval doubles, up to ``max_interval``; a quiet period resets it to the base interval.
+  So a busy connection is probed every 2 minutes, a quiet one every 30 s.
+* After a Ping, if no frame at all arrives within ``timeout``, the peer is dead.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+__all__ = ["Heartbeat", "HeartbeatAction", "IdleReaper"]
+
+
+class HeartbeatAction(enum.Enum):
+    """What :meth:`Heartbeat.poll` asks the driver to do."""
+
+    SEND_PING = "send_ping"
+    PEER_DEAD = "peer_dead"
+
+
+class Heartbeat:
+    """Decides when to ping and when the peer is dead; measures RTT from Pongs."""
+
+    __slots__ = ("awaiting", "current", "interval", "last_ping_at", "max_interval", "next_ping_at",
+                 "ping_id", "rtt", "rx_since_ping", "timeout")
+
+    def __init__(self, interval: float, max_interval: float, timeout: float, now: float) -> None:
+        self.interval, self.max_interval, self.timeout = interval, max_interval, timeout
+        self.current = self.interval
+        self.last_ping_at = now
+        self.next_ping_at = now + interval
+        self.ping_id = 0
+        self.awaiting: int | None = None
+        self.rx_since_ping = False
+        self.rtt: float | None = None
+
+    def on_receive(self, now: float) -> None:
+        """Any frame arrived from the peer."""
+        self.rx_since_ping = True
+        if self.awaiting is not None:
+            # The peer is alive; a Pong may still follow and give us an RTT.
+            self.next_ping_at = max(self.next_ping_at, self.last_ping_at + self.current)
+
+    def on_pong(self, ping_id: int, now: float) -> None:
+        """A Pong arrived; if it answers our outstanding Ping, record the RTT."""
+        if ping_id == self.awaiting:
+            self.rtt = now - self.last_ping_at
+            self.awaiting = None
+
+    def poll(self, now: float) -> HeartbeatAction | None:
+        """Call at (or after) :meth:`deadline`; returns what to do now, if anything."""
+        if self.awaiting is not None:
+            if self.rx_since_ping:
+                self.awaiting = None  # alive without a Pong: stop waiting for it
+            elif now >= self.last_ping_at + self.timeout:
+                return HeartbeatAction.PEER_DEAD
+            else:
+                return None
+        if now < self.next_ping_at:
+            return None
+        self.current = min(self.current * 2, self.max_interval) if self.rx_since_ping else self.interval
+        self.rx_since_ping = False
+        self.ping_id = (self.ping_id % 0xFFFFFFFF) + 1
+        self.awaiting = self.ping_id
+        self.last_ping_at = now
+        self.next_ping_at = now + self.current
+        return HeartbeatAction.SEND_PING
+
+    def deadline(self) -> float:
+        """When :meth:`poll` next has something to do."""
+        if self.awaiting is not None and not self.rx_since_ping:
+            return self.last_ping_at + self.timeout
+        return self.next_ping_at
+
+
+class IdleReaper:
+    """Closes connections with no application traffic and no stream running for `timeout` s."""
+
+    __slots__ = ("last_activity", "timeout")
+
+    def __init__(self, timeout: float, now: float) -> None:
+        self.timeout = timeout
+        self.last_activity = now
+
+    def touch(self, now: float) -> None:
+        """Application traffic (Request, Cancel, Delta, End, Error) happened."""
+        self.last_activity = now
+
+    def deadline(self, active_streams: int) -> float:
+        """When the connection becomes idle (infinity while a stream runs)."""
+        return math.inf if active_streams else self.last_activity + self.timeout
+
+    def expired(self, now: float, active_streams: int) -> bool:
+        """True when the connection should be reaped now."""
+        return not active_streams and now >= self.last_activity + self.timeout

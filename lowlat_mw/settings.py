@@ -1,0 +1,209 @@
+"""One frozen, validated settings object and its loaders (kwargs, dict, ``LOWLAT_*`` env).
+
+Every adapter feeds its framework's idiom into :meth:`Settings.load`; precedence is
+explicit values > environment variables > defaults. Unknown keys are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, get_type_hints
+
+from .errors import SettingsError
+
+__all__ = ["ENV_PREFIX", "SUBPROTOCOL_JSON", "SUBPROTOCOL_PROTO", "Settings"]
+
+ENV_PREFIX = "LOWLAT_"
+SUBPROTOCOL_PROTO = "lowlat.v1.proto"
+SUBPROTOCOL_JSON = "lowlat.v1.json"
+KNOWN_CODECS = ("zstd", "lz4", "snappy")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """All lowlat-mw settings. Times are seconds, sizes bytes. See docs/settings.md."""
+
+    path: str = "/ws"
+    """URL path the middleware serves the protocol at."""
+    heartbeat_interval: float = 30.0
+    """Seconds between server Pings while the peer is quiet."""
+    heartbeat_max_interval: float = 120.0
+    """Upper bound the interval stretches to while the peer keeps sending."""
+    heartbeat_timeout: float = 10.0
+    """Seconds to wait for any frame after a Ping before closing with 4001."""
+    idle_timeout: float = 600.0
+    """Close with 4000 after this long with no application traffic and no stream running."""
+    handshake_timeout: float = 10.0
+    """Close with 4004 when no Hello arrives this long after the WebSocket opens."""
+    max_frame_size: int = MiB
+    """Largest WebSocket message accepted, in bytes (1009 above it)."""
+    max_decompressed_size: int = 8 * MiB
+    """Largest payload after decompression, in bytes (1009 above it)."""
+    max_streams: int = 8
+    """Concurrent streams per connection."""
+    compression: tuple[str, ...] = KNOWN_CODECS
+    """Codecs the server may use and accept, preferred first; empty disables compression."""
+    compression_min_size: int = 512
+    """Payloads smaller than this are never compressed (it costs more than it saves)."""
+    link_mbps: float = 1000.0
+    """Assumed link speed for the compression cost model, in Mbit/s."""
+    allowed_origins: tuple[str, ...] = ()
+    """Cross-origin Origins allowed; same host is always allowed; "*" allows every origin."""
+    subprotocols: tuple[str, ...] = (SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON)
+    """Subprotocols served, in server preference order."""
+    model_threads: int = 64
+    """Worker threads for sync model callables and generators (each chunk is one hop)."""
+    expose_model_errors: bool = False
+    """Send the model exception's message to clients (off: only its type name)."""
+    server_name: str = "lowlat-mw"
+    """Server name announced in Welcome."""
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
+                     "idle_timeout", "handshake_timeout", "link_mbps"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"setting {name!r} must be > 0, got {getattr(self, name)!r}")
+        if self.heartbeat_max_interval < self.heartbeat_interval:
+            raise SettingsError("setting 'heartbeat_max_interval' must be >= 'heartbeat_interval'")
+        for name in ("max_frame_size", "max_decompressed_size", "max_streams", "model_threads"):
+            value = getattr(self, name)
+            if not 0 < value <= 0xFFFFFFFF:
+                raise SettingsError(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")
+        if self.max_frame_size < 64:
+            raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
+        if self.compression_min_size < 0:
+            raise SettingsError("setting 'compression_min_size' must be >= 0")
+        for codec in self.compression:
+            if codec not in KNOWN_CODECS:
+                raise SettingsError(
+                    f"setting 'compression' has unknown codec {codec!r}; known: {', '.join(KNOWN_CODECS)}"
+                )
+        if not self.subprotocols:
+            raise SettingsError("setting 'subprotocols' must name at least one subprotocol")
+        for sp in self.subprotocols:
+            if sp not in (SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON):
+                raise SettingsError(f"setting 'subprotocols' has unknown subprotocol {sp!r}")
+        if not self.path.startswith("/"):
+            raise SettingsError(f"setting 'path' must start with '/', got {self.path!r}")
+
+    # ----------------------------------------------------------------- loaders
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every setting name, in declaration order."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def load(
+        cls,
+        values: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        source: str = "settings",
+    ) -> Settings:
+        """Build settings from `values` over ``LOWLAT_*`` variables in `env` (default os.environ).
+
+        `source` names where `values` came from, for error messages (e.g. "LOWLAT_MW").
+        """
+        values = dict(values or {})
+        if isinstance(values.get("settings"), Settings):  # Settings passed through kwargs
+            base = values.pop("settings")
+            return base.replace(**values) if values else base
+        env = os.environ if env is None else env
+        hints = _hints()
+        merged: dict[str, Any] = {}
+        for key, raw in env.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            if name not in hints:
+                raise SettingsError(_unknown(name, f"environment variable {key}"))
+            merged[name] = _parse_env(key, raw, hints[name])
+        for key, value in values.items():
+            if key not in hints:
+                raise SettingsError(_unknown(key, source))
+            merged[key] = _coerce(key, value, hints[key])
+        return cls(**merged)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes` applied and validated."""
+        hints = _hints()
+        for key in changes:
+            if key not in hints:
+                raise SettingsError(_unknown(key, "settings"))
+        return dataclasses.replace(self, **{k: _coerce(k, v, hints[k]) for k, v in changes.items()})
+
+
+def _hints() -> dict[str, Any]:
+    hints = get_type_hints(Settings)
+    return {f.name: hints[f.name] for f in fields(Settings)}
+
+
+def _unknown(key: str, source: str) -> str:
+    close = difflib.get_close_matches(key, Settings.names(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown setting {key!r} in {source}{hint}"
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    try:
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if hint is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError
+            return value
+        if hint is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError
+            return float(value)
+        if hint is str:
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+        # tuple[str, ...]
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        items = tuple(value)
+        if not all(isinstance(v, str) for v in items):
+            raise TypeError
+        return items
+    except TypeError:
+        raise SettingsError(
+            f"setting {name!r} must be {_type_name(hint)}, got {type(value).__name__} {value!r}"
+        ) from None
+
+
+def _parse_env(key: str, raw: str, hint: Any) -> Any:
+    raw = raw.strip()
+    try:
+        if hint is bool:
+            low = raw.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if hint is int:
+            return int(raw)
+        if hint is float:
+            return float(raw)
+        if hint is str:
+            return raw
+        return tuple(v.strip() for v in raw.split(",") if v.strip())
+    except ValueError:
+        raise SettingsError(
+            f"environment variable {key} must be {_type_name(hint)}, got {raw!r}"
+        ) from None
+
+
+def _type_name(hint: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+        hint, "a list of strings"
+    )

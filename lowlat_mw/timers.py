@@ -1,0 +1,192 @@
+"""One scheduler per process (per event loop / per thread pool) for every connection's timers.
+
+`DeadlineQueue` is the sans-IO core: a heap of (deadline, key) with lazy invalidation, so a
+connection whose deadline moves costs nothing until its old entry reaches the top.
+`AsyncScheduler` drives it from one asyncio timer handle per event loop; `ThreadScheduler` from
+one daemon thread. Neither creates a task or thread per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import threading
+import time
+import weakref
+from collections.abc import Hashable
+from typing import Protocol
+
+__all__ = ["AsyncScheduler", "DeadlineQueue", "ThreadScheduler", "TimerTarget"]
+
+
+class DeadlineQueue:
+    """Keys with deadlines; `pop_due(now)` returns the keys whose deadline has come."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Hashable]] = []
+        self._when: dict[Hashable, float] = {}
+        self._counter = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._when)
+
+    def set(self, key: Hashable, when: float) -> None:
+        """Schedule `key` at `when` (replacing any earlier schedule; inf unschedules)."""
+        if when == math.inf:
+            self._when.pop(key, None)
+            return
+        if self._when.get(key) == when:
+            return
+        self._when[key] = when
+        heapq.heappush(self._heap, (when, next(self._counter), key))
+
+    def discard(self, key: Hashable) -> None:
+        """Forget `key`."""
+        self._when.pop(key, None)
+
+    def next_deadline(self) -> float:
+        """The earliest live deadline, or inf."""
+        heap = self._heap
+        while heap and self._when.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
+    def pop_due(self, now: float) -> list[Hashable]:
+        """Remove and return every key due at `now`."""
+        due = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            when, _, key = heapq.heappop(heap)
+            if self._when.get(key) == when:
+                del self._when[key]
+                due.append(key)
+        if len(heap) > 64 and len(heap) > 4 * len(self._when):  # drop stale entries
+            self._heap = [e for e in heap if self._when.get(e[2]) == e[0]]
+            heapq.heapify(self._heap)
+        return due
+
+
+class TimerTarget(Protocol):
+    """What a scheduler drives: usually a connection driver."""
+
+    def on_timer(self, now: float) -> float:
+        """Do what is due at `now`; return the next deadline (inf for none)."""
+        ...
+
+
+class AsyncScheduler:
+    """Drives every registered target of one event loop from a single timer handle."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncScheduler] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue = DeadlineQueue()
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+
+    @classmethod
+    def current(cls) -> AsyncScheduler:
+        """The scheduler of the running event loop (created on first use)."""
+        loop = asyncio.get_running_loop()
+        sched = cls._by_loop.get(loop)
+        if sched is None:
+            sched = cls._by_loop[loop] = cls(loop)
+        return sched
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def schedule(self, target: TimerTarget, when: float) -> None:
+        """Call ``target.on_timer`` at monotonic time `when` (replaces an earlier schedule)."""
+        self._queue.set(target, when)
+        if when < self._armed_at:
+            self._arm(when)
+
+    def cancel(self, target: TimerTarget) -> None:
+        """Stop driving `target`."""
+        self._queue.discard(target)
+
+    def _arm(self, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed_at = when
+        if when == math.inf:
+            self._handle = None
+            return
+        self._handle = self._loop.call_later(max(0.0, when - time.monotonic()), self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._armed_at = math.inf
+        now = time.monotonic()
+        for target in self._queue.pop_due(now):
+            try:
+                nxt = target.on_timer(now)  # type: ignore[attr-defined]
+            except Exception:  # a broken target must not stop the timers of all others
+                import logging
+
+                logging.getLogger("lowlat_mw").exception("timer callback failed")
+                continue
+            self._queue.set(target, nxt)
+        self._arm(self._queue.next_deadline())
+
+
+class ThreadScheduler:
+    """Drives every registered target from one daemon thread (for thread-per-connection servers)."""
+
+    _instance: ThreadScheduler | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._queue = DeadlineQueue()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="lowlat-mw-timers", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def current(cls) -> ThreadScheduler:
+        """The process-wide scheduler (started on first use)."""
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def schedule(self, target: TimerTarget, when: float) -> None:
+        """Call ``target.on_timer`` at monotonic time `when` from the scheduler thread."""
+        with self._cond:
+            self._queue.set(target, when)
+            self._cond.notify()
+
+    def cancel(self, target: TimerTarget) -> None:
+        """Stop driving `target`."""
+        with self._cond:
+            self._queue.discard(target)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    nxt = self._queue.next_deadline()
+                    if nxt <= now:
+                        due = self._queue.pop_due(now)
+                        break
+                    self._cond.wait(None if nxt == math.inf else nxt - now)
+            for target in due:
+                try:
+                    when = target.on_timer(now)  # type: ignore[attr-defined]
+                except Exception:
+                    import logging
+
+                    logging.getLogger("lowlat_mw").exception("timer callback failed")
+                    continue
+                with self._cond:
+                    self._queue.set(target, when)

@@ -40,6 +40,8 @@ class LowLatMiddleware:
             await self.app(scope, receive, send)
 
 
-def lowlat_route(path: str, model: ModelFn | str, *, settings: Settings | None = None, **options: Any) -> WebSocketRoute:
+def lowlat_route(
+    path: str, model: ModelFn | str, *, settings: Settings | None = None, **options: Any
+) -> WebSocketRoute:
     """A ``WebSocketRoute`` serving the protocol at `path`, for apps that prefer routing."""
     return WebSocketRoute(path, LowLatASGI(model, settings=settings, path=path, **options))

@@ -79,7 +79,11 @@ def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
     """
     body = chunk.encode() if isinstance(chunk, str) else chunk
     tag = b"\x1a" if isinstance(chunk, str) else b"\x22"
-    inner = (b"\x08" + _varint(stream_id) if stream_id else b"") + (b"\x10" + _varint(seq) if seq else b"") + tag + _varint(len(body)) + body
+    inner = (
+        (b"\x08" + _varint(stream_id) if stream_id else b"")
+        + (b"\x10" + _varint(seq) if seq else b"")
+        + tag + _varint(len(body)) + body
+    )
     return b"\x22" + _varint(len(inner)) + inner
 
 
@@ -305,7 +309,7 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
 class _Fields:
     """Typed access to a decoded JSON object; wrong types are the peer's fault (1007)."""
 
-    __slots__ = ("obj", "kind")
+    __slots__ = ("kind", "obj")
 
     def __init__(self, obj: Mapping[str, Any], kind: str) -> None:
         self.obj, self.kind = obj, kind

@@ -16,10 +16,10 @@ Cancelling the consuming task closes the generator (``aclose()`` / ``close()``).
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Executor
 import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,13 @@ def _next_or_done(it: Iterator[Any]) -> Any:
         return _DONE
 
 
+def _close_quietly(close: Callable[[], Any]) -> None:
+    try:
+        close()
+    except ValueError:  # "generator already executing": it stops at its next yield instead
+        pass
+
+
 async def _iterate_sync(it: Iterator[Any], executor: Executor | None) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[Any] | None = None
@@ -130,7 +137,7 @@ async def _from_result(result: Any, executor: Executor | None) -> AsyncIterator[
 def _kind(fn: Callable[..., Any]) -> str:
     target = fn
     if not inspect.isfunction(fn) and not inspect.ismethod(fn) and not hasattr(fn, "func"):
-        call = getattr(type(fn), "__call__", None)
+        call = type(fn).__dict__.get("__call__") or getattr(type(fn), "__call__", None)  # noqa: B004
         if call is not None and not inspect.isbuiltin(fn):
             target = call
     if inspect.isasyncgenfunction(target):

@@ -22,6 +22,8 @@ SUBPROTOCOL_PROTO = "lowlat.v1.proto"
 SUBPROTOCOL_JSON = "lowlat.v1.json"
 KNOWN_CODECS = ("zstd", "lz4", "snappy")
 MiB = 1024 * 1024
+# LOWLAT_* variables that are read elsewhere (the demo model, dev.py) and are not settings.
+NOT_SETTINGS = frozenset({"LOWLAT_DEMO_DELAY", "LOWLAT_DEV_VENV"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +119,7 @@ class Settings:
         hints = _hints()
         merged: dict[str, Any] = {}
         for key, raw in env.items():
-            if not key.startswith(ENV_PREFIX):
+            if not key.startswith(ENV_PREFIX) or key in NOT_SETTINGS:
                 continue
             name = key[len(ENV_PREFIX):].lower()
             if name not in hints:

@@ -1,0 +1,430 @@
+"""Python client for lowlat-mw: async and sync, with multiplexed streams and reconnect.
+
+    async with connect("ws://127.0.0.1:8000/ws") as client:
+        async for chunk in client.stream("hello"):
+            print(chunk, end="")
+
+    with connect_sync("ws://127.0.0.1:8000/ws") as client:
+        for chunk in client.stream("hello"):
+            print(chunk, end="")
+
+The client speaks Protobuf binary frames by default (``mode="json"`` for text frames), answers
+the server's Pings, and when the connection has dropped (or was closed with a code that says
+"reconnect") it reconnects with exponential backoff and full jitter before the next request.
+Streams cut by a drop raise :class:`ConnectionClosed`; server errors raise :class:`StreamError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+
+from . import events as ev
+from .backoff import Backoff
+from .codec import codec_for
+from .compression import CompressionSelector, available_codecs
+from .errors import (
+    ClientError,
+    ConnectionClosed,
+    ErrorCode,
+    ReconnectFailed,
+    RemoteProtocolError,
+    StreamError,
+    close_code_reconnects,
+)
+from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
+
+__all__ = ["AsyncClient", "Stream", "SyncClient", "connect", "connect_sync"]
+
+_CLIENT_NAME = "lowlat-mw-python/0.1"
+
+
+@dataclass(slots=True)
+class _Closed:
+    code: int | None
+    reason: str
+
+
+class Stream:
+    """One streamed reply: an async iterator of chunks (str or bytes), plus its metadata.
+
+    After iteration, `end` holds the server's End (timings_ms, usage) and
+    `time_to_first_delta` the client-side latency in seconds.
+    """
+
+    def __init__(self, client: AsyncClient, request: ev.Request) -> None:
+        self._client = client
+        self.request = request
+        self.stream_id = request.stream_id
+        self.queue: asyncio.Queue[ev.Event | _Closed] = asyncio.Queue()
+        self.end: ev.End | None = None
+        self.started_at = 0.0
+        self.first_delta_at: float | None = None
+        self.finished_at: float | None = None
+        self.last_seq = 0
+        self._done = False
+        self._sent = False
+
+    @property
+    def time_to_first_delta(self) -> float | None:
+        """Seconds from sending the Request to the first Delta."""
+        return None if self.first_delta_at is None else self.first_delta_at - self.started_at
+
+    @property
+    def total_time(self) -> float | None:
+        """Seconds from sending the Request to its End."""
+        return None if self.finished_at is None else self.finished_at - self.started_at
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> str | bytes:
+        if self._done:
+            raise StopAsyncIteration
+        if not self._sent:
+            await self._client._start(self)
+        item = await self.queue.get()
+        if isinstance(item, ev.Delta):
+            if self.first_delta_at is None:
+                self.first_delta_at = time.perf_counter()
+            self.last_seq = item.seq
+            return item.chunk
+        self._done = True
+        self._client._streams.pop(self.stream_id, None)
+        self.finished_at = time.perf_counter()
+        if isinstance(item, ev.End):
+            self.end = item
+            raise StopAsyncIteration
+        if isinstance(item, ev.Error):
+            raise StreamError(item.code, item.message, stream_id=item.stream_id, retryable=item.retryable)
+        assert isinstance(item, _Closed)
+        raise ConnectionClosed(item.code, item.reason or "connection lost during the stream")
+
+    async def cancel(self) -> None:
+        """Ask the server to stop this stream; iteration then ends quietly."""
+        if self._sent and not self._done:
+            await self._client._send(ev.Cancel(stream_id=self.stream_id))
+
+    async def aclose(self) -> None:
+        """Stop consuming: cancels the stream on the server if it is still running."""
+        if self._sent and not self._done:
+            self._done = True
+            self._client._streams.pop(self.stream_id, None)
+            try:
+                await self._client._send(ev.Cancel(stream_id=self.stream_id))
+            except ClientError:
+                pass
+
+    async def text(self) -> str:
+        """Consume the whole stream and return the text."""
+        parts = [c if isinstance(c, str) else c.decode() async for c in self]
+        return "".join(parts)
+
+
+class AsyncClient:
+    """A lowlat-mw connection with many concurrent streams; reconnects between requests."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        mode: str = "proto",
+        compression: Sequence[str] | None = None,
+        backoff: Backoff | None = None,
+        open_timeout: float = 10.0,
+        max_frame_size: int = 16 * 1024 * 1024,
+        max_decompressed_size: int = 16 * 1024 * 1024,
+        headers: Mapping[str, str] | None = None,
+        answer_pings: bool = True,
+    ) -> None:
+        if mode not in ("proto", "json"):
+            raise ValueError("mode must be 'proto' or 'json'")
+        self.url = url
+        self.mode = mode
+        self.subprotocol = SUBPROTOCOL_PROTO if mode == "proto" else SUBPROTOCOL_JSON
+        self.codec = codec_for(self.subprotocol)
+        self.offered = tuple(available_codecs() if compression is None else compression) if mode == "proto" else ()
+        self.backoff = backoff or Backoff()
+        self.open_timeout = open_timeout
+        self.max_frame_size = max_frame_size
+        self.max_decompressed_size = max_decompressed_size
+        self.headers = dict(headers or {})
+        self.answer_pings = answer_pings
+        self.welcome: ev.Welcome | None = None
+        self.compressor: CompressionSelector | None = None
+        self.connections = 0  # how many times a connection was opened
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._streams: dict[int, Stream] = {}
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._closed_final: ConnectionClosed | None = None
+        self._user_closed = False
+        self.last_close: _Closed | None = None
+        self.last_error: ev.Error | None = None
+        self.goaway: ev.GoAway | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> AsyncClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connected(self) -> bool:
+        """True while a WebSocket is open and welcomed."""
+        return self._ws is not None and self._reader is not None and not self._reader.done()
+
+    async def open(self) -> None:
+        """Connect (with backoff retries) unless already connected."""
+        async with self._lock:
+            if self.connected:
+                return
+            if self._user_closed:
+                raise ClientError("client is closed")
+            if self._closed_final is not None:
+                raise self._closed_final
+            await self._connect_with_retries()
+
+    async def close(self) -> None:
+        """Close the connection normally; running streams end with ConnectionClosed."""
+        self._user_closed = True
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            await ws.close()
+        if self._reader is not None:
+            try:
+                await self._reader
+            except Exception:
+                pass
+
+    async def _connect_with_retries(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                await self._connect_once()
+                return
+            except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
+                    websockets.exceptions.InvalidMessage) as exc:
+                error: Exception = exc
+            except websockets.exceptions.InvalidStatus as exc:
+                status = exc.response.status_code
+                if status in (502, 503, 504):
+                    error = exc
+                else:
+                    raise ConnectionClosed(None, f"handshake refused with HTTP {status}") from exc
+            if attempt >= self.backoff.retries:
+                raise ReconnectFailed(
+                    f"could not connect to {self.url} after {attempt + 1} attempts: {error!r}"
+                ) from error
+            await asyncio.sleep(self.backoff.delay(attempt))
+            attempt += 1
+
+    async def _connect_once(self) -> None:
+        ws = await ws_connect(
+            self.url,
+            subprotocols=[self.subprotocol],  # type: ignore[list-item]
+            additional_headers=self.headers or None,
+            open_timeout=self.open_timeout,
+            max_size=self.max_frame_size,
+            ping_interval=None,  # the protocol's own heartbeat replaces WebSocket pings
+            compression=None,
+        )
+        try:
+            if ws.subprotocol != self.subprotocol and not (self.mode == "json" and ws.subprotocol is None):
+                raise ConnectionClosed(None, f"server chose subprotocol {ws.subprotocol!r}")
+            await ws.send(self.codec.encode(ev.Hello(client=_CLIENT_NAME, compression=self.offered)))
+            async with asyncio.timeout(self.open_timeout):
+                frame = await ws.recv()
+            welcome = self.codec.decode(frame, limit=self.max_decompressed_size, allowed=())
+            if isinstance(welcome, ev.Error):
+                raise StreamError(welcome.code, welcome.message)
+            if not isinstance(welcome, ev.Welcome):
+                raise ConnectionClosed(None, f"expected welcome, got {type(welcome).__name__}")
+        except BaseException:
+            await ws.close()
+            raise
+        self.welcome = welcome
+        self.compressor = (
+            CompressionSelector(welcome.compression) if welcome.compression else None
+        )
+        self._ws = ws
+        self.connections += 1
+        self.last_close = None
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
+
+    # ------------------------------------------------------------------ I/O
+    async def _send(self, event: ev.Event) -> None:
+        ws = self._ws
+        if ws is None:
+            raise ConnectionClosed(self.last_close.code if self.last_close else None, "not connected")
+        try:
+            await ws.send(self.codec.encode(event, self.compressor))
+        except websockets.exceptions.ConnectionClosed as exc:
+            raise ConnectionClosed(exc.rcvd.code if exc.rcvd else None, "connection closed") from exc
+
+    async def _read_loop(self, ws: ClientConnection) -> None:
+        allowed = self.welcome.compression if self.welcome else ()
+        # Server pings at most every heartbeat_max_interval; silence well past that means it is gone.
+        code: int | None = None
+        reason = ""
+        try:
+            async for frame in ws:
+                try:
+                    event = self.codec.decode(frame, limit=self.max_decompressed_size, allowed=allowed)
+                except RemoteProtocolError as exc:
+                    await ws.close(exc.close_code or 1002, str(exc)[:120])
+                    break
+                if isinstance(event, ev.Delta | ev.End | ev.Error) and event.stream_id:
+                    stream = self._streams.get(event.stream_id)
+                    if stream is not None:
+                        stream.queue.put_nowait(event)
+                elif isinstance(event, ev.Ping):
+                    if self.answer_pings:
+                        await ws.send(self.codec.encode(event.response()))
+                elif isinstance(event, ev.Error):
+                    self.last_error = event
+                elif isinstance(event, ev.GoAway):
+                    self.goaway = event
+        except websockets.exceptions.ConnectionClosed:
+            pass
+        finally:
+            if ws.close_code is not None:
+                code, reason = ws.close_code, ws.close_reason or ""
+            elif ws.protocol.close_rcvd is not None:
+                code, reason = ws.protocol.close_rcvd.code, ws.protocol.close_rcvd.reason
+            closed = _Closed(code, reason)
+            self.last_close = closed
+            if self._ws is ws:
+                self._ws = None
+            if not self._user_closed and not close_code_reconnects(code):
+                self._closed_final = ConnectionClosed(code, reason)
+            for stream in list(self._streams.values()):
+                stream.queue.put_nowait(closed)
+            self._streams.clear()
+
+    # ------------------------------------------------------------------ streams
+    def stream(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None = None,
+        data: bytes | None = None,
+        model: str = "",
+        params: Mapping[str, Any] | None = None,
+    ) -> Stream:
+        """Start a streamed request; iterate the result for chunks (str, or bytes for data)."""
+        msgs = None
+        if messages is not None:
+            msgs = tuple(
+                m if isinstance(m, ev.ChatMessage) else ev.ChatMessage(role=m["role"], content=m["content"])
+                for m in messages
+            )
+        request = ev.Request(stream_id=next(self._ids), model=model, text=text, data=data,
+                             messages=msgs, params=dict(params or {}))
+        return Stream(self, request)
+
+    async def complete(self, text: str | None = None, **kwargs: Any) -> str:
+        """Run a request and return the whole reply as text."""
+        return await self.stream(text, **kwargs).text()
+
+    async def _start(self, stream: Stream) -> None:
+        if not self.connected:
+            await self.open()
+        stream._sent = True
+        self._streams[stream.stream_id] = stream
+        stream.started_at = time.perf_counter()
+        try:
+            await self._send(stream.request)
+        except ConnectionClosed:
+            self._streams.pop(stream.stream_id, None)
+            stream._done = True
+            raise
+
+
+def connect(url: str, **kwargs: Any) -> AsyncClient:
+    """An :class:`AsyncClient` for `url`; use ``async with connect(url) as client``."""
+    return AsyncClient(url, **kwargs)
+
+
+# ================================================================================ sync
+class SyncClient:
+    """Blocking wrapper around :class:`AsyncClient`, running its event loop in a helper thread."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lowlat-mw-client", daemon=True)
+        self._thread.start()
+        self._client: AsyncClient = self._call_soon(self._make(url, kwargs))
+        self.last_stream: Stream | None = None
+
+    async def _make(self, url: str, kwargs: dict[str, Any]) -> AsyncClient:
+        return AsyncClient(url, **kwargs)
+
+    def _call_soon(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def client(self) -> AsyncClient:
+        """The underlying async client."""
+        return self._client
+
+    def __enter__(self) -> SyncClient:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Connect (with retries)."""
+        self._call_soon(self._client.open())
+
+    def close(self) -> None:
+        """Close the connection and stop the helper thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._call_soon(self._client.close(), timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def stream(self, text: str | None = None, **kwargs: Any) -> Iterator[str | bytes]:
+        """Start a request and yield its chunks as they arrive."""
+        stream = self._client.stream(text, **kwargs)
+        try:
+            while True:
+                try:
+                    chunk = self._call_soon(stream.__anext__())
+                except StopAsyncIteration:
+                    self.last_stream = stream
+                    return
+                yield chunk
+        finally:
+            if not stream._done:
+                self._call_soon(stream.aclose(), timeout=10)
+
+    def complete(self, text: str | None = None, **kwargs: Any) -> str:
+        """Run a request and return the whole reply as text."""
+        return "".join(c if isinstance(c, str) else c.decode() for c in self.stream(text, **kwargs))
+
+
+def connect_sync(url: str, **kwargs: Any) -> SyncClient:
+    """A :class:`SyncClient` for `url`; use ``with connect_sync(url) as client``."""
+    return SyncClient(url, **kwargs)
+
+
+__all__ += ["ErrorCode"]

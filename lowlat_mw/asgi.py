@@ -15,6 +15,7 @@ from .aio import AsyncServerSession
 from .connection import negotiate_subprotocol
 from .errors import CloseCode
 from .model import ModelFn, SessionInfo, load_callable
+from .security import origin_allowed
 from .settings import Settings
 
 __all__ = ["LowLatASGI", "session_info_from_scope"]
@@ -61,6 +62,16 @@ class LowLatASGI:
         if message["type"] != "websocket.connect":
             return
         ok, subprotocol = negotiate_subprotocol(scope.get("subprotocols") or (), self.settings)
+        headers = dict(scope.get("headers") or ())
+        origin = headers.get(b"origin")
+        host = headers.get(b"host")
+        if ok and not origin_allowed(
+            origin.decode("latin-1") if origin is not None else None,
+            host.decode("latin-1") if host is not None else None,
+            self.settings.allowed_origins,
+        ):
+            log.warning("refused cross-origin WebSocket from %s", origin)
+            ok = False
         if not ok:
             # Refused before accept: the server answers the handshake with HTTP 403.
             await send({"type": "websocket.close", "code": CloseCode.POLICY_VIOLATION})

@@ -1,0 +1,53 @@
+"""lowlat-mw: serve any AI model over a low-latency persistent WebSocket.
+
+The core is framework-free and sans-IO where it is a state machine; adapters for Starlette/FastAPI,
+Django Channels and Flask live in :mod:`lowlat_mw.adapters`. See README.md and docs/.
+"""
+
+from __future__ import annotations
+
+from .backoff import Backoff
+from .client import AsyncClient, Stream, SyncClient, connect, connect_sync
+from .errors import (
+    ClientError,
+    CloseCode,
+    ConnectionClosed,
+    ErrorCode,
+    LocalProtocolError,
+    LowLatError,
+    ProtocolError,
+    ReconnectFailed,
+    RemoteProtocolError,
+    SettingsError,
+    StreamError,
+)
+from .model import ModelRequest, SessionInfo
+from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SUBPROTOCOL_JSON",
+    "SUBPROTOCOL_PROTO",
+    "AsyncClient",
+    "Backoff",
+    "ClientError",
+    "CloseCode",
+    "ConnectionClosed",
+    "ErrorCode",
+    "LocalProtocolError",
+    "LowLatError",
+    "ModelRequest",
+    "ProtocolError",
+    "ReconnectFailed",
+    "RemoteProtocolError",
+    "SessionInfo",
+    "Settings",
+    "SettingsError",
+    "Stream",
+    "StreamError",
+    "SyncClient",
+    "__version__",
+    "connect",
+    "connect_sync",
+]

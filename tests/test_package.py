@@ -1,0 +1,77 @@
+"""Packaging facts: public API, generated docs, no framework imports in the core."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lowlat_mw
+from lowlat_mw.docs import settings_markdown
+from lowlat_mw.security import origin_allowed
+
+ROOT = Path(__file__).resolve().parents[1]
+FRAMEWORKS = {"starlette", "fastapi", "django", "channels", "flask", "flask_sock", "simple_websocket",
+              "uvicorn", "daphne", "gunicorn", "werkzeug"}
+
+
+def test_all_matches_public_names() -> None:
+    public = {n for n in dir(lowlat_mw) if not n.startswith("_") and n != "annotations" and not isinstance(
+        getattr(lowlat_mw, n), type(lowlat_mw))}
+    assert set(lowlat_mw.__all__) == public | {"__version__"}
+
+
+def test_settings_reference_is_current() -> None:
+    text = (ROOT / "docs" / "settings.md").read_text()
+    assert text == settings_markdown(), "docs/settings.md is stale: python -m lowlat_mw.docs > docs/settings.md"
+
+
+def test_core_imports_no_web_framework() -> None:
+    for path in (ROOT / "lowlat_mw").rglob("*.py"):
+        if path.name == "cli.py":  # the CLI serves with uvicorn+starlette, imported lazily inside functions
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module-level imports only
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in FRAMEWORKS, f"{path.name} imports {name}"
+
+
+def test_adapters_installed_under_lowlat_mw_only(tmp_path: Path) -> None:
+    # Outside the repo (so its folder is not on sys.path), only lowlat_mw.adapters is importable.
+    code = ("import importlib.util as u; import lowlat_mw.adapters.starlette;"
+            "print(u.find_spec('adapters') is None)")
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "True", out.stderr
+    mods = {m.name for m in pkgutil.iter_modules(importlib.import_module("lowlat_mw.adapters").__path__)}
+    assert "starlette" in mods
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "allowed", "ok"),
+    [
+        (None, "a.example:8000", (), True),                     # non-browser client
+        ("http://a.example:8000", "a.example:8000", (), True),  # same host
+        ("http://evil.example", "a.example:8000", (), False),   # cross-origin refused by default
+        ("http://evil.example", "a.example", ("*",), True),
+        ("https://app.example.com", "api.example.com", ("https://app.example.com",), True),
+        ("http://app.example.com", "api.example.com", ("https://app.example.com",), False),  # scheme matters
+        ("https://x.example.com", "api.example.com", ("*.example.com",), True),
+        ("https://example.com.evil", "api.example.com", ("*.example.com",), False),
+        ("https://app.example.com", "api.example.com", ("app.example.com",), True),
+        ("null", "a.example", (), False),
+        ("garbage", "a.example", (), False),
+    ],
+)
+def test_origin_allowed(origin: str | None, host: str, allowed: tuple[str, ...], ok: bool) -> None:
+    assert origin_allowed(origin, host, allowed) is ok

@@ -15,7 +15,7 @@ from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lowlat_mw.asgi import LowLatASGI
-from lowlat_mw.model import ModelFn
+from lowlat_mw.model import ModelSpec
 from lowlat_mw.settings import Settings
 
 __all__ = ["LowLatMiddleware", "lowlat_route"]
@@ -25,7 +25,7 @@ class LowLatMiddleware:
     """Serve the lowlat-mw protocol at ``path``; settings as keyword arguments (or ``settings=``)."""
 
     def __init__(
-        self, app: ASGIApp, *, model: ModelFn | str, settings: Settings | None = None, **options: Any
+        self, app: ASGIApp, *, model: ModelSpec, settings: Settings | None = None, **options: Any
     ) -> None:
         self.app = app
         self.endpoint = LowLatASGI(model, settings=settings, **options)
@@ -41,7 +41,7 @@ class LowLatMiddleware:
 
 
 def lowlat_route(
-    path: str, model: ModelFn | str, *, settings: Settings | None = None, **options: Any
+    path: str, model: ModelSpec, *, settings: Settings | None = None, **options: Any
 ) -> WebSocketRoute:
     """A ``WebSocketRoute`` serving the protocol at `path`, for apps that prefer routing."""
     return WebSocketRoute(path, LowLatASGI(model, settings=settings, path=path, **options))

@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 from .connection import CancelStream, CloseConnection, SendFrame, ServerConnection, StartStream
 from .errors import CloseCode, ErrorCode
 from .events import Request
-from .model import ModelFn, ModelRequest, SessionInfo, stream_model
+from .model import ModelFn, ModelRequest, Models, SessionInfo, stream_model
 from .settings import Settings
 from .timers import AsyncScheduler
 
@@ -35,7 +35,7 @@ class AsyncServerSession:
     def __init__(
         self,
         *,
-        model: ModelFn,
+        model: ModelFn | Models,
         settings: Settings,
         send: SendFn,
         close: CloseFn,
@@ -45,7 +45,7 @@ class AsyncServerSession:
         scheduler: AsyncScheduler | None = None,
     ) -> None:
         self.conn = ServerConnection(settings, subprotocol=subprotocol, now=time.monotonic())
-        self.model = model
+        self.models = model if isinstance(model, Models) else Models(model)
         self.settings = settings
         self._send = send
         self._close = close
@@ -151,8 +151,15 @@ class AsyncServerSession:
         mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
                             messages=req.messages, params=req.params, session=self.info)
         actions: list = []  # type: ignore[type-arg]
+        fn = self.models.get(req.model)
+        if fn is None:
+            self.tasks.pop(sid, None)
+            await self._run(conn.fail_stream(sid, time.monotonic(), ErrorCode.UNKNOWN_MODEL,
+                                             f"unknown model {req.model!r}; served: {', '.join(self.models.names())}"))
+            self._reschedule()
+            return
         try:
-            agen = stream_model(self.model, mreq, self.executor)
+            agen = stream_model(fn, mreq, self.executor)
             try:
                 async for chunk in agen:
                     await self._run(conn.send_chunk(sid, chunk, time.monotonic()))

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .aio import AsyncServerSession
-from .connection import negotiate_subprotocol
 from .errors import CloseCode
-from .model import ModelFn, SessionInfo, load_callable
-from .security import origin_allowed
+from .model import ModelFn, Models, ModelSpec, SessionInfo, shared_executor
+from .security import check_handshake
 from .settings import Settings
 
-__all__ = ["LowLatASGI", "session_info_from_scope"]
+__all__ = ["LowLatASGI", "asgi_session", "check_scope", "refuse", "session_info_from_scope"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -42,15 +40,52 @@ def session_info_from_scope(scope: Scope, session_id: str, subprotocol: str | No
     )
 
 
+def check_scope(scope: Scope, settings: Settings) -> tuple[bool, str | None]:
+    """(accept?, subprotocol) for an ASGI websocket scope (see security.check_handshake)."""
+    headers = dict(scope.get("headers") or ())
+    origin = headers.get(b"origin")
+    host = headers.get(b"host")
+    return check_handshake(
+        scope.get("subprotocols") or (),
+        origin.decode("latin-1") if origin is not None else None,
+        host.decode("latin-1") if host is not None else None,
+        settings,
+    )
+
+
+def asgi_session(
+    scope: Scope, send: Send, *, model: ModelFn | Models, settings: Settings, subprotocol: str | None
+) -> AsyncServerSession:
+    """An AsyncServerSession that writes through an ASGI `send` (after websocket.accept)."""
+
+    async def send_frame(data: bytes | str) -> None:
+        if isinstance(data, bytes):
+            await send({"type": "websocket.send", "bytes": data})
+        else:
+            await send({"type": "websocket.send", "text": data})
+
+    async def close(code: int, reason: str) -> None:
+        await send({"type": "websocket.close", "code": code, "reason": reason})
+
+    session = AsyncServerSession(
+        model=model, settings=settings, send=send_frame, close=close,
+        subprotocol=subprotocol, executor=shared_executor(settings.model_threads),
+    )
+    session.info = session_info_from_scope(scope, session.conn.session_id, subprotocol)
+    return session
+
+
+async def refuse(send: Send) -> None:
+    """Refuse a websocket handshake before accept: ASGI servers answer with HTTP 403."""
+    await send({"type": "websocket.close", "code": CloseCode.POLICY_VIOLATION})
+
+
 class LowLatASGI:
     """ASGI app: accepts the WebSocket, negotiates the subprotocol and runs a session."""
 
-    def __init__(self, model: ModelFn | str, *, settings: Settings | None = None, **options: Any) -> None:
-        self.model = load_callable(model)
+    def __init__(self, model: ModelSpec, *, settings: Settings | None = None, **options: Any) -> None:
+        self.model = Models(model)
         self.settings = settings.replace(**options) if settings is not None else Settings.load(options)
-        self.executor = ThreadPoolExecutor(
-            max_workers=self.settings.model_threads, thread_name_prefix="lowlat-model"
-        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket":
@@ -61,37 +96,12 @@ class LowLatASGI:
         message = await receive()
         if message["type"] != "websocket.connect":
             return
-        ok, subprotocol = negotiate_subprotocol(scope.get("subprotocols") or (), self.settings)
-        headers = dict(scope.get("headers") or ())
-        origin = headers.get(b"origin")
-        host = headers.get(b"host")
-        if ok and not origin_allowed(
-            origin.decode("latin-1") if origin is not None else None,
-            host.decode("latin-1") if host is not None else None,
-            self.settings.allowed_origins,
-        ):
-            log.warning("refused cross-origin WebSocket from %s", origin)
-            ok = False
+        ok, subprotocol = check_scope(scope, self.settings)
         if not ok:
-            # Refused before accept: the server answers the handshake with HTTP 403.
-            await send({"type": "websocket.close", "code": CloseCode.POLICY_VIOLATION})
+            await refuse(send)
             return
         await send({"type": "websocket.accept", "subprotocol": subprotocol})
-
-        async def send_frame(data: bytes | str) -> None:
-            if isinstance(data, bytes):
-                await send({"type": "websocket.send", "bytes": data})
-            else:
-                await send({"type": "websocket.send", "text": data})
-
-        async def close(code: int, reason: str) -> None:
-            await send({"type": "websocket.close", "code": code, "reason": reason})
-
-        session = AsyncServerSession(
-            model=self.model, settings=self.settings, send=send_frame, close=close,
-            subprotocol=subprotocol, executor=self.executor,
-        )
-        session.info = session_info_from_scope(scope, session.conn.session_id, subprotocol)
+        session = asgi_session(scope, send, model=self.model, settings=self.settings, subprotocol=subprotocol)
         session.start()
         try:
             while True:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 from dataclasses import MISSING, fields
 
 from .settings import ENV_PREFIX, Settings
@@ -19,7 +20,7 @@ def _docstrings() -> dict[str, str]:
     tree = ast.parse(inspect.getsource(Settings))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:], strict=False):
+    for node, nxt in itertools.pairwise(body):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
             docs[node.target.id] = " ".join(str(nxt.value.value).split())

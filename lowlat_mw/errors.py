@@ -96,6 +96,7 @@ class ErrorCode(enum.IntEnum):
     UNAUTHORIZED = 12
     INTERNAL = 13
     DRAINING = 14
+    UNKNOWN_MODEL = 15
 
     @property
     def wire_name(self) -> str:

@@ -18,14 +18,24 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from .events import ChatMessage
 
-__all__ = ["ModelFn", "ModelRequest", "SessionInfo", "load_callable", "stream_model"]
+__all__ = [
+    "ModelFn",
+    "ModelRequest",
+    "ModelSpec",
+    "Models",
+    "SessionInfo",
+    "load_callable",
+    "shared_executor",
+    "stream_model",
+]
 
 ModelFn = Callable[["ModelRequest"], Any]
 
@@ -167,12 +177,67 @@ async def stream_model(
         yield chunk
 
 
-def load_callable(spec: str | ModelFn) -> ModelFn:
-    """Resolve ``"package.module:attr"`` or ``"package.module.attr"`` to a callable."""
-    if callable(spec):
-        return spec
-    if not isinstance(spec, str) or not spec:
-        raise TypeError(f"model must be a callable or a dotted path, got {spec!r}")
+_EXECUTORS: dict[int, ThreadPoolExecutor] = {}
+_EXECUTORS_LOCK = threading.Lock()
+
+
+def shared_executor(threads: int) -> ThreadPoolExecutor:
+    """The process-wide worker pool for sync model code with `threads` workers."""
+    with _EXECUTORS_LOCK:
+        pool = _EXECUTORS.get(threads)
+        if pool is None:
+            pool = _EXECUTORS[threads] = ThreadPoolExecutor(
+                max_workers=threads, thread_name_prefix="lowlat-model"
+            )
+        return pool
+
+
+ModelSpec = ModelFn | str | Mapping[str, ModelFn | str]
+
+
+class Models:
+    """The model callables an endpoint serves, picked per request by ``Request.model``.
+
+    One callable serves every model name (the name reaches it as ``req.model``). A mapping
+    serves its names; an empty name picks the ``"default"`` entry, or else the first one.
+    """
+
+    def __init__(self, spec: ModelSpec | Models) -> None:
+        if isinstance(spec, Models):
+            self.single, self.by_name, self.default = spec.single, spec.by_name, spec.default
+            return
+        self.single: ModelFn | None = None
+        self.by_name: dict[str, ModelFn] = {}
+        self.default: ModelFn | None = None
+        if isinstance(spec, str):
+            obj = _import_path(spec)
+            if isinstance(obj, Mapping):
+                spec = obj
+        if isinstance(spec, Mapping):
+            if not spec:
+                raise ValueError("the model mapping is empty")
+            self.by_name = {str(name): load_callable(fn) for name, fn in spec.items()}
+            self.default = self.by_name.get("default") or next(iter(self.by_name.values()))
+        else:
+            self.single = load_callable(spec)
+
+    def get(self, name: str) -> ModelFn | None:
+        """The callable for model `name`, or None when this endpoint does not serve it."""
+        if self.single is not None:
+            return self.single
+        if not name:
+            return self.default
+        return self.by_name.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        """The model names served (empty for a single catch-all callable)."""
+        return tuple(self.by_name)
+
+
+def _import_path(spec: str) -> Any:
+    """Import ``"package.module:attr"`` or ``"package.module.attr"``."""
+    if not spec:
+        raise ValueError("model path is empty")
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
     else:
@@ -188,6 +253,16 @@ def load_callable(spec: str | ModelFn) -> ModelFn:
             obj = getattr(obj, part)
         except AttributeError:
             raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def load_callable(spec: str | ModelFn) -> ModelFn:
+    """Resolve ``"package.module:attr"`` or ``"package.module.attr"`` to a callable."""
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"model must be a callable or a dotted path, got {spec!r}")
+    obj = _import_path(spec)
     if not callable(obj):
         raise TypeError(f"model {spec!r} is not callable")
     return obj

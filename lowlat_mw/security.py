@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
-__all__ = ["origin_allowed"]
+from .connection import negotiate_subprotocol
+from .settings import Settings
+
+log = logging.getLogger("lowlat_mw")
+
+__all__ = ["check_handshake", "origin_allowed"]
 
 
 def _host_of(value: str) -> str:
@@ -47,3 +53,20 @@ def origin_allowed(origin: str | None, host: str | None, allowed: Iterable[str])
         elif e in (netloc, hostname):
             return True
     return False
+
+
+def check_handshake(
+    offered: Sequence[str], origin: str | None, host: str | None, settings: Settings
+) -> tuple[bool, str | None]:
+    """(accept?, subprotocol) for a handshake: subprotocol negotiation, then the Origin check.
+
+    Every adapter calls this before accepting, so refusals look the same everywhere (HTTP 403).
+    """
+    ok, subprotocol = negotiate_subprotocol(tuple(offered), settings)
+    if not ok:
+        log.info("refused WebSocket: no supported subprotocol in %s", list(offered))
+        return False, None
+    if not origin_allowed(origin, host, settings.allowed_origins):
+        log.warning("refused cross-origin WebSocket from %s", origin)
+        return False, None
+    return True, subprotocol

@@ -23,7 +23,7 @@ SUBPROTOCOL_JSON = "lowlat.v1.json"
 KNOWN_CODECS = ("zstd", "lz4", "snappy")
 MiB = 1024 * 1024
 # LOWLAT_* variables that are read elsewhere (the demo model, dev.py) and are not settings.
-NOT_SETTINGS = frozenset({"LOWLAT_DEMO_DELAY", "LOWLAT_DEV_VENV"})
+NOT_SETTINGS = frozenset({"LOWLAT_DEMO_DELAY", "LOWLAT_DEV_VENV", "LOWLAT_MODEL"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNAUTHORIZED: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
     DRAINING: _ClassVar[ErrorCode]
+    UNKNOWN_MODEL: _ClassVar[ErrorCode]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 BAD_REQUEST: ErrorCode
 MODEL_ERROR: ErrorCode
@@ -40,6 +41,7 @@ RATE_LIMITED: ErrorCode
 UNAUTHORIZED: ErrorCode
 INTERNAL: ErrorCode
 DRAINING: ErrorCode
+UNKNOWN_MODEL: ErrorCode
 
 class Envelope(_message.Message):
     __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway")

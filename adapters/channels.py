@@ -1,0 +1,119 @@
+"""Django Channels adapter: a consumer serving the lowlat-mw protocol.
+
+    # routing.py
+    websocket_urlpatterns = [path("ws/ai/", LowLatConsumer.as_asgi(model="myapp.models.generate"))]
+    # settings.py
+    LOWLAT_MW = {"idle_timeout": 300, "allowed_origins": ["https://app.example.com"]}
+
+Settings come from ``settings.LOWLAT_MW`` (read lazily, re-read on ``setting_changed``), under
+keyword arguments to ``as_asgi``. It composes with ``AllowedHostsOriginValidator`` and
+``AuthMiddlewareStack``; the authenticated ``scope["user"]`` reaches the model as
+``req.session.user``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.consumer import AsyncConsumer
+from channels.exceptions import StopConsumer
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+
+from lowlat_mw.aio import AsyncServerSession
+from lowlat_mw.asgi import asgi_session, check_scope, refuse
+from lowlat_mw.errors import SettingsError
+from lowlat_mw.model import Models, ModelSpec
+from lowlat_mw.settings import Settings
+
+__all__ = ["LowLatConsumer", "django_settings_dict"]
+
+_cache: dict[str, Any] = {}
+_generation = [0]  # bumped when settings.LOWLAT_MW changes
+
+
+def django_settings_dict() -> dict[str, Any]:
+    """``settings.LOWLAT_MW`` as a dict (cached until Django reports it changed)."""
+    if "value" not in _cache:
+        value = getattr(django_settings, "LOWLAT_MW", {}) or {}
+        if not isinstance(value, dict):
+            raise SettingsError("settings.LOWLAT_MW must be a dict of lowlat-mw settings")
+        _cache["value"] = dict(value)
+    return _cache["value"]
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "LOWLAT_MW":
+        _cache.clear()
+        _generation[0] += 1
+
+
+setting_changed.connect(_on_setting_changed)
+
+
+class _Options:
+    """The kwargs of one ``as_asgi()`` call and the Settings resolved from them (cached)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        self._settings: tuple[int, Settings] | None = None
+
+    def settings(self) -> Settings:
+        if self._settings is None or self._settings[0] != _generation[0]:
+            for name in django_settings_dict():
+                if name not in Settings.names():
+                    raise SettingsError(f"unknown setting {name!r} in settings.LOWLAT_MW")
+            merged = {**django_settings_dict(), **self.options}
+            self._settings = (_generation[0], Settings.load(merged, source="LowLatConsumer.as_asgi()"))
+        return self._settings[1]
+
+
+class LowLatConsumer(AsyncConsumer):
+    """One instance per connection, created by ``LowLatConsumer.as_asgi(model=..., **settings)``."""
+
+    model: ModelSpec | None = None
+
+    def __init__(self, model: ModelSpec | Models | None = None, options: _Options | None = None) -> None:
+        self.models = Models(model if model is not None else self.model)  # type: ignore[arg-type]
+        self.config = options if options is not None else _Options({})
+        self.session: AsyncServerSession | None = None
+
+    @classmethod
+    def as_asgi(cls, **initkwargs: Any) -> Any:  # type: ignore[override]
+        """An ASGI app making one consumer per connection; every kwarg but ``model`` is a setting.
+
+        The settings are validated here, when the routing is imported, so a wrong key in
+        ``settings.LOWLAT_MW`` or in the kwargs stops the server at startup with its name.
+        """
+        model = initkwargs.pop("model", cls.model)
+        if model is None:
+            raise TypeError("LowLatConsumer.as_asgi() needs model=<callable or 'module.callable'>")
+        models = Models(model)
+        config = _Options(initkwargs)
+        config.settings()
+        return super().as_asgi(model=models, options=config)
+
+    async def websocket_connect(self, message: dict[str, Any]) -> None:
+        """Negotiate, check the Origin, accept and start the session (or refuse with 403)."""
+        settings = self.config.settings()
+        ok, subprotocol = check_scope(self.scope, settings)
+        if not ok:
+            await refuse(self.base_send)
+            raise StopConsumer
+        await self.base_send({"type": "websocket.accept", "subprotocol": subprotocol})
+        self.session = asgi_session(
+            self.scope, self.base_send, model=self.models, settings=settings, subprotocol=subprotocol
+        )
+        self.session.start()
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        """One frame from the client."""
+        if self.session is not None:
+            data = message.get("bytes")
+            await self.session.receive(data if data is not None else message.get("text") or "")
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        """The client went away: stop the models and timers."""
+        if self.session is not None:
+            await self.session.disconnected()
+        raise StopConsumer

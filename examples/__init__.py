@@ -1,0 +1,1 @@
+"""Runnable integrations of lowlat-mw (run them from the repository root)."""

@@ -1,0 +1,32 @@
+"""FastAPI app serving a streaming model over lowlat-mw at ws://127.0.0.1:8000/ws.
+
+Run:  uvicorn examples.fastapi_app:app --host 127.0.0.1 --port 8000 --ws websockets-sansio
+Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
+
+Set LOWLAT_MODEL=package.module:callable to serve another model without editing this file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from fastapi import FastAPI
+
+from lowlat_mw.adapters.starlette import LowLatMiddleware
+
+
+def generate(req):
+    """A plain (blocking) generator model: lowlat-mw runs each step in a worker thread."""
+    for word in f"You said: {req.prompt}".split():
+        time.sleep(0.01)  # stands in for blocking inference work
+        yield word + " "
+
+
+app = FastAPI()
+app.add_middleware(LowLatMiddleware, model=os.environ.get("LOWLAT_MODEL") or generate, path="/ws", max_streams=16)
+
+
+@app.get("/health")
+def health() -> dict[str, str]:
+    return {"status": "ok"}

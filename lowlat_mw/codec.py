@@ -51,9 +51,11 @@ def _invalid(msg: str, code: int = CloseCode.INVALID_PAYLOAD) -> RemoteProtocolE
     return RemoteProtocolError(msg, error_code=ErrorCode.INVALID_PAYLOAD, close_code=code)
 
 
-def _bad_request(msg: str) -> RemoteProtocolError:
+def _bad_request(msg: str, stream_id: int = 0) -> RemoteProtocolError:
     # The frame parsed but its content is not acceptable: answer with an Error, keep the connection.
-    return RemoteProtocolError(msg, error_code=ErrorCode.BAD_REQUEST, close_code=None)
+    # The Error names the Request's stream when it has a usable id, so the client knows which failed.
+    sid = stream_id if isinstance(stream_id, int) and 0 < stream_id <= 0xFFFFFFFF else 0
+    return RemoteProtocolError(msg, error_code=ErrorCode.BAD_REQUEST, close_code=None, stream_id=sid)
 
 
 def _unsupported(kind: str) -> RemoteProtocolError:
@@ -208,7 +210,8 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
         if kind == "goaway":
             return ev.GoAway(reason=env.goaway.reason, reconnect_after_ms=env.goaway.reconnect_after_ms)
     except LocalProtocolError as exc:  # event validation failed: the peer's fault
-        raise _bad_request(str(exc)) from None
+        sid = env.request.stream_id if kind == "request" else 0
+        raise _bad_request(str(exc), sid) from None
     raise _unsupported(kind or "empty envelope")
 
 
@@ -419,7 +422,7 @@ def from_json_dict(obj: Any) -> ev.Event:
         if kind == "goaway":
             return ev.GoAway(reason=f.str("reason"), reconnect_after_ms=f.u32("reconnect_after_ms"))
     except LocalProtocolError as exc:
-        raise _bad_request(str(exc)) from None
+        raise _bad_request(str(exc), obj.get("stream_id", 0) if kind == "request" else 0) from None
     raise _unsupported(kind)
 
 

@@ -168,12 +168,14 @@ class ServerConnection:
         if self.state is ConnState.CLOSED:
             return []
         self.stats.frames_in += 1
-        self.stats.bytes_in += len(data)
-        self.heartbeat.on_receive(now)
-        if len(data) > self.settings.max_frame_size:
+        size = len(data) if isinstance(data, bytes | bytearray) or len(data) * 4 <= self.settings.max_frame_size \
+            else len(data.encode("utf-8", "surrogatepass"))
+        self.stats.bytes_in += size
+        if size > self.settings.max_frame_size:
+            self.heartbeat.on_receive(now)
             return [
                 self._error(0, ErrorCode.MESSAGE_TOO_BIG,
-                            f"frame of {len(data)} bytes exceeds max_frame_size ({self.settings.max_frame_size})"),
+                            f"frame of {size} bytes exceeds max_frame_size ({self.settings.max_frame_size})"),
                 *self._close(CloseCode.MESSAGE_TOO_BIG, "frame too big"),
             ]
         try:
@@ -181,10 +183,12 @@ class ServerConnection:
                 data, limit=self.settings.max_decompressed_size, allowed=self.compression
             )
         except RemoteProtocolError as exc:
-            actions: list[Action] = [self._error(0, exc.error_code, str(exc))]
+            self.heartbeat.on_receive(now)
+            actions: list[Action] = [self._error(exc.stream_id, exc.error_code, str(exc))]
             if exc.close_code is not None:
                 actions += self._close(exc.close_code, exc.error_code.wire_name)
             return actions
+        self.heartbeat.on_receive(now, application=not isinstance(event, ev.Ping | ev.Pong))
         return self._handle(event, now)
 
     def _handle(self, event: ev.Event, now: float) -> list[Action]:
@@ -245,7 +249,8 @@ class ServerConnection:
         self.reaper.touch(now)
         sid = req.stream_id
         if sid in self.streams:
-            return [self._error(sid, ErrorCode.STREAM_ID_IN_USE, f"stream {sid} is already running")]
+            # On stream 0: an Error on `sid` would mean "stream sid ended", and it has not.
+            return [self._error(0, ErrorCode.STREAM_ID_IN_USE, f"stream {sid} is already running")]
         if len(self.streams) >= self.settings.max_streams:
             return [self._error(sid, ErrorCode.TOO_MANY_STREAMS,
                                 f"at most {self.settings.max_streams} concurrent streams per connection",
@@ -267,14 +272,27 @@ class ServerConnection:
             stream.first_chunk_at = now
         self.reaper.touch(now)
         out: list[Action] = []
-        for piece in _split(chunk, self.settings.max_frame_size - 32):
-            stream.seq += 1
-            stream.out_bytes += len(piece)
-            self.stats.raw_bytes_out += len(piece)
-            if isinstance(piece, str):
-                out.append(self._send(ev.Delta(stream_id=stream_id, seq=stream.seq, text=piece)))
-            else:
-                out.append(self._send(ev.Delta(stream_id=stream_id, seq=stream.seq, data=piece)))
+        limit = self.settings.max_frame_size
+        pending = _split(chunk, limit - 32)
+        pending.reverse()
+        while pending:
+            piece = pending.pop()
+            seq = stream.seq + 1
+            delta = (ev.Delta(stream_id=stream_id, seq=seq, text=piece) if isinstance(piece, str)
+                     else ev.Delta(stream_id=stream_id, seq=seq, data=piece))
+            data = self.codec.encode(delta, self.compressor)
+            if len(data) > limit and len(piece) > 1:
+                # JSON escaping or base64 made it too big for one frame: halve and try again.
+                halves = _split(piece, max(1, _encoded_len(piece) // 2))
+                pending.extend(reversed(halves))
+                continue
+            stream.seq = seq
+            n = _encoded_len(piece)
+            stream.out_bytes += n
+            self.stats.raw_bytes_out += n
+            self.stats.frames_out += 1
+            self.stats.bytes_out += len(data)
+            out.append(SendFrame(data))
         return out
 
     def finish_stream(
@@ -341,6 +359,10 @@ class ServerConnection:
         self.state = ConnState.CLOSED
         self.streams.clear()
         return running
+
+
+def _encoded_len(piece: str | bytes) -> int:
+    return len(piece) if isinstance(piece, bytes) else len(piece.encode("utf-8", "surrogatepass"))
 
 
 def _split(chunk: str | bytes, limit: int) -> list[str | bytes]:

@@ -129,10 +129,12 @@ class ProtocolError(LowLatError):
         *,
         error_code: ErrorCode = ErrorCode.PROTOCOL_ERROR,
         close_code: int | None = CloseCode.PROTOCOL_ERROR,
+        stream_id: int = 0,
     ) -> None:
         super().__init__(message)
         self.error_code = error_code
         self.close_code = close_code
+        self.stream_id = stream_id
 
 
 class LocalProtocolError(ProtocolError):

@@ -3,10 +3,11 @@
 Heartbeat rules (docs/protocol.md, "Heartbeat"):
 
 * A Ping is due ``interval`` seconds after the previous one (or after the connection opened).
-* Any frame from the peer proves it alive. If the peer sent something since the previous Ping,
-  the interval doubles, up to ``max_interval``; a quiet period resets it to the base interval.
-  So a busy connection is probed every 2 minutes, a quiet one every 30 s.
-* After a Ping, if no frame at all arrives within ``timeout``, the peer is dead.
+* Any frame from the peer (a Pong included) proves it alive: after a Ping, if no frame at all
+  arrives within ``timeout``, the peer is dead.
+* Application traffic from the peer (anything but Ping/Pong) between two Pings doubles the
+  interval, up to ``max_interval``; a period without it resets the interval to the base. So a
+  busy connection is probed every 2 minutes and a quiet one every 30 s.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class HeartbeatAction(enum.Enum):
 class Heartbeat:
     """Decides when to ping and when the peer is dead; measures RTT from Pongs."""
 
-    __slots__ = ("awaiting", "current", "interval", "last_ping_at", "max_interval", "next_ping_at",
-                 "ping_id", "rtt", "rx_since_ping", "timeout")
+    __slots__ = ("alive_since_ping", "awaiting", "current", "interval", "last_ping_at", "max_interval",
+                 "next_ping_at", "ping_id", "rtt", "rx_since_ping", "timeout")
 
     def __init__(self, interval: float, max_interval: float, timeout: float, now: float) -> None:
         self.interval, self.max_interval, self.timeout = interval, max_interval, timeout
@@ -37,27 +38,28 @@ class Heartbeat:
         self.next_ping_at = now + interval
         self.ping_id = 0
         self.awaiting: int | None = None
-        self.rx_since_ping = False
+        self.rx_since_ping = False  # application traffic since the last Ping (stretches the interval)
+        self.alive_since_ping = False  # any frame since the last Ping (proves the peer alive)
         self.rtt: float | None = None
 
-    def on_receive(self, now: float) -> None:
-        """Any frame arrived from the peer."""
-        self.rx_since_ping = True
-        if self.awaiting is not None:
-            # The peer is alive; a Pong may still follow and give us an RTT.
-            self.next_ping_at = max(self.next_ping_at, self.last_ping_at + self.current)
+    def on_receive(self, now: float, application: bool = True) -> None:
+        """A frame arrived from the peer; `application` is False for Ping/Pong."""
+        self.alive_since_ping = True
+        if application:
+            self.rx_since_ping = True
 
     def on_pong(self, ping_id: int, now: float) -> None:
-        """A Pong arrived; if it answers our outstanding Ping, record the RTT."""
-        if ping_id == self.awaiting:
+        """A Pong arrived; if it answers our latest Ping, record the RTT."""
+        self.alive_since_ping = True
+        if ping_id and ping_id == self.awaiting:
             self.rtt = now - self.last_ping_at
             self.awaiting = None
 
     def poll(self, now: float) -> HeartbeatAction | None:
         """Call at (or after) :meth:`deadline`; returns what to do now, if anything."""
         if self.awaiting is not None:
-            if self.rx_since_ping:
-                self.awaiting = None  # alive without a Pong: stop waiting for it
+            if self.alive_since_ping:
+                self.awaiting = None  # alive (a Pong may still come and give an RTT)
             elif now >= self.last_ping_at + self.timeout:
                 return HeartbeatAction.PEER_DEAD
             else:
@@ -65,7 +67,7 @@ class Heartbeat:
         if now < self.next_ping_at:
             return None
         self.current = min(self.current * 2, self.max_interval) if self.rx_since_ping else self.interval
-        self.rx_since_ping = False
+        self.rx_since_ping = self.alive_since_ping = False
         self.ping_id = (self.ping_id % 0xFFFFFFFF) + 1
         self.awaiting = self.ping_id
         self.last_ping_at = now
@@ -74,7 +76,7 @@ class Heartbeat:
 
     def deadline(self) -> float:
         """When :meth:`poll` next has something to do."""
-        if self.awaiting is not None and not self.rx_since_ping:
+        if self.awaiting is not None and not self.alive_since_ping:
             return self.last_ping_at + self.timeout
         return self.next_ping_at
 

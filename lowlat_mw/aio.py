@@ -55,6 +55,7 @@ class AsyncServerSession:
         self.executor = executor
         self.scheduler = scheduler or AsyncScheduler.current()
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._timer_tasks: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()
         self._scheduled = math.inf
         self._closing = False
@@ -90,7 +91,9 @@ class AsyncServerSession:
         """Called by the scheduler when a deadline is due."""
         actions = self.conn.tick(now)
         if actions:
-            asyncio.get_running_loop().create_task(self._run(actions))
+            task = asyncio.get_running_loop().create_task(self._run(actions))
+            self._timer_tasks.add(task)
+            task.add_done_callback(self._timer_tasks.discard)
         self._scheduled = self.conn.next_deadline()
         return self._scheduled
 

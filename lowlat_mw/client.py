@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,6 +35,7 @@ from .codec import codec_for
 from .compression import CompressionSelector, available_codecs
 from .errors import (
     ClientError,
+    CloseCode,
     ConnectionClosed,
     ErrorCode,
     ReconnectFailed,
@@ -41,7 +43,9 @@ from .errors import (
     StreamError,
     close_code_reconnects,
 )
+from .heartbeat import Heartbeat, HeartbeatAction
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
+from .timers import AsyncScheduler
 
 __all__ = ["AsyncClient", "Stream", "SyncClient", "connect", "connect_sync"]
 
@@ -130,6 +134,54 @@ class Stream:
         return "".join(parts)
 
 
+class _ClientHeartbeat:
+    """Client side of the heartbeat: the core's Heartbeat, driven by the loop's one scheduler.
+
+    The client pings the server when the connection is quiet and closes it with 4001 when the
+    server stops answering, so a dead server is noticed even without server Pings.
+    """
+
+    def __init__(self, client: AsyncClient, ws: ClientConnection, heartbeat: Heartbeat) -> None:
+        self.client, self.ws, self.heartbeat = client, ws, heartbeat
+        self.scheduler = AsyncScheduler.current()
+        self.stopped = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.scheduler.schedule(self, heartbeat.deadline())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def received(self, event: ev.Event) -> None:
+        now = time.monotonic()
+        self.heartbeat.on_receive(now, application=not isinstance(event, ev.Ping | ev.Pong))
+        if isinstance(event, ev.Pong):
+            self.heartbeat.on_pong(event.id, now)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.scheduler.cancel(self)
+
+    def on_timer(self, now: float) -> float:
+        if self.stopped:
+            return math.inf
+        action = self.heartbeat.poll(now)
+        if action is HeartbeatAction.SEND_PING:
+            self._spawn(self._send(self.client.codec.encode(ev.Ping(id=self.heartbeat.ping_id))))
+        elif action is HeartbeatAction.PEER_DEAD:
+            self.stopped = True
+            self._spawn(self.ws.close(CloseCode.HEARTBEAT_TIMEOUT, "server did not answer"))
+            return math.inf
+        return self.heartbeat.deadline()
+
+    async def _send(self, frame: bytes | str) -> None:
+        try:
+            await self.ws.send(frame)
+        except websockets.exceptions.ConnectionClosed:
+            pass
+
+
 class AsyncClient:
     """A lowlat-mw connection with many concurrent streams; reconnects between requests."""
 
@@ -145,6 +197,7 @@ class AsyncClient:
         max_decompressed_size: int = 16 * 1024 * 1024,
         headers: Mapping[str, str] | None = None,
         answer_pings: bool = True,
+        heartbeat_timeout: float = 10.0,
     ) -> None:
         if mode not in ("proto", "json"):
             raise ValueError("mode must be 'proto' or 'json'")
@@ -159,6 +212,8 @@ class AsyncClient:
         self.max_decompressed_size = max_decompressed_size
         self.headers = dict(headers or {})
         self.answer_pings = answer_pings
+        self.heartbeat_timeout = heartbeat_timeout
+        self._heartbeat: _ClientHeartbeat | None = None
         self.welcome: ev.Welcome | None = None
         self.compressor: CompressionSelector | None = None
         self.connections = 0  # how many times a connection was opened
@@ -180,6 +235,11 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @property
+    def rtt(self) -> float | None:
+        """Last measured round-trip time to the server in seconds (from the client's Pings)."""
+        return self._heartbeat.heartbeat.rtt if self._heartbeat is not None else None
 
     @property
     def connected(self) -> bool:
@@ -262,6 +322,9 @@ class AsyncClient:
         self._ws = ws
         self.connections += 1
         self.last_close = None
+        interval = (welcome.heartbeat_interval_ms or 30_000) / 1000
+        self._heartbeat = _ClientHeartbeat(self, ws, Heartbeat(interval, 4 * interval, self.heartbeat_timeout,
+                                                               time.monotonic()))
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
 
     # ------------------------------------------------------------------ I/O
@@ -279,6 +342,7 @@ class AsyncClient:
         # Server pings at most every heartbeat_max_interval; silence well past that means it is gone.
         code: int | None = None
         reason = ""
+        hb = self._heartbeat
         try:
             async for frame in ws:
                 try:
@@ -286,6 +350,8 @@ class AsyncClient:
                 except RemoteProtocolError as exc:
                     await ws.close(exc.close_code or 1002, str(exc)[:120])
                     break
+                if hb is not None:
+                    hb.received(event)
                 if isinstance(event, ev.Delta | ev.End | ev.Error) and event.stream_id:
                     stream = self._streams.get(event.stream_id)
                     if stream is not None:
@@ -300,6 +366,8 @@ class AsyncClient:
         except websockets.exceptions.ConnectionClosed:
             pass
         finally:
+            if hb is not None:
+                hb.stop()
             if ws.close_code is not None:
                 code, reason = ws.close_code, ws.close_reason or ""
             elif ws.protocol.close_rcvd is not None:

@@ -167,7 +167,8 @@ class ConnectionClosed(ClientError):
         try:
             name = CloseCode(code).name.lower() if code is not None else "abnormal"
         except ValueError:
-            name = "unknown"
+            name = {1005: "no status", 1006: "abnormal closure", 1012: "service restart",
+                    1013: "try again later", 1014: "bad gateway"}.get(code, "unknown")
         super().__init__(f"connection closed with code {code} ({name}){': ' + reason if reason else ''}")
         self.code = code
         self.reason = reason

@@ -1,0 +1,17 @@
+"""Test helpers for lowlat-mw users and our own suites: a fault-injecting TCP proxy.
+
+    with FaultProxy(("127.0.0.1", server_port)) as proxy:
+        url = f"ws://127.0.0.1:{proxy.port}/ws"
+        proxy.cut_after(4096)        # cut every connection after 4 KiB from the server
+        proxy.delay = 0.025          # 25 ms one way, both directions
+        proxy.stall()                # stop forwarding (a stuck link); proxy.resume() to go on
+        proxy.cut_all()              # drop every open connection now
+
+Loopback only: it refuses to forward anywhere but 127.0.0.0/8 or ::1.
+"""
+
+from __future__ import annotations
+
+from .proxy import FaultProxy
+
+__all__ = ["FaultProxy"]

@@ -65,7 +65,8 @@ def asgi_session(
             await send({"type": "websocket.send", "text": data})
 
     async def close(code: int, reason: str) -> None:
-        await send({"type": "websocket.close", "code": code, "reason": reason})
+        # A plain int: servers may check type(code) is int (daphne/autobahn refuse an IntEnum).
+        await send({"type": "websocket.close", "code": int(code), "reason": reason})
 
     session = AsyncServerSession(
         model=model, settings=settings, send=send_frame, close=close,
@@ -77,7 +78,7 @@ def asgi_session(
 
 async def refuse(send: Send) -> None:
     """Refuse a websocket handshake before accept: ASGI servers answer with HTTP 403."""
-    await send({"type": "websocket.close", "code": CloseCode.POLICY_VIOLATION})
+    await send({"type": "websocket.close", "code": int(CloseCode.POLICY_VIOLATION)})
 
 
 class LowLatASGI:

@@ -177,7 +177,10 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 kw["messages"] = tuple(ev.ChatMessage(role=m.role, content=m.content) for m in r.messages.items)
             elif which is not None:
                 kw[which] = getattr(r, which)
-            params = _struct_to_dict(r.params) if r.HasField("params") else {}
+            try:
+                params = _struct_to_dict(r.params) if r.HasField("params") else {}
+            except ValueError as exc:  # NaN / Infinity numbers: json_format refuses to convert them
+                raise _bad_request(f"request.params: {exc}", r.stream_id) from None
             return ev.Request(stream_id=r.stream_id, model=r.model, params=params, **kw)
         if kind == "end":
             e = env.end
@@ -407,7 +410,9 @@ def from_json_dict(obj: Any) -> ev.Event:
         if kind == "hello":
             last_seq: dict[int, int] = {}
             for k, v in f.mapping("last_seq").items():
-                if not (isinstance(k, str) and k.isdigit() and isinstance(v, int) and v >= 0):
+                # isascii: int() refuses digits like "²"; the length check keeps int() cheap and in range
+                if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 10
+                        and int(k) <= 0xFFFFFFFF and isinstance(v, int) and 0 <= v <= 0xFFFFFFFF):
                     raise _invalid("hello.last_seq must map stream ids to seq numbers")
                 last_seq[int(k)] = v
             return ev.Hello(client=f.str("client"), compression=f.strs("compression"),

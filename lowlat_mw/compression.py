@@ -12,6 +12,7 @@ than the original (docs/protocol.md, "Compression").
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -63,10 +64,22 @@ _REGISTRY: dict[str, _Codec] = {}
 try:
     import zstandard
 
-    _zc = zstandard.ZstdCompressor(level=1, write_content_size=True)
-    _zd = zstandard.ZstdDecompressor()
+    # zstandard's compressor and decompressor objects must not be used by two threads at once
+    # (wrong output, errors, even segfaults): one pair per thread.
+    _zstd_local = threading.local()
+
+    def _zstd_contexts() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+        pair = getattr(_zstd_local, "pair", None)
+        if pair is None:
+            pair = _zstd_local.pair = (zstandard.ZstdCompressor(level=1, write_content_size=True),
+                                       zstandard.ZstdDecompressor())
+        return pair
+
+    def _zstd_compress(data: bytes) -> bytes:
+        return _zstd_contexts()[0].compress(data)
 
     def _zstd_decompress(data: bytes, limit: int) -> bytes:
+        zd = _zstd_contexts()[1]
         try:
             declared = zstandard.frame_content_size(data)
         except zstandard.ZstdError as exc:
@@ -75,7 +88,7 @@ try:
             raise _too_big(limit)
         try:
             # stream_reader never produces more than we ask for: limit + 1 tells "too big" apart.
-            with _zd.stream_reader(io.BytesIO(data), read_across_frames=False) as reader:
+            with zd.stream_reader(io.BytesIO(data), read_across_frames=False) as reader:
                 out = reader.read(limit + 1)
         except zstandard.ZstdError as exc:
             raise _corrupt("zstd", exc) from None
@@ -83,9 +96,19 @@ try:
             raise _too_big(limit)
         if declared >= 0 and len(out) != declared:
             raise _corrupt("zstd", ValueError("truncated frame"))
+        if declared < 0:
+            # No size in the header, and the reader stops quietly at the end of the input: check
+            # that the frame is complete. Bounded: this yields at most what the reader just did.
+            check = zd.decompressobj()
+            try:
+                check.decompress(data)
+            except zstandard.ZstdError as exc:
+                raise _corrupt("zstd", exc) from None
+            if not check.eof:
+                raise _corrupt("zstd", ValueError("truncated frame"))
         return out
 
-    _REGISTRY["zstd"] = _Codec("zstd", _zc.compress, _zstd_decompress, 250e6, 900e6, 0.35)
+    _REGISTRY["zstd"] = _Codec("zstd", _zstd_compress, _zstd_decompress, 250e6, 900e6, 0.35)
 except ImportError:  # pragma: no cover - zstandard is a core dependency
     pass
 

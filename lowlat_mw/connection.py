@@ -281,7 +281,9 @@ class ServerConnection:
             delta = (ev.Delta(stream_id=stream_id, seq=seq, text=piece) if isinstance(piece, str)
                      else ev.Delta(stream_id=stream_id, seq=seq, data=piece))
             data = self.codec.encode(delta, self.compressor)
-            if len(data) > limit and len(piece) > 1:
+            # A text frame's size is its UTF-8 length (len(str) counts characters).
+            size = len(data) if isinstance(data, bytes) or len(data) * 4 <= limit else _encoded_len(data)
+            if size > limit and len(piece) > 1:
                 # JSON escaping or base64 made it too big for one frame: halve and try again.
                 halves = _split(piece, max(1, _encoded_len(piece) // 2))
                 pending.extend(reversed(halves))
@@ -291,7 +293,7 @@ class ServerConnection:
             stream.out_bytes += n
             self.stats.raw_bytes_out += n
             self.stats.frames_out += 1
-            self.stats.bytes_out += len(data)
+            self.stats.bytes_out += size
             out.append(SendFrame(data))
         return out
 
@@ -331,15 +333,19 @@ class ServerConnection:
         if self.state is ConnState.CLOSED:
             return math.inf
         if self.state is ConnState.AWAIT_HELLO:
-            return min(self.handshake_deadline, self.heartbeat.deadline())
+            return self.handshake_deadline  # no Pings before Welcome: see tick()
         return min(self.heartbeat.deadline(), self.reaper.deadline(len(self.streams)))
 
     def tick(self, now: float) -> list[Action]:
         """Timers: handshake timeout, heartbeat pings and timeouts, idle reaping."""
         if self.state is ConnState.CLOSED:
             return []
-        if self.state is ConnState.AWAIT_HELLO and now >= self.handshake_deadline:
-            return self._close(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")
+        if self.state is ConnState.AWAIT_HELLO:
+            # A client may send nothing but Hello before Welcome (protocol.md 7), so it could not
+            # answer a Ping: until Hello only the handshake timeout (4004) applies.
+            if now >= self.handshake_deadline:
+                return self._close(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")
+            return []
         hb = self.heartbeat.poll(now)
         if hb is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
@@ -382,6 +388,10 @@ def _split(chunk: str | bytes, limit: int) -> list[str | bytes]:
         end = min(start + limit, len(raw))
         while end < len(raw) and (raw[end] & 0xC0) == 0x80:  # don't cut inside a UTF-8 sequence
             end -= 1
+        if end == start:  # `limit` is smaller than this character: take the whole character
+            end += 1
+            while end < len(raw) and (raw[end] & 0xC0) == 0x80:
+                end += 1
         pieces.append(raw[start:end].decode())
         start = end
     return pieces

@@ -176,7 +176,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if not all(isinstance(v, str) for v in items):
             raise TypeError
         return items
-    except TypeError:
+    except (TypeError, OverflowError):  # OverflowError: an int too large for a float setting
         raise SettingsError(
             f"setting {name!r} must be {_type_name(hint)}, got {type(value).__name__} {value!r}"
         ) from None

@@ -38,9 +38,9 @@ DEMO_REPLY_10 = "Hello! This is the lowlat-mw demo model. You said: 'hi'."
 def server_url() -> Any:
     """A real uvicorn server (websockets-sansio) serving the demo model at /ws, in a thread."""
     import uvicorn
-    from lowlat_mw.adapters.starlette import LowLatMiddleware
     from starlette.applications import Starlette
 
+    from lowlat_mw.adapters.starlette import LowLatMiddleware
     from lowlat_mw.demo import demo_model
 
     app = Starlette()

@@ -1,0 +1,487 @@
+"""Model adapter: every kind of callable becomes one async stream of chunks, off the event loop.
+
+Sync code really runs in worker threads here, so a few tests use short real sleeps (50 ms a
+chunk) to show the loop keeps running; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import os.path
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from lowlat_mw.events import ChatMessage
+from lowlat_mw.model import ModelRequest, Models, SessionInfo, load_callable, shared_executor, stream_model
+
+SESSION = SessionInfo(session_id="sess")
+REQ = ModelRequest(stream_id=1, model="m", text="hi", session=SESSION)
+MAIN = threading.main_thread()
+
+
+async def collect(fn: Any, req: ModelRequest = REQ, executor: Any = None) -> list[Any]:
+    return [c async for c in stream_model(fn, req, executor)]
+
+
+# ============================================================================ callables of every kind
+def sync_str(req: ModelRequest) -> str:
+    assert threading.current_thread() is not MAIN  # blocking code never runs on the loop
+    return req.prompt.upper()
+
+
+async def async_str(req: ModelRequest) -> str:
+    await asyncio.sleep(0)
+    return req.prompt.upper()
+
+
+def sync_gen(req: ModelRequest) -> Iterator[str]:
+    for ch in req.prompt:
+        assert threading.current_thread() is not MAIN
+        yield ch
+
+
+async def async_gen(req: ModelRequest) -> AsyncIterator[str]:
+    for ch in req.prompt:
+        await asyncio.sleep(0)
+        yield ch
+
+
+def sync_list(req: ModelRequest) -> list[str]:
+    return ["a", "b", "c"]
+
+
+def sync_returns_gen(req: ModelRequest) -> Iterator[str]:
+    return (c for c in "xyz")
+
+
+def sync_returns_coroutine(req: ModelRequest) -> Any:
+    return async_str(req)
+
+
+def sync_returns_async_gen(req: ModelRequest) -> Any:
+    return async_gen(req)
+
+
+async def async_returns_list(req: ModelRequest) -> list[str]:
+    return ["p", "q"]
+
+
+def sync_bytes(req: ModelRequest) -> bytes:
+    return b"\x00\x01"
+
+
+def gen_bytes(req: ModelRequest) -> Iterator[bytes]:
+    yield b"\x00"
+    yield bytearray(b"\x01")
+    yield "mixed"  # type: ignore[misc]
+
+
+def sync_none(req: ModelRequest) -> None:
+    return None
+
+
+def echo_with(req: ModelRequest, prefix: str, sep: str = "") -> str:
+    return prefix + sep + req.prompt
+
+
+async def async_echo_with(req: ModelRequest, prefix: str) -> str:
+    return prefix + req.prompt
+
+
+def gen_with(req: ModelRequest, n: int) -> Iterator[str]:
+    yield from [req.prompt] * n
+
+
+async def agen_with(req: ModelRequest, n: int) -> AsyncIterator[str]:
+    for _ in range(n):
+        yield req.prompt
+
+
+class SyncCallable:
+    def __call__(self, req: ModelRequest) -> str:
+        assert threading.current_thread() is not MAIN
+        return "sync-obj:" + req.prompt
+
+
+class AsyncCallable:
+    async def __call__(self, req: ModelRequest) -> str:
+        return "async-obj:" + req.prompt
+
+
+class GenCallable:
+    def __call__(self, req: ModelRequest) -> Iterator[str]:
+        yield "gen-obj"
+        yield req.prompt
+
+
+class AsyncGenCallable:
+    async def __call__(self, req: ModelRequest) -> AsyncIterator[str]:
+        yield "agen-obj"
+        yield req.prompt
+
+
+class Model:
+    def __init__(self) -> None:
+        self.prefix = "method:"
+
+    def predict(self, req: ModelRequest) -> str:
+        return self.prefix + req.prompt
+
+    async def apredict(self, req: ModelRequest) -> AsyncIterator[str]:
+        yield self.prefix
+        yield req.prompt
+
+
+CASES = [
+    ("sync def -> str", sync_str, ["HI"]),
+    ("async def -> str", async_str, ["HI"]),
+    ("sync generator", sync_gen, ["h", "i"]),
+    ("async generator", async_gen, ["h", "i"]),
+    ("sync def -> list", sync_list, ["a", "b", "c"]),
+    ("sync def -> generator", sync_returns_gen, ["x", "y", "z"]),
+    ("sync def -> coroutine", sync_returns_coroutine, ["HI"]),
+    ("sync def -> async generator", sync_returns_async_gen, ["h", "i"]),
+    ("async def -> list", async_returns_list, ["p", "q"]),
+    ("sync def -> bytes", sync_bytes, [b"\x00\x01"]),
+    ("generator of bytes", gen_bytes, [b"\x00", bytearray(b"\x01"), "mixed"]),
+    ("sync def -> None", sync_none, []),
+    ("lambda", lambda req: "lambda:" + req.prompt, ["lambda:hi"]),
+    ("callable object", SyncCallable(), ["sync-obj:hi"]),
+    ("async callable object", AsyncCallable(), ["async-obj:hi"]),
+    ("generator callable object", GenCallable(), ["gen-obj", "hi"]),
+    ("async generator callable object", AsyncGenCallable(), ["agen-obj", "hi"]),
+    ("bound method", Model().predict, ["method:hi"]),
+    ("bound async generator method", Model().apredict, ["method:", "hi"]),
+    ("partial of def", functools.partial(echo_with, prefix="p", sep="-"), ["p-hi"]),
+    ("partial of async def", functools.partial(async_echo_with, prefix="ap:"), ["ap:hi"]),
+    ("partial of generator", functools.partial(gen_with, n=3), ["hi", "hi", "hi"]),
+    ("partial of async generator", functools.partial(agen_with, n=2), ["hi", "hi"]),
+    ("partial of partial", functools.partial(functools.partial(echo_with, sep="+"), prefix="pp"), ["pp+hi"]),
+]
+
+
+@pytest.mark.parametrize(("fn", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+async def test_stream_model_accepts_every_kind_of_callable(fn: Any, expected: list[Any]) -> None:
+    assert await asyncio.wait_for(collect(fn), 5) == expected
+
+
+async def test_sync_code_runs_on_the_given_executor() -> None:
+    seen: list[str] = []
+
+    def fn(req: ModelRequest) -> Iterator[str]:
+        seen.append(threading.current_thread().name)
+        yield "a"
+        seen.append(threading.current_thread().name)
+        yield "b"
+
+    def plain(req: ModelRequest) -> str:
+        seen.append(threading.current_thread().name)
+        return "c"
+
+    with ThreadPoolExecutor(2, thread_name_prefix="test-model") as pool:
+        assert await collect(fn, executor=pool) == ["a", "b"]
+        assert await collect(plain, executor=pool) == ["c"]
+    assert seen and all(name.startswith("test-model") for name in seen)
+
+
+async def test_returning_something_else_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="model returned int"):
+        await collect(lambda req: 42)
+
+
+# ============================================================================ exceptions
+class Boom(Exception):
+    pass
+
+
+def sync_raises(req: ModelRequest) -> str:
+    raise Boom("sync")
+
+
+async def async_raises(req: ModelRequest) -> str:
+    raise Boom("async")
+
+
+def gen_raises(req: ModelRequest) -> Iterator[str]:
+    yield "before"
+    raise Boom("gen")
+
+
+async def agen_raises(req: ModelRequest) -> AsyncIterator[str]:
+    yield "before"
+    raise Boom("agen")
+
+
+@pytest.mark.parametrize(("fn", "before"), [
+    (sync_raises, []), (async_raises, []), (gen_raises, ["before"]), (agen_raises, ["before"]),
+], ids=["sync", "async", "gen", "agen"])
+async def test_exceptions_propagate_after_the_chunks_before_them(fn: Any, before: list[str]) -> None:
+    got: list[Any] = []
+    with pytest.raises(Boom):
+        async for chunk in stream_model(fn, REQ):
+            got.append(chunk)
+    assert got == before
+
+
+# ============================================================================ never blocking the loop
+async def test_blocking_sync_generator_does_not_block_the_loop_and_streams_each_chunk() -> None:
+    def slow(req: ModelRequest) -> Iterator[str]:
+        for i in range(4):
+            time.sleep(0.05)  # blocking work, as a real model would do
+            yield f"chunk{i}"
+
+    ticks = 0
+    stop = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop:
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    t = asyncio.create_task(ticker())
+    arrivals: list[tuple[float, Any]] = []
+    start = time.monotonic()
+    async for chunk in stream_model(slow, REQ):
+        arrivals.append((time.monotonic() - start, chunk))
+    stop = True
+    await asyncio.wait_for(t, 1)
+    assert [c for _, c in arrivals] == ["chunk0", "chunk1", "chunk2", "chunk3"]  # one by one, not joined
+    times = [at for at, _ in arrivals]
+    # each chunk arrives as soon as it is yielded: about 50 ms apart, not all at the end
+    assert times[0] < 0.15
+    assert all(b - a >= 0.03 for a, b in itertools.pairwise(times))
+    assert ticks >= 10  # the loop kept running during the ~200 ms of blocking work
+
+
+async def test_blocking_sync_function_does_not_block_the_loop() -> None:
+    def slow(req: ModelRequest) -> str:
+        time.sleep(0.1)
+        return "done"
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        for _ in range(200):
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    t = asyncio.create_task(ticker())
+    assert await collect(slow) == ["done"]
+    t.cancel()
+    assert ticks >= 5
+
+
+# ============================================================================ cancellation
+async def _cancel_after_first_chunk(fn: Any) -> list[Any]:
+    got: list[Any] = []
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for chunk in stream_model(fn, REQ):
+            got.append(chunk)
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 2)
+    await asyncio.sleep(0.01)  # the generator is now busy producing the next chunk
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return got
+
+
+async def _wait_for(flag: threading.Event, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not flag.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    return flag.is_set()
+
+
+async def test_cancelling_a_sync_generator_stops_it_within_one_chunk_and_runs_finally() -> None:
+    produced: list[int] = []
+    closed = threading.Event()
+
+    def slow(req: ModelRequest) -> Iterator[str]:
+        try:
+            for i in range(100):
+                time.sleep(0.05)
+                produced.append(i)
+                yield f"c{i}"
+        finally:
+            closed.set()
+
+    got = await _cancel_after_first_chunk(slow)
+    assert got == ["c0"]
+    assert await _wait_for(closed, 1.0), "the generator's finally block did not run"
+    assert len(produced) <= 2  # the chunk in flight when cancelled, and nothing after it
+    await asyncio.sleep(0.12)  # two more chunk periods: nothing else is produced
+    assert len(produced) <= 2
+
+
+async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
+    closed = threading.Event()
+
+    def gen(req: ModelRequest) -> Iterator[str]:
+        try:
+            yield "one"
+            yield "two"
+        finally:
+            closed.set()
+
+    agen = stream_model(gen, REQ)
+    assert await agen.__anext__() == "one"
+    await agen.aclose()  # consumer stops between chunks
+    assert await _wait_for(closed, 1.0)
+
+
+async def test_cancelling_an_async_generator_closes_it() -> None:
+    closed = asyncio.Event()
+    produced: list[int] = []
+
+    async def agen(req: ModelRequest) -> AsyncIterator[str]:
+        try:
+            for i in range(100):
+                await asyncio.sleep(0.02)
+                produced.append(i)
+                yield f"c{i}"
+        finally:
+            closed.set()
+
+    got = await _cancel_after_first_chunk(agen)
+    assert got == ["c0"]
+    assert closed.is_set()  # closed right away, on the loop
+    assert len(produced) == 1
+
+
+async def test_cancelling_an_async_function_cancels_it() -> None:
+    cancelled = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow(req: ModelRequest) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    task = asyncio.create_task(collect(slow))
+    await asyncio.wait_for(started.wait(), 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancelled.is_set()
+
+
+async def test_breaking_out_of_an_async_generator_closes_it() -> None:
+    closed = asyncio.Event()
+
+    async def agen(req: ModelRequest) -> AsyncIterator[str]:
+        try:
+            yield "a"
+            yield "b"
+        finally:
+            closed.set()
+
+    stream = stream_model(agen, REQ)
+    async for _ in stream:
+        break
+    await stream.aclose()
+    # The inner generators are finalized by the loop's async-generator hook: soon, not synchronously.
+    await asyncio.wait_for(closed.wait(), 1)
+
+
+# ============================================================================ ModelRequest.prompt
+@pytest.mark.parametrize(("kw", "prompt"), [
+    ({"text": "t"}, "t"),
+    ({"text": ""}, ""),
+    ({"messages": (ChatMessage(role="user", content="first"), ChatMessage(role="user", content="last"))}, "last"),
+    ({"messages": ()}, ""),
+    ({"data": "héllo".encode()}, "héllo"),
+    ({"data": b"\xffok"}, "\ufffdok"),
+    ({}, ""),
+])
+def test_prompt(kw: dict[str, Any], prompt: str) -> None:
+    assert ModelRequest(stream_id=1, session=SESSION, **kw).prompt == prompt
+
+
+def test_model_request_is_frozen() -> None:
+    with pytest.raises(AttributeError):
+        REQ.text = "x"  # type: ignore[misc]
+
+
+# ============================================================================ load_callable
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("os.path:join", os.path.join),
+    ("os.path.join", os.path.join),
+    ("json:decoder.JSONDecoder", __import__("json").decoder.JSONDecoder),
+    ("functools:partial", functools.partial),
+])
+def test_load_callable_resolves_paths(spec: str, expected: Any) -> None:
+    assert load_callable(spec) is expected
+
+
+def test_load_callable_passes_callables_through() -> None:
+    assert load_callable(sync_str) is sync_str
+    obj = SyncCallable()
+    assert load_callable(obj) is obj
+
+
+@pytest.mark.parametrize(("spec", "exc", "match"), [
+    ("", ValueError, "empty"),
+    ("os", ValueError, "must look like 'package.module:callable'"),
+    (":join", ValueError, "must look like"),
+    ("os.path:", ValueError, "must look like"),
+    ("no_such_module_xyz:f", ImportError, "cannot import model module 'no_such_module_xyz'"),
+    ("no_such_module_xyz.f", ImportError, "cannot import model module 'no_such_module_xyz'"),
+    ("os.path:no_such_attr", ImportError, "module 'os.path' has no attribute 'no_such_attr'"),
+    ("json:decoder.nope", ImportError, "has no attribute 'decoder.nope'"),
+    ("os:sep", TypeError, "is not callable"),
+    (42, TypeError, "callable or a dotted path"),
+    (None, TypeError, "callable or a dotted path"),
+])
+def test_load_callable_bad_paths_have_readable_errors(spec: Any, exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match):
+        load_callable(spec)
+
+
+# ============================================================================ Models registry
+def test_models_single_callable_serves_every_name() -> None:
+    models = Models(sync_str)
+    assert models.get("") is sync_str and models.get("anything") is sync_str
+    assert models.names() == ()
+
+
+def test_models_mapping() -> None:
+    models = Models({"echo": sync_str, "upper": "os.path:join"})
+    assert models.get("echo") is sync_str
+    assert models.get("upper") is os.path.join
+    assert models.get("") is sync_str  # no "default": the first entry
+    assert models.get("missing") is None
+    assert models.names() == ("echo", "upper")
+    assert Models({"a": sync_str, "default": async_str}).get("") is async_str
+    again = Models(models)
+    assert again.get("echo") is sync_str and again.names() == models.names()
+
+
+def test_models_from_path_and_errors() -> None:
+    assert Models("os.path:join").get("x") is os.path.join
+    with pytest.raises(ValueError, match="empty"):
+        Models({})
+    with pytest.raises(ImportError):
+        Models({"x": "no_such_module_xyz:f"})
+
+
+def test_shared_executor_is_one_pool_per_size() -> None:
+    assert shared_executor(3) is shared_executor(3)
+    assert shared_executor(3) is not shared_executor(4)

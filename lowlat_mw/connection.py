@@ -188,7 +188,9 @@ class ServerConnection:
             if exc.close_code is not None:
                 actions += self._close(exc.close_code, exc.error_code.wire_name)
             return actions
-        self.heartbeat.on_receive(now, application=not isinstance(event, ev.Ping | ev.Pong))
+        # Requests and Cancels are application traffic (they stretch the ping interval); Hello,
+        # Ping and Pong only prove the peer alive.
+        self.heartbeat.on_receive(now, application=isinstance(event, ev.Request | ev.Cancel))
         return self._handle(event, now)
 
     def _handle(self, event: ev.Event, now: float) -> list[Action]:
@@ -346,6 +348,8 @@ class ServerConnection:
             if now >= self.handshake_deadline:
                 return self._close(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")
             return []
+        if self.state is ConnState.AWAIT_HELLO:
+            return []  # no Pings before Welcome: the handshake timeout covers this phase
         hb = self.heartbeat.poll(now)
         if hb is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")

@@ -1,0 +1,177 @@
+"""Shared fixtures: real uvicorn servers on loopback, in background threads.
+
+``uvicorn_server`` is a factory fixture::
+
+    def test_x(uvicorn_server):
+        srv = uvicorn_server(make_starlette_app(model), ws="wsproto")
+        ...  # srv.url == "ws://127.0.0.1:PORT/ws", srv.port, srv.stop()
+
+Each server listens on a socket the fixture binds itself to ("127.0.0.1", 0) (or to a given
+port, with SO_REUSEADDR, to restart a server on the same port), so there is no
+pick-a-port-then-bind race. Every server still running at teardown is stopped and its thread
+joined, with bounded waits.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+START_TIMEOUT = 10.0
+STOP_TIMEOUT = 10.0
+WS_IMPLEMENTATIONS = ("websockets-sansio", "wsproto", "websockets")
+
+
+def bind_loopback(port: int = 0) -> socket.socket:
+    """A listening-ready TCP socket bound to 127.0.0.1:`port` (0: a free port)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Lets a restarted server bind the port of a stopped one despite TIME_WAIT connections.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass
+class RunningServer:
+    """A uvicorn server running in a background thread."""
+
+    server: Any  # uvicorn.Server
+    thread: threading.Thread
+    port: int
+    path: str = "/ws"
+    errors: list[BaseException] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """The WebSocket URL of the lowlat-mw endpoint."""
+        return f"ws://127.0.0.1:{self.port}{self.path}"
+
+    @property
+    def http_url(self) -> str:
+        """The HTTP base URL of the server."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Ask the server to exit (open connections get 1012) and join its thread (bounded)."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise RuntimeError(f"uvicorn server on port {self.port} did not stop within {2 * timeout} s")
+
+
+def start_uvicorn(
+    app: Any,
+    *,
+    ws: str = "websockets-sansio",
+    port: int = 0,
+    path: str = "/ws",
+    **config: Any,
+) -> RunningServer:
+    """Start `app` under uvicorn on 127.0.0.1 in a daemon thread; return once it serves."""
+    import uvicorn
+
+    sock = bind_loopback(port)
+    options: dict[str, Any] = {
+        "ws": ws,
+        "ws_ping_interval": None,
+        "ws_per_message_deflate": False,
+        "log_level": "warning",
+        "lifespan": "off",
+        "timeout_graceful_shutdown": 3,
+    }
+    options.update(config)
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    running = RunningServer(server=server, thread=threading.Thread(), port=sock.getsockname()[1], path=path)
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # reported by the starter / at teardown
+            running.errors.append(exc)
+        finally:
+            sock.close()
+
+    running.thread = threading.Thread(target=run, name=f"uvicorn-{running.port}", daemon=True)
+    running.thread.start()
+    deadline = time.monotonic() + START_TIMEOUT
+    while not server.started:
+        if not running.thread.is_alive():
+            raise RuntimeError(f"uvicorn failed to start: {running.errors!r}")
+        if time.monotonic() > deadline:
+            running.stop()
+            raise RuntimeError(f"uvicorn did not start within {START_TIMEOUT} s")
+        time.sleep(0.005)
+    return running
+
+
+@pytest.fixture
+def unused_port() -> Iterator[int]:
+    """A loopback port that is bound but not listening for the whole test: connecting is refused."""
+    sock = bind_loopback(0)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+@pytest.fixture
+def uvicorn_server() -> Iterator[Callable[..., RunningServer]]:
+    """Factory: ``uvicorn_server(app, ws=..., port=..., path=..., **uvicorn_config)``."""
+    servers: list[RunningServer] = []
+
+    def factory(app: Any, **kwargs: Any) -> RunningServer:
+        srv = start_uvicorn(app, **kwargs)
+        servers.append(srv)
+        return srv
+
+    yield factory
+    problems = []
+    for srv in servers:
+        try:
+            srv.stop()
+        except RuntimeError as exc:
+            problems.append(str(exc))
+        problems.extend(repr(e) for e in srv.errors)
+    if problems:
+        pytest.fail("uvicorn server teardown: " + "; ".join(problems))
+
+
+def make_starlette_app(model: Any, *, routes: list[Any] | None = None, **settings: Any) -> Any:
+    """A Starlette app with ``LowLatMiddleware(model=model, **settings)`` and a ``GET /health`` route."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from lowlat_mw.adapters.starlette import LowLatMiddleware
+
+    async def health(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    return Starlette(
+        routes=[Route("/health", health), *(routes or [])],
+        middleware=[Middleware(LowLatMiddleware, model=model, **settings)],
+    )
+
+
+@pytest.fixture
+def starlette_app() -> Callable[..., Any]:
+    """Fixture form of :func:`make_starlette_app`."""
+    return make_starlette_app

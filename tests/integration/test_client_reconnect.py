@@ -1,0 +1,116 @@
+"""Python client: reconnect with backoff to a restarted server, final close codes, giving up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from lowlat_mw.backoff import Backoff
+from lowlat_mw.client import connect, connect_sync
+from lowlat_mw.errors import CloseCode, ConnectionClosed, ErrorCode, ReconnectFailed
+
+from ._support import JSON, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+FAST = Backoff(base=0.05, cap=0.2, retries=20, jitter=False)
+
+
+async def words(req):
+    for w in req.prompt.split():
+        yield w + " "
+
+
+async def test_reconnects_to_a_server_restarted_on_the_same_port(uvicorn_server, starlette_app):
+    first = uvicorn_server(starlette_app(words))
+    async with asyncio.timeout(20), connect(first.url, backoff=FAST) as client:
+        assert await client.complete("before restart") == "before restart "
+        await asyncio.to_thread(first.stop)
+        await wait_for(lambda: not client.connected, timeout=5)
+        assert client.last_close.code == 1012  # uvicorn's "service restart" on shutdown: reconnect
+        second = await asyncio.to_thread(uvicorn_server, starlette_app(words), port=first.port)
+        assert second.url == first.url
+        assert await client.complete("after restart") == "after restart "
+        assert client.connections == 2
+
+
+async def test_reconnect_waits_with_backoff_until_the_server_is_back(uvicorn_server, starlette_app):
+    first = uvicorn_server(starlette_app(words))
+    down_for = 0.4
+    async with asyncio.timeout(20), connect(first.url, backoff=FAST) as client:
+        assert await client.complete("one") == "one "
+        await asyncio.to_thread(first.stop)
+        await wait_for(lambda: not client.connected, timeout=5)
+
+        async def restart_later():
+            await asyncio.sleep(down_for)
+            return await asyncio.to_thread(uvicorn_server, starlette_app(words), port=first.port)
+
+        start = time.monotonic()
+        restarter = asyncio.create_task(restart_later())
+        # This request finds no server: the client retries with backoff until the restart.
+        assert await client.complete("two") == "two "
+        assert time.monotonic() - start >= down_for
+        await restarter
+        assert client.connections == 2
+
+
+async def test_final_close_code_is_not_retried(uvicorn_server, starlette_app):
+    srv = uvicorn_server(starlette_app(words, max_frame_size=4096))
+    async with asyncio.timeout(10), connect(srv.url, compression=[], backoff=FAST) as client:
+        assert await client.complete("ok") == "ok "
+        with pytest.raises(ConnectionClosed) as info:
+            await client.complete("x" * 5000)  # over max_frame_size: Error + close 1009 (final)
+        assert info.value.code == CloseCode.MESSAGE_TOO_BIG
+        assert client.last_error is not None and client.last_error.code is ErrorCode.MESSAGE_TOO_BIG
+        for _ in range(2):  # every later call fails the same way, without reconnecting
+            with pytest.raises(ConnectionClosed) as again:
+                await client.complete("ok")
+            assert again.value.code == CloseCode.MESSAGE_TOO_BIG
+        assert client.connections == 1
+
+
+def test_final_close_code_sync_client(uvicorn_server, starlette_app):
+    srv = uvicorn_server(starlette_app(words, max_frame_size=4096))
+    with connect_sync(srv.url, mode="json", backoff=FAST) as client:
+        assert client.complete("ok") == "ok "
+        with pytest.raises(ConnectionClosed) as info:
+            client.complete("y" * 5000)
+        assert info.value.code == CloseCode.MESSAGE_TOO_BIG
+        with pytest.raises(ConnectionClosed):
+            client.complete("ok")
+        assert client.client.connections == 1
+
+
+async def test_refused_handshake_is_final(uvicorn_server, starlette_app):
+    srv = uvicorn_server(starlette_app(words, subprotocols=[JSON]))
+    client = connect(srv.url, mode="proto", backoff=FAST)
+    async with asyncio.timeout(10):
+        start = time.monotonic()
+        with pytest.raises(ConnectionClosed) as info:
+            await client.open()
+        assert "403" in str(info.value)
+        assert time.monotonic() - start < 1.0  # no backoff retries for a refusal
+        assert client.connections == 0
+        async with connect(srv.url, mode="json") as ok:
+            assert await ok.complete("json works") == "json works "
+
+
+async def test_nothing_listening_raises_reconnect_failed_after_retries(unused_port):
+    client = connect(f"ws://127.0.0.1:{unused_port}/ws", backoff=Backoff(retries=2, base=0.01))
+    async with asyncio.timeout(10):
+        with pytest.raises(ReconnectFailed) as info:
+            async with client:
+                pass
+    assert "after 3 attempts" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+    assert client.connections == 0
+
+
+async def test_stream_on_unreachable_server_raises_reconnect_failed(unused_port):
+    client = connect(f"ws://127.0.0.1:{unused_port}/ws", backoff=Backoff(retries=2, base=0.01))
+    async with asyncio.timeout(10):
+        with pytest.raises(ReconnectFailed):
+            await client.complete("anyone?")

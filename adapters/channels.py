@@ -24,6 +24,7 @@ from lowlat_mw.aio import AsyncServerSession
 from lowlat_mw.asgi import asgi_session, check_scope, refuse
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.model import Models, ModelSpec
+from lowlat_mw.session import MemorySessionStore
 from lowlat_mw.settings import Settings
 
 __all__ = ["LowLatConsumer", "django_settings_dict"]
@@ -57,6 +58,7 @@ class _Options:
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
         self._settings: tuple[int, Settings] | None = None
+        self.store = MemorySessionStore()  # sessions waiting to be resumed, per as_asgi() app
 
     def settings(self) -> Settings:
         if self._settings is None or self._settings[0] != _generation[0]:
@@ -102,7 +104,8 @@ class LowLatConsumer(AsyncConsumer):
             raise StopConsumer
         await self.base_send({"type": "websocket.accept", "subprotocol": subprotocol})
         self.session = asgi_session(
-            self.scope, self.base_send, model=self.models, settings=settings, subprotocol=subprotocol
+            self.scope, self.base_send, model=self.models, settings=settings, subprotocol=subprotocol,
+            store=self.config.store,
         )
         self.session.start()
 
@@ -115,5 +118,5 @@ class LowLatConsumer(AsyncConsumer):
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
         """The client went away: stop the models and timers."""
         if self.session is not None:
-            await self.session.disconnected()
+            await self.session.disconnected(message.get("code"))
         raise StopConsumer

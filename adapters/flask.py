@@ -23,6 +23,7 @@ from simple_websocket import ConnectionClosed, Server
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.model import Models, ModelSpec, SessionInfo
 from lowlat_mw.security import check_handshake
+from lowlat_mw.session import MemorySessionStore
 from lowlat_mw.settings import ENV_PREFIX, Settings
 from lowlat_mw.threads import ThreadedSession
 
@@ -71,6 +72,7 @@ class LowLat:
             raise TypeError("LowLat needs model=<callable or 'module:callable'>")
         self.settings = settings_from_config(app.config, self.options)
         self._model = Models(self.model)
+        self.store = MemorySessionStore()  # sessions waiting to be resumed, per extension
         app.extensions["lowlat_mw"] = self
         app.add_url_rule(self.settings.path, "lowlat_mw", self._view, websocket=True)
 
@@ -106,6 +108,7 @@ class LowLat:
             model=self._model, settings=settings, send=ws.send, close=close, subprotocol=subprotocol,
             info=lambda sid: SessionInfo(session_id=sid, subprotocol=subprotocol, client=client, headers=headers,
                                          user=env.get("REMOTE_USER"), extra={"path": request.path}),
+            store=self.store,
         )
         try:
             while not session.closed:
@@ -116,7 +119,8 @@ class LowLat:
         except ConnectionClosed:
             pass
         finally:
-            session.disconnected()
+            code = ws.close_reason if isinstance(ws.close_reason, int) and ws.close_reason != 1005 else None
+            session.disconnected(code)
             _finish(ws)
         return _websocket_response(ws)
 

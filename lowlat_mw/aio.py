@@ -1,8 +1,14 @@
-"""asyncio driver: owns the clock, the tasks and the send callable for one ServerConnection.
+"""asyncio driver: owns the clock, the tasks and the sockets' send callables.
 
-Used by every ASGI adapter (Starlette/FastAPI middleware, Django Channels consumer). The
-framework gives it a ``send(data)`` and ``close(code, reason)`` coroutine and feeds it frames;
-timers come from the loop's one :class:`~lowlat_mw.timers.AsyncScheduler`.
+Two objects, because a session outlives a connection:
+
+* :class:`AsyncServerSession` runs one WebSocket (frames in, frames out, its timers).
+* :class:`LiveSession` runs one client session: its model tasks, flow control and replay buffer.
+  When the WebSocket drops it stays in the endpoint's session store for ``resume_window``
+  seconds, models paused once the buffer is full, until a new connection resumes it.
+
+Used by every adapter (Starlette/FastAPI, Django Channels, and through the thread driver, Flask).
+Timers come from the loop's one :class:`~lowlat_mw.timers.AsyncScheduler`.
 """
 
 from __future__ import annotations
@@ -13,24 +19,188 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from typing import Any
 
-from .connection import CancelStream, CloseConnection, SendFrame, ServerConnection, StartStream
-from .errors import CloseCode, ErrorCode
-from .events import Request
+from . import events as ev
+from .connection import (
+    CancelStream,
+    CloseConnection,
+    ResumeSession,
+    SendFrame,
+    ServerConnection,
+    StartStream,
+    _split,
+)
+from .errors import CloseCode, ErrorCode, close_code_reconnects
 from .model import ModelFn, ModelRequest, Models, SessionInfo, stream_model
+from .session import MemorySessionStore, Session, SessionStore
 from .settings import Settings
 from .timers import AsyncScheduler
 
-__all__ = ["AsyncServerSession"]
+__all__ = ["AsyncServerSession", "LiveSession"]
 
 log = logging.getLogger("lowlat_mw")
 
 SendFn = Callable[[bytes | str], Awaitable[None]]
 CloseFn = Callable[[int, str], Awaitable[None]]
 
+# Close codes after which the session is kept for resume (the client will reconnect).
+_RESUMABLE = frozenset({None, 1001, 1005, 1006, 1011, 1012, 1013, 1014,
+                        CloseCode.HEARTBEAT_TIMEOUT, CloseCode.DRAINING, CloseCode.SLOW_CONSUMER})
+
+
+class LiveSession:
+    """A client session's models and buffers; attached to at most one connection at a time."""
+
+    def __init__(self, session: Session, *, models: Models, settings: Settings, executor: Executor | None,
+                 store: SessionStore, scheduler: AsyncScheduler) -> None:
+        self.session = session
+        self.models = models
+        self.settings = settings
+        self.executor = executor
+        self.store = store
+        self.scheduler = scheduler
+        self.driver: AsyncServerSession | None = None
+        self.info: SessionInfo = SessionInfo(session_id=session.session_id)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.window = asyncio.Event()
+        self.window.set()
+        self.destroyed = False
+        store.put(session.session_id, self)
+
+    # ------------------------------------------------------------------ lifecycle
+    def attach(self, driver: AsyncServerSession) -> None:
+        """`driver`'s connection now carries this session."""
+        self.driver = driver
+        self.info = driver.info
+        self.scheduler.cancel(self)
+        self.window_changed()
+
+    def detach(self, now: float) -> None:
+        """The connection dropped: wait for a resume until the window ends."""
+        self.driver = None
+        self.session.detach(now)
+        self.scheduler.schedule(self, self.session.expires_at())
+        log.info("session %s detached; resumable for %.0f s", self.session.session_id, self.settings.resume_window,
+                 extra={"session_id": self.session.session_id})
+
+    def on_timer(self, now: float) -> float:
+        """Scheduler callback: give up a detached session whose resume window ended."""
+        if self.destroyed or self.driver is not None:
+            return math.inf
+        if now >= self.session.expires_at():
+            log.info("session %s expired", self.session.session_id, extra={"session_id": self.session.session_id})
+            self.destroy()
+            return math.inf
+        return self.session.expires_at()
+
+    def destroy(self) -> None:
+        """Stop every model and forget the session."""
+        if self.destroyed:
+            return
+        self.destroyed = True
+        self.driver = None
+        self.scheduler.cancel(self)
+        if self.store.get(self.session.session_id) is self:
+            self.store.remove(self.session.session_id)
+        for task in list(self.tasks.values()):
+            task.cancel()
+        self.window.set()  # wake paused streams so their cancellation runs
+
+    async def wait_closed(self) -> None:
+        """Wait until every model task has finished (after destroy or cancel)."""
+        tasks = list(self.tasks.values())
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def window_changed(self) -> None:
+        """Acks or a resume may have opened the flow-control window: wake paused models."""
+        if not self.session.blocked:
+            self.window.set()
+
+    # ------------------------------------------------------------------ streams
+    def start_stream(self, request: ev.Request) -> None:
+        """Run the model for `request` in its own task."""
+        self.tasks[request.stream_id] = asyncio.get_running_loop().create_task(self._stream(request))
+
+    def cancel(self, stream_id: int) -> None:
+        """Stop the model of `stream_id` (it ends with End("cancelled"))."""
+        task = self.tasks.get(stream_id)
+        if task is not None:
+            task.cancel()
+
+    async def _stream(self, req: ev.Request) -> None:
+        sid = req.stream_id
+        session = self.session
+        terminal: ev.End | ev.Error | None = None
+        fn = self.models.get(req.model)
+        try:
+            if fn is None:
+                served = ", ".join(self.models.names())
+                terminal = session.fail(sid, time.monotonic(), ErrorCode.UNKNOWN_MODEL,
+                                        f"unknown model {req.model!r}; served: {served}")
+                return
+            mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
+                                messages=req.messages, params=req.params, session=self.info)
+            agen = stream_model(fn, mreq, self.executor)
+            try:
+                async for chunk in agen:
+                    await self._emit(sid, chunk)
+            finally:
+                await agen.aclose()
+            terminal = session.finish(sid, time.monotonic())
+        except asyncio.CancelledError:
+            if self.destroyed:
+                raise
+            terminal = session.finish(sid, time.monotonic(), reason="cancelled")
+        except Exception as exc:
+            log.exception("model failed on stream %s of %s", sid, session.session_id,
+                          extra={"session_id": session.session_id, "stream_id": sid})
+            text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
+            terminal = session.fail(sid, time.monotonic(), ErrorCode.MODEL_ERROR, f"model failed ({text})")
+        finally:
+            self.tasks.pop(sid, None)
+            if terminal is not None and not self.destroyed:
+                await self._deliver([terminal])
+
+    async def _emit(self, sid: int, chunk: Any) -> None:
+        driver = self.driver
+        now = time.monotonic()
+        if driver is not None and driver.conn.open:
+            await driver.run(driver.conn.send_chunk(sid, chunk, now))  # records and frames it
+        else:
+            if not isinstance(chunk, str | bytes | bytearray | memoryview):
+                raise TypeError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
+            chunk = bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk
+            for piece in _split(chunk, self.settings.max_frame_size - 32):
+                self.session.record(sid, piece, now)
+        if self.session.blocked:
+            await self._wait_window()
+
+    async def _deliver(self, events: list[ev.Event]) -> None:
+        driver = self.driver
+        if driver is not None and driver.conn.open:
+            await driver.run(driver.conn.deliver(events, time.monotonic()))
+            driver.reschedule()
+
+    async def _wait_window(self) -> None:
+        """Pause the model until the client acknowledges output (or resumes); 4003 if stuck."""
+        while self.session.blocked and not self.destroyed:
+            self.window.clear()
+            driver = self.driver
+            if driver is None:
+                await self.window.wait()
+                continue
+            try:
+                async with asyncio.timeout(self.settings.slow_consumer_timeout):
+                    await self.window.wait()
+            except TimeoutError:
+                if self.driver is driver and self.session.blocked:
+                    await driver.close_with(CloseCode.SLOW_CONSUMER, "client did not acknowledge output")
+
 
 class AsyncServerSession:
-    """Runs one connection: frames in, model streams out, timers from the shared scheduler."""
+    """Runs one WebSocket connection: frames in, frames out, its timers from the shared scheduler."""
 
     def __init__(
         self,
@@ -43,6 +213,7 @@ class AsyncServerSession:
         info: SessionInfo | None = None,
         executor: Executor | None = None,
         scheduler: AsyncScheduler | None = None,
+        store: SessionStore | None = None,
     ) -> None:
         self.conn = ServerConnection(settings, subprotocol=subprotocol, now=time.monotonic())
         self.models = model if isinstance(model, Models) else Models(model)
@@ -50,137 +221,172 @@ class AsyncServerSession:
         self._send = send
         self._close = close
         self.info = info or SessionInfo(session_id=self.conn.session_id, subprotocol=subprotocol)
-        if self.info.session_id != self.conn.session_id:
-            self.conn.session_id = self.info.session_id
         self.executor = executor
         self.scheduler = scheduler or AsyncScheduler.current()
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.store: SessionStore = store if store is not None else MemorySessionStore()
+        self.live: LiveSession | None = None
         self._timer_tasks: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()
         self._scheduled = math.inf
         self._closing = False
         self._close_sent = False
+        self._gone = False
+
+    @property
+    def tasks(self) -> dict[int, asyncio.Task[None]]:
+        """Model tasks of the session this connection carries."""
+        return self.live.tasks if self.live is not None else {}
 
     # ------------------------------------------------------------------ driver API
     def start(self) -> None:
         """Register the connection's timers."""
-        self._reschedule()
+        self.reschedule()
 
     async def receive(self, data: bytes | str) -> None:
         """Feed one WebSocket message from the client."""
-        await self._run(self.conn.receive(data, time.monotonic()))
-        self._reschedule()
+        await self.run(self.conn.receive(data, time.monotonic()))
+        if self.live is not None:
+            self.live.window_changed()
+        self.reschedule()
 
-    async def disconnected(self) -> None:
-        """The socket is gone: stop every model and forget the timers."""
+    async def disconnected(self, code: int | None = None) -> None:
+        """The socket is gone (`code`: the peer's close code, if any): keep or end the session."""
+        if self._gone:
+            return
+        self._gone = True
         self._closing = True
         self.conn.connection_lost()
         self.scheduler.cancel(self)
         self._scheduled = math.inf
-        tasks = list(self.tasks.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        live = self.live
+        if live is None or live.driver is not self:
+            return
+        if self.conn.close_code is not None:
+            code = self.conn.close_code  # we closed: our reason decides
+        if code in _RESUMABLE and close_code_reconnects(code) and live.session.worth_keeping():
+            live.detach(time.monotonic())
+        else:
+            live.destroy()
+            await live.wait_closed()
 
     async def shutdown(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
         """Close from the server side."""
-        await self._run(self.conn.close(code, reason))
+        await self.run(self.conn.close(code, reason))
 
     def on_timer(self, now: float) -> float:
         """Called by the scheduler when a deadline is due."""
         actions = self.conn.tick(now)
         if actions:
-            task = asyncio.get_running_loop().create_task(self._run(actions))
+            task = asyncio.get_running_loop().create_task(self.run(actions))
             self._timer_tasks.add(task)
             task.add_done_callback(self._timer_tasks.discard)
         self._scheduled = self.conn.next_deadline()
         return self._scheduled
 
+    async def close_with(self, code: int, reason: str) -> None:
+        """Close the WebSocket with `code` (idempotent)."""
+        await self.run(self.conn.close(code, reason))
+
     # ------------------------------------------------------------------ internals
-    def _reschedule(self) -> None:
+    def reschedule(self) -> None:
+        """Move this connection's timer earlier if its deadline moved earlier."""
         when = self.conn.next_deadline()
         if when < self._scheduled or (when == math.inf and self._scheduled != math.inf):
             self._scheduled = when
             self.scheduler.schedule(self, when)
 
-    async def _run(self, actions: list) -> None:  # type: ignore[type-arg]
+    async def run(self, actions: list[Any]) -> None:
+        """Carry out the state machine's actions (consecutive frames go out under one lock)."""
+        frames: list[bytes | str] = []
         for action in actions:
             if isinstance(action, SendFrame):
-                await self._send_frame(action.data)
-            elif isinstance(action, StartStream):
-                sid = action.request.stream_id
-                self.tasks[sid] = asyncio.get_running_loop().create_task(self._stream(action.request))
+                frames.append(action.data)
+                continue
+            if frames:
+                await self._send_frames(frames)
+                frames = []
+            if isinstance(action, StartStream):
+                self._ensure_live()
+                self.live.start_stream(action.request)  # type: ignore[union-attr]
             elif isinstance(action, CancelStream):
-                task = self.tasks.get(action.stream_id)
-                if task is not None:
-                    task.cancel()
+                if self.live is not None:
+                    self.live.cancel(action.stream_id)
+            elif isinstance(action, ResumeSession):
+                await self._resume(action)
             elif isinstance(action, CloseConnection):
                 await self._close_with(action.code, action.reason)
+        if frames:
+            await self._send_frames(frames)
+        if self.live is None and self.conn.session is not None:
+            self._ensure_live()
 
-    async def _send_frame(self, data: bytes | str) -> None:
+    def _ensure_live(self) -> None:
+        if self.live is None and self.conn.session is not None:
+            self.live = LiveSession(self.conn.session, models=self.models, settings=self.settings,
+                                    executor=self.executor, store=self.store, scheduler=self.scheduler)
+            self._refresh_info()
+            self.live.attach(self)
+
+    def _refresh_info(self) -> None:
+        sid = self.conn.session_id
+        if self.info.session_id != sid:
+            self.info = SessionInfo(session_id=sid, subprotocol=self.info.subprotocol, client=self.info.client,
+                                    headers=self.info.headers, user=self.info.user, extra=self.info.extra)
+
+    async def _resume(self, action: ResumeSession) -> None:
+        found = self.store.get(action.session_id)
+        live = found if isinstance(found, LiveSession) and not found.destroyed else None
+        actions = self.conn.resume(live.session if live is not None else None, time.monotonic())
+        if live is not None and self.conn.session is live.session:
+            old = live.driver
+            self.live = live
+            self._refresh_info()
+            live.attach(self)  # from now on the model tasks send through this connection
+            if old is not None and old is not self:
+                old.live = None  # its socket is stale: it must not touch the session any more
+                await old.close_with(CloseCode.GOING_AWAY, "session resumed on another connection")
+            log.info("session %s resumed", live.session.session_id, extra={"session_id": live.session.session_id})
+        await self.run(actions)
+        if self.live is not None:
+            self.live.window_changed()
+
+    async def _send_frames(self, frames: list[bytes | str]) -> None:
         if self._closing:
             return
         try:
-            async with self._send_lock:
-                await self._send(data)
+            async with self._send_lock, asyncio.timeout(self.settings.slow_consumer_timeout):
+                for data in frames:
+                    await self._send(data)
         except asyncio.CancelledError:
             raise
+        except TimeoutError:
+            log.warning("send blocked for %.0f s: closing slow consumer", self.settings.slow_consumer_timeout)
+            self.conn.close(CloseCode.SLOW_CONSUMER, "send blocked")
+            await self._close_with(CloseCode.SLOW_CONSUMER, "send blocked", locked=False)
+            await self.disconnected()
         except Exception as exc:  # the socket went away under us
             log.debug("send failed, treating as disconnect: %r", exc)
             self._closing = True
 
-    async def _close_with(self, code: int, reason: str) -> None:
+    async def _close_with(self, code: int, reason: str, *, locked: bool = True) -> None:
         self._closing = True
         self.scheduler.cancel(self)
         self._scheduled = math.inf
-        current = asyncio.current_task()
-        for task in list(self.tasks.values()):
-            if task is not current:
-                task.cancel()
-        if not self._close_sent:
-            self._close_sent = True
-            log.info("closing connection %s: %s %s", self.conn.session_id, code, reason,
-                     extra={"session_id": self.conn.session_id, "close_code": code})
-            try:
-                async with self._send_lock:
-                    await self._close(code, reason)
-            except Exception as exc:
-                log.debug("close failed: %r", exc)
-
-    async def _stream(self, req: Request) -> None:
-        sid = req.stream_id
-        conn = self.conn
-        mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
-                            messages=req.messages, params=req.params, session=self.info)
-        actions: list = []  # type: ignore[type-arg]
-        fn = self.models.get(req.model)
-        if fn is None:
-            self.tasks.pop(sid, None)
-            await self._run(conn.fail_stream(sid, time.monotonic(), ErrorCode.UNKNOWN_MODEL,
-                                             f"unknown model {req.model!r}; served: {', '.join(self.models.names())}"))
-            self._reschedule()
+        if self._close_sent:
             return
+        self._close_sent = True
+        log.info("closing connection %s: %s %s", self.conn.session_id, code, reason,
+                 extra={"session_id": self.conn.session_id, "close_code": code})
         try:
-            agen = stream_model(fn, mreq, self.executor)
-            try:
-                async for chunk in agen:
-                    await self._run(conn.send_chunk(sid, chunk, time.monotonic()))
-                    if self._closing:
-                        return
-            finally:
-                await agen.aclose()
-            actions = conn.finish_stream(sid, time.monotonic())
-        except asyncio.CancelledError:
-            if self._closing:
-                return
-            actions = conn.finish_stream(sid, time.monotonic(), reason="cancelled")
+            async with asyncio.timeout(5.0):
+                if locked:
+                    async with self._send_lock:
+                        await self._close(code, reason)
+                else:
+                    await self._close(code, reason)
         except Exception as exc:
-            log.exception("model failed on stream %s of %s", sid, conn.session_id,
-                          extra={"session_id": conn.session_id, "stream_id": sid})
-            text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
-            actions = conn.fail_stream(sid, time.monotonic(), ErrorCode.MODEL_ERROR, f"model failed ({text})")
-        finally:
-            self.tasks.pop(sid, None)
-        await self._run(actions)
-        self._reschedule()
+            log.debug("close failed: %r", exc)
+        live = self.live
+        if live is not None and live.driver is self and not close_code_reconnects(code):
+            # A final close (protocol error, idle...): nothing to resume, stop the models now.
+            live.destroy()

@@ -14,6 +14,7 @@ from .aio import AsyncServerSession
 from .errors import CloseCode
 from .model import ModelFn, Models, ModelSpec, SessionInfo, shared_executor
 from .security import check_handshake
+from .session import MemorySessionStore, SessionStore
 from .settings import Settings
 
 __all__ = ["LowLatASGI", "asgi_session", "check_scope", "refuse", "session_info_from_scope"]
@@ -54,7 +55,13 @@ def check_scope(scope: Scope, settings: Settings) -> tuple[bool, str | None]:
 
 
 def asgi_session(
-    scope: Scope, send: Send, *, model: ModelFn | Models, settings: Settings, subprotocol: str | None
+    scope: Scope,
+    send: Send,
+    *,
+    model: ModelFn | Models,
+    settings: Settings,
+    subprotocol: str | None,
+    store: SessionStore | None = None,
 ) -> AsyncServerSession:
     """An AsyncServerSession that writes through an ASGI `send` (after websocket.accept)."""
 
@@ -70,7 +77,7 @@ def asgi_session(
 
     session = AsyncServerSession(
         model=model, settings=settings, send=send_frame, close=close,
-        subprotocol=subprotocol, executor=shared_executor(settings.model_threads),
+        subprotocol=subprotocol, executor=shared_executor(settings.model_threads), store=store,
     )
     session.info = session_info_from_scope(scope, session.conn.session_id, subprotocol)
     return session
@@ -87,6 +94,7 @@ class LowLatASGI:
     def __init__(self, model: ModelSpec, *, settings: Settings | None = None, **options: Any) -> None:
         self.model = Models(model)
         self.settings = settings.replace(**options) if settings is not None else Settings.load(options)
+        self.store: SessionStore = MemorySessionStore()  # sessions waiting to be resumed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket":
@@ -102,8 +110,10 @@ class LowLatASGI:
             await refuse(send)
             return
         await send({"type": "websocket.accept", "subprotocol": subprotocol})
-        session = asgi_session(scope, send, model=self.model, settings=self.settings, subprotocol=subprotocol)
+        session = asgi_session(scope, send, model=self.model, settings=self.settings, subprotocol=subprotocol,
+                               store=self.store)
         session.start()
+        code: int | None = None
         try:
             while True:
                 message = await receive()
@@ -112,6 +122,7 @@ class LowLatASGI:
                     data = message.get("bytes")
                     await session.receive(data if data is not None else message.get("text") or "")
                 elif kind == "websocket.disconnect":
+                    code = message.get("code")
                     break
         finally:
-            await session.disconnected()
+            await session.disconnected(code)

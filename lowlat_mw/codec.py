@@ -144,6 +144,7 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         h.client, h.resume_token = event.client, event.resume_token
         h.compression.extend(event.compression)
         h.last_seq.update(event.last_seq)
+        h.flow_window = event.flow_window
     elif isinstance(event, ev.Welcome):
         w = env.welcome
         w.session_id, w.resume_token, w.server, w.resumed = (
@@ -152,6 +153,9 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         w.max_frame_size, w.max_decompressed_size = event.max_frame_size, event.max_decompressed_size
         w.max_streams, w.heartbeat_interval_ms = event.max_streams, event.heartbeat_interval_ms
         w.idle_timeout_ms = event.idle_timeout_ms
+        w.resume_window_ms, w.flow_window = event.resume_window_ms, event.flow_window
+    elif isinstance(event, ev.Ack):
+        env.ack.stream_id, env.ack.seq, env.ack.done = event.stream_id, event.seq, event.done
     elif isinstance(event, ev.GoAway):
         env.goaway.reason, env.goaway.reconnect_after_ms = event.reason, event.reconnect_after_ms
     else:
@@ -202,14 +206,17 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
         if kind == "hello":
             h = env.hello
             return ev.Hello(client=h.client, compression=tuple(h.compression),
-                            resume_token=h.resume_token, last_seq=dict(h.last_seq))
+                            resume_token=h.resume_token, last_seq=dict(h.last_seq), flow_window=h.flow_window)
         if kind == "welcome":
             w = env.welcome
             return ev.Welcome(
                 session_id=w.session_id, resume_token=w.resume_token, compression=tuple(w.compression),
                 max_frame_size=w.max_frame_size, max_decompressed_size=w.max_decompressed_size,
                 max_streams=w.max_streams, heartbeat_interval_ms=w.heartbeat_interval_ms,
-                idle_timeout_ms=w.idle_timeout_ms, server=w.server, resumed=w.resumed)
+                idle_timeout_ms=w.idle_timeout_ms, server=w.server, resumed=w.resumed,
+                resume_window_ms=w.resume_window_ms, flow_window=w.flow_window)
+        if kind == "ack":
+            return ev.Ack(stream_id=env.ack.stream_id, seq=env.ack.seq, done=env.ack.done)
         if kind == "goaway":
             return ev.GoAway(reason=env.goaway.reason, reconnect_after_ms=env.goaway.reconnect_after_ms)
     except LocalProtocolError as exc:  # event validation failed: the peer's fault
@@ -300,13 +307,16 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
     if isinstance(event, ev.Hello):
         return {"type": "hello", "client": event.client, "compression": list(event.compression),
                 "resume_token": event.resume_token,
-                "last_seq": {str(k): v for k, v in event.last_seq.items()}}
+                "last_seq": {str(k): v for k, v in event.last_seq.items()}, "flow_window": event.flow_window}
     if isinstance(event, ev.Welcome):
         return {"type": "welcome", "session_id": event.session_id, "resume_token": event.resume_token,
                 "compression": list(event.compression), "max_frame_size": event.max_frame_size,
                 "max_decompressed_size": event.max_decompressed_size, "max_streams": event.max_streams,
                 "heartbeat_interval_ms": event.heartbeat_interval_ms,
-                "idle_timeout_ms": event.idle_timeout_ms, "server": event.server, "resumed": event.resumed}
+                "idle_timeout_ms": event.idle_timeout_ms, "server": event.server, "resumed": event.resumed,
+                "resume_window_ms": event.resume_window_ms, "flow_window": event.flow_window}
+    if isinstance(event, ev.Ack):
+        return {"type": "ack", "stream_id": event.stream_id, "seq": event.seq, "done": event.done}
     if isinstance(event, ev.GoAway):
         return {"type": "goaway", "reason": event.reason, "reconnect_after_ms": event.reconnect_after_ms}
     raise LocalProtocolError(f"not a protocol event: {event!r}")
@@ -416,14 +426,17 @@ def from_json_dict(obj: Any) -> ev.Event:
                     raise _invalid("hello.last_seq must map stream ids to seq numbers")
                 last_seq[int(k)] = v
             return ev.Hello(client=f.str("client"), compression=f.strs("compression"),
-                            resume_token=f.str("resume_token"), last_seq=last_seq)
+                            resume_token=f.str("resume_token"), last_seq=last_seq, flow_window=f.u32("flow_window"))
         if kind == "welcome":
             return ev.Welcome(
                 session_id=f.str("session_id"), resume_token=f.str("resume_token"),
                 compression=f.strs("compression"), max_frame_size=f.u32("max_frame_size"),
                 max_decompressed_size=f.u32("max_decompressed_size"), max_streams=f.u32("max_streams"),
                 heartbeat_interval_ms=f.u32("heartbeat_interval_ms"),
-                idle_timeout_ms=f.u32("idle_timeout_ms"), server=f.str("server"), resumed=f.bool("resumed"))
+                idle_timeout_ms=f.u32("idle_timeout_ms"), server=f.str("server"), resumed=f.bool("resumed"),
+                resume_window_ms=f.u32("resume_window_ms"), flow_window=f.u32("flow_window"))
+        if kind == "ack":
+            return ev.Ack(stream_id=f.u32("stream_id"), seq=f.u32("seq"), done=f.bool("done"))
         if kind == "goaway":
             return ev.GoAway(reason=f.str("reason"), reconnect_after_ms=f.u32("reconnect_after_ms"))
     except LocalProtocolError as exc:

@@ -23,6 +23,7 @@ from .codec import codec_for
 from .compression import CompressionSelector, available_codecs
 from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
+from .session import Session, StreamState
 from .settings import SUBPROTOCOL_JSON, Settings
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "CancelStream",
     "CloseConnection",
     "ConnState",
+    "ResumeSession",
     "SendFrame",
     "ServerConnection",
     "StartStream",
@@ -67,7 +69,16 @@ class CancelStream:
     stream_id: int
 
 
-Action = SendFrame | CloseConnection | StartStream | CancelStream
+@dataclass(frozen=True, slots=True)
+class ResumeSession:
+    """The client asks to resume: look the session up by token, then call ``conn.resume(...)``."""
+
+    token: str
+    session_id: str
+    last_seq: Mapping[int, int]
+
+
+Action = SendFrame | CloseConnection | StartStream | CancelStream | ResumeSession
 
 
 class ConnState(enum.Enum):
@@ -93,15 +104,6 @@ def negotiate_subprotocol(offered: list[str] | tuple[str, ...], settings: Settin
 
 
 @dataclass(slots=True)
-class _Stream:
-    started_at: float
-    seq: int = 0
-    first_chunk_at: float | None = None
-    out_bytes: int = 0
-    cancelling: bool = False
-
-
-@dataclass(slots=True)
 class _Stats:
     frames_in: int = 0
     frames_out: int = 0
@@ -112,7 +114,11 @@ class _Stats:
 
 
 class ServerConnection:
-    """Protocol state of one accepted WebSocket, driven by an I/O layer."""
+    """Protocol state of one accepted WebSocket, driven by an I/O layer.
+
+    Streams live in a :class:`~lowlat_mw.session.Session` that a later connection can take over
+    (resume); everything here is about this one socket: codec, compression, heartbeat, idleness.
+    """
 
     def __init__(
         self,
@@ -126,8 +132,9 @@ class ServerConnection:
         self.subprotocol = subprotocol
         self.codec = codec_for(subprotocol)
         self.state = ConnState.AWAIT_HELLO
-        self.session_id = session_id or secrets.token_urlsafe(12)
-        self.streams: dict[int, _Stream] = {}
+        self._new_session_id = session_id or secrets.token_urlsafe(12)
+        self.session: Session | None = None
+        self.hello: ev.Hello | None = None
         self.heartbeat = Heartbeat(
             settings.heartbeat_interval, settings.heartbeat_max_interval, settings.heartbeat_timeout, now
         )
@@ -139,6 +146,18 @@ class ServerConnection:
         self.close_reason = ""
         self.stats = _Stats()
 
+    @property
+    def session_id(self) -> str:
+        """The session's id (a fresh one until a Hello resumes another)."""
+        return self.session.session_id if self.session is not None else self._new_session_id
+
+    @property
+    def streams(self) -> dict[int, StreamState]:
+        """Running streams of this connection's session (none once the connection is closed)."""
+        if self.session is None or self.state is ConnState.CLOSED:
+            return {}
+        return self.session.running
+
     # ------------------------------------------------------------------ helpers
     def _send(self, event: ev.Event) -> SendFrame:
         data = self.codec.encode(event, self.compressor)
@@ -146,12 +165,23 @@ class ServerConnection:
         self.stats.bytes_out += len(data)
         return SendFrame(data)
 
+    def deliver(self, events: list[ev.Event], now: float) -> list[Action]:
+        """Frames for events the session already recorded (an End/Error, output made while detached)."""
+        if self.state is not ConnState.OPEN:
+            return []
+        self.reaper.touch(now)
+        return [self._send(e) for e in events]
+
+    @property
+    def open(self) -> bool:
+        """True between Welcome and close: frames can be sent."""
+        return self.state is ConnState.OPEN
+
     def _close(self, code: int, reason: str) -> list[Action]:
         if self.state is ConnState.CLOSED:
             return []
         self.state = ConnState.CLOSED
         self.close_code, self.close_reason = code, reason
-        self.streams.clear()
         return [CloseConnection(code, reason)]
 
     def _error(self, stream_id: int, code: ErrorCode, message: str, *, retryable: bool = False) -> SendFrame:
@@ -189,24 +219,29 @@ class ServerConnection:
                 actions += self._close(exc.close_code, exc.error_code.wire_name)
             return actions
         # Requests and Cancels are application traffic (they stretch the ping interval); Hello,
-        # Ping and Pong only prove the peer alive.
+        # Ping, Pong and Ack only prove the peer alive.
         self.heartbeat.on_receive(now, application=isinstance(event, ev.Request | ev.Cancel))
         return self._handle(event, now)
 
     def _handle(self, event: ev.Event, now: float) -> list[Action]:
         if self.state is ConnState.AWAIT_HELLO:
-            if not isinstance(event, ev.Hello):
+            if not isinstance(event, ev.Hello) or self.hello is not None:
                 return [
                     self._error(0, ErrorCode.PROTOCOL_ERROR, f"expected hello, got {type(event).__name__.lower()}"),
                     *self._close(CloseCode.PROTOCOL_ERROR, "expected hello"),
                 ]
             return self._on_hello(event, now)
+        session = self.session
+        assert session is not None
         if isinstance(event, ev.Request):
             return self._on_request(event, now)
+        if isinstance(event, ev.Ack):
+            session.ack(event.stream_id, event.seq, event.done)
+            return []
         if isinstance(event, ev.Cancel):
             self.reaper.touch(now)
-            stream = self.streams.get(event.stream_id)
-            if stream is None or stream.cancelling:
+            stream = session.streams.get(event.stream_id)
+            if stream is None or not stream.running or stream.cancelling:
                 return []  # already finished: the End/Error is on its way
             stream.cancelling = True
             return [CancelStream(event.stream_id)]
@@ -221,6 +256,7 @@ class ServerConnection:
                             f"{type(event).__name__.lower()} is not sent by clients")]
 
     def _on_hello(self, hello: ev.Hello, now: float) -> list[Action]:
+        self.hello = hello
         server_codecs = [c for c in self.settings.compression if c in available_codecs()]
         if self.codec.binary:
             self.compression = tuple(c for c in server_codecs if c in hello.compression)
@@ -228,11 +264,43 @@ class ServerConnection:
             self.compressor = CompressionSelector(
                 self.compression, min_size=self.settings.compression_min_size, link_mbps=self.settings.link_mbps
             )
+        if hello.resume_token:
+            return [ResumeSession(hello.resume_token, Session.session_id_of(hello.resume_token), hello.last_seq)]
+        return self._welcome(Session(self.settings, now=now, session_id=self._new_session_id), now, resumed=False)
+
+    def resume(self, session: Session | None, now: float) -> list[Action]:
+        """Answer a :class:`ResumeSession`: `session` is what the store had for the token (or None).
+
+        Returns Welcome (``resumed`` true or false), then everything the client missed, and
+        CancelStream for streams the client no longer wants. A failed resume starts a new
+        session and fails each stream the client listed with ``resume_failed``.
+        """
+        hello = self.hello
+        assert hello is not None and self.state is ConnState.AWAIT_HELLO
+        if session is None or not session.token_matches(hello.resume_token):
+            actions = self._welcome(Session(self.settings, now=now), now, resumed=False)
+            actions += [self._error(sid, ErrorCode.RESUME_FAILED, "session expired or unknown")
+                        for sid in hello.last_seq]
+            if not hello.last_seq:
+                actions.append(self._error(0, ErrorCode.RESUME_FAILED, "session expired or unknown"))
+            return actions
+        session.attach()
+        actions = self._welcome(session, now, resumed=True)
+        events, cancels = session.replay(hello.last_seq)
+        actions += [self._send(e) for e in events]
+        actions += [CancelStream(sid) for sid in cancels]
+        return actions
+
+    def _welcome(self, session: Session, now: float, *, resumed: bool) -> list[Action]:
+        assert self.hello is not None
+        self.session = session
+        window = session.set_client_window(self.hello.flow_window)
         self.state = ConnState.OPEN
         self.reaper.touch(now)
         s = self.settings
         welcome = ev.Welcome(
-            session_id=self.session_id,
+            session_id=session.session_id,
+            resume_token=session.resume_token,
             compression=self.compression,
             max_frame_size=s.max_frame_size,
             max_decompressed_size=s.max_decompressed_size,
@@ -240,6 +308,9 @@ class ServerConnection:
             heartbeat_interval_ms=round(s.heartbeat_interval * 1000),
             idle_timeout_ms=round(s.idle_timeout * 1000),
             server=s.server_name,
+            resumed=resumed,
+            resume_window_ms=round(s.resume_window * 1000),
+            flow_window=window,
         )
         # Welcome itself is never compressed: the client learns the codecs from it.
         compressor, self.compressor = self.compressor, None
@@ -249,29 +320,23 @@ class ServerConnection:
 
     def _on_request(self, req: ev.Request, now: float) -> list[Action]:
         self.reaper.touch(now)
-        sid = req.stream_id
-        if sid in self.streams:
-            # On stream 0: an Error on `sid` would mean "stream sid ended", and it has not.
-            return [self._error(0, ErrorCode.STREAM_ID_IN_USE, f"stream {sid} is already running")]
-        if len(self.streams) >= self.settings.max_streams:
-            return [self._error(sid, ErrorCode.TOO_MANY_STREAMS,
-                                f"at most {self.settings.max_streams} concurrent streams per connection",
-                                retryable=True)]
-        self.streams[sid] = _Stream(started_at=now)
+        assert self.session is not None
+        error = self.session.start(req, now)
+        if error is not None:
+            return [self._send(error)]
         return [StartStream(req)]
 
     # ------------------------------------------------------------------ model output
     def send_chunk(self, stream_id: int, chunk: str | bytes, now: float) -> list[Action]:
         """The model of `stream_id` produced `chunk`: frame it as one Delta (or several if huge)."""
-        stream = self.streams.get(stream_id)
-        if stream is None or self.state is ConnState.CLOSED:
+        session = self.session
+        stream = session.streams.get(stream_id) if session is not None else None
+        if stream is None or not stream.running or self.state is ConnState.CLOSED:
             return []
         if not isinstance(chunk, str | bytes | bytearray | memoryview):
             raise LocalProtocolError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
         if isinstance(chunk, bytearray | memoryview):
             chunk = bytes(chunk)
-        if stream.first_chunk_at is None:
-            stream.first_chunk_at = now
         self.reaper.touch(now)
         out: list[Action] = []
         limit = self.settings.max_frame_size
@@ -280,9 +345,9 @@ class ServerConnection:
         while pending:
             piece = pending.pop()
             seq = stream.seq + 1
-            delta = (ev.Delta(stream_id=stream_id, seq=seq, text=piece) if isinstance(piece, str)
+            probe = (ev.Delta(stream_id=stream_id, seq=seq, text=piece) if isinstance(piece, str)
                      else ev.Delta(stream_id=stream_id, seq=seq, data=piece))
-            data = self.codec.encode(delta, self.compressor)
+            data = self.codec.encode(probe, self.compressor)
             # A text frame's size is its UTF-8 length (len(str) counts characters).
             size = len(data) if isinstance(data, bytes) or len(data) * 4 <= limit else _encoded_len(data)
             if size > limit and len(piece) > 1:
@@ -290,10 +355,8 @@ class ServerConnection:
                 halves = _split(piece, max(1, _encoded_len(piece) // 2))
                 pending.extend(reversed(halves))
                 continue
-            stream.seq = seq
-            n = _encoded_len(piece)
-            stream.out_bytes += n
-            self.stats.raw_bytes_out += n
+            session.record(stream_id, piece, now)  # type: ignore[union-attr]
+            self.stats.raw_bytes_out += _encoded_len(piece)
             self.stats.frames_out += 1
             self.stats.bytes_out += size
             out.append(SendFrame(data))
@@ -308,26 +371,23 @@ class ServerConnection:
         timings_ms: Mapping[str, float] | None = None,
     ) -> list[Action]:
         """The model of `stream_id` finished (reason "stop") or was cancelled ("cancelled")."""
-        stream = self.streams.pop(stream_id, None)
-        if stream is None or self.state is ConnState.CLOSED:
+        if self.session is None:
+            return []
+        end = self.session.finish(stream_id, now, reason=reason, timings_ms=timings_ms)
+        if end is None or self.state is ConnState.CLOSED:
             return []
         self.reaper.touch(now)
-        timings = {"total": (now - stream.started_at) * 1000}
-        if stream.first_chunk_at is not None:
-            timings["first_delta"] = (stream.first_chunk_at - stream.started_at) * 1000
-        if timings_ms:
-            timings.update(timings_ms)
-        return [self._send(ev.End(stream_id=stream_id, last_seq=stream.seq, finish_reason=reason,
-                                  timings_ms=timings,
-                                  usage={"deltas": stream.seq, "output_bytes": stream.out_bytes}))]
+        return [self._send(end)]
 
     def fail_stream(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Action]:
         """The model of `stream_id` failed: end the stream with an Error."""
-        stream = self.streams.pop(stream_id, None)
-        if stream is None or self.state is ConnState.CLOSED:
+        if self.session is None:
+            return []
+        err = self.session.fail(stream_id, now, code, message)
+        if err is None or self.state is ConnState.CLOSED:
             return []
         self.reaper.touch(now)
-        return [self._error(stream_id, code, message)]
+        return [self._send(err)]
 
     # ------------------------------------------------------------------ time and teardown
     def next_deadline(self) -> float:
@@ -344,16 +404,14 @@ class ServerConnection:
             return []
         if self.state is ConnState.AWAIT_HELLO:
             # A client may send nothing but Hello before Welcome (protocol.md 7), so it could not
-            # answer a Ping: until Hello only the handshake timeout (4004) applies.
+            # answer a Ping: until Welcome only the handshake timeout (4004) applies.
             if now >= self.handshake_deadline:
                 return self._close(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")
             return []
-        if self.state is ConnState.AWAIT_HELLO:
-            return []  # no Pings before Welcome: the handshake timeout covers this phase
         hb = self.heartbeat.poll(now)
         if hb is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
-        if self.state is ConnState.OPEN and self.reaper.expired(now, len(self.streams)):
+        if self.reaper.expired(now, len(self.streams)):
             return self._close(CloseCode.IDLE_TIMEOUT, "idle")
         if hb is HeartbeatAction.SEND_PING:
             return [self._send(ev.Ping(id=self.heartbeat.ping_id))]
@@ -364,10 +422,11 @@ class ServerConnection:
         return self._close(code, reason)
 
     def connection_lost(self) -> list[Action]:
-        """The peer went away: every running stream must be cancelled."""
-        running = [CancelStream(sid) for sid in self.streams]
+        """The peer went away and the session will not be resumed: cancel every running stream."""
+        if self.state is ConnState.CLOSED:
+            return []
+        running = [CancelStream(sid) for sid in (self.session.running if self.session is not None else ())]
         self.state = ConnState.CLOSED
-        self.streams.clear()
         return running
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from .errors import ErrorCode, LocalProtocolError
 
 __all__ = [
+    "Ack",
     "Cancel",
     "ChatMessage",
     "Delta",
@@ -44,6 +45,7 @@ class Hello:
     compression: tuple[str, ...] = ()
     resume_token: str = ""
     last_seq: Mapping[int, int] = field(default_factory=dict)
+    flow_window: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +62,8 @@ class Welcome:
     idle_timeout_ms: int = 0
     server: str = ""
     resumed: bool = False
+    resume_window_ms: int = 0
+    flow_window: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +158,15 @@ class Pong:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """Client received every Delta of `stream_id` up to `seq` (and with `done`, its End/Error)."""
+
+    stream_id: int
+    seq: int = 0
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GoAway:
     """The server is shutting down: finish, then reconnect after the hint."""
 
@@ -161,4 +174,4 @@ class GoAway:
     reconnect_after_ms: int = 0
 
 
-Event = Hello | Welcome | Request | Delta | End | Error | Cancel | Ping | Pong | GoAway
+Event = Hello | Welcome | Request | Delta | End | Error | Cancel | Ping | Pong | GoAway | Ack

@@ -48,6 +48,14 @@ class Settings:
     """Largest payload after decompression, in bytes (1009 above it)."""
     max_streams: int = 8
     """Concurrent streams per connection."""
+    resume_window: float = 60.0
+    """Seconds a dropped connection's session (its streams and replay buffer) waits to be resumed."""
+    resume_buffer_size: int = MiB
+    """Bytes of sent-but-unacknowledged output kept per session for replay after a drop."""
+    flow_window: int = 256 * 1024
+    """Most bytes of unacknowledged output per session for clients that send Acks (models pause beyond)."""
+    slow_consumer_timeout: float = 30.0
+    """Close with 4003 when output stays blocked (window full, or a send stuck) this long."""
     compression: tuple[str, ...] = KNOWN_CODECS
     """Codecs the server may use and accept, preferred first; empty disables compression."""
     compression_min_size: int = 512
@@ -67,12 +75,14 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
-                     "idle_timeout", "handshake_timeout", "link_mbps"):
+                     "idle_timeout", "handshake_timeout", "link_mbps", "resume_window",
+                     "slow_consumer_timeout"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"setting {name!r} must be > 0, got {getattr(self, name)!r}")
         if self.heartbeat_max_interval < self.heartbeat_interval:
             raise SettingsError("setting 'heartbeat_max_interval' must be >= 'heartbeat_interval'")
-        for name in ("max_frame_size", "max_decompressed_size", "max_streams", "model_threads"):
+        for name in ("max_frame_size", "max_decompressed_size", "max_streams", "model_threads",
+                     "resume_buffer_size", "flow_window"):
             value = getattr(self, name)
             if not 0 < value <= 0xFFFFFFFF:
                 raise SettingsError(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from .aio import AsyncServerSession
 from .model import ModelFn, Models, SessionInfo, shared_executor
+from .session import SessionStore
 from .settings import Settings
 
 __all__ = ["ThreadedSession", "background_loop"]
@@ -58,6 +59,7 @@ class ThreadedSession:
         close: Callable[[int, str], Any],
         subprotocol: str | None,
         info: Callable[[str], SessionInfo] | None = None,
+        store: SessionStore | None = None,
     ) -> None:
         self.loop = background_loop()
         pool = _send_pool
@@ -73,7 +75,7 @@ class ThreadedSession:
         async def make() -> AsyncServerSession:
             session = AsyncServerSession(
                 model=model, settings=settings, send=send_frame, close=close_ws,
-                subprotocol=subprotocol, executor=shared_executor(settings.model_threads),
+                subprotocol=subprotocol, executor=shared_executor(settings.model_threads), store=store,
             )
             if info is not None:
                 session.info = info(session.conn.session_id)
@@ -94,6 +96,6 @@ class ThreadedSession:
         """Feed one message; returns when it has been handled (backpressure for the reader)."""
         self._call(self.session.receive(data))
 
-    def disconnected(self) -> None:
-        """The socket is gone: stop the models and the timers."""
-        self._call(self.session.disconnected())
+    def disconnected(self, code: int | None = None) -> None:
+        """The socket is gone (`code`: the peer's close code): keep the session for resume or end it."""
+        self._call(self.session.disconnected(code))

@@ -166,9 +166,11 @@ def test_welcome_carries_session_and_limits() -> None:
     pair = Pair.open(s)
     assert pair.conn.state is ConnState.AWAIT_HELLO
     welcome = only(pair.send(ev.Hello(client="py/1")), ev.Welcome)
-    assert welcome == ev.Welcome(session_id="sess-1", compression=(), max_frame_size=4096,
-                                 max_decompressed_size=65536, max_streams=3, heartbeat_interval_ms=15000,
-                                 idle_timeout_ms=90500, server="edge-7")
+    assert welcome.resume_token.startswith("sess-1.") and len(welcome.resume_token) > 30
+    assert welcome == ev.Welcome(session_id="sess-1", resume_token=welcome.resume_token, compression=(),
+                                 max_frame_size=4096, max_decompressed_size=65536, max_streams=3,
+                                 heartbeat_interval_ms=15000, idle_timeout_ms=90500, server="edge-7",
+                                 resume_window_ms=60000, flow_window=0)
     assert pair.conn.state is ConnState.OPEN
 
 

@@ -44,7 +44,7 @@ DRAINING: ErrorCode
 UNKNOWN_MODEL: ErrorCode
 
 class Envelope(_message.Message):
-    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway")
+    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway", "ack")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class Envelope(_message.Message):
     PING_FIELD_NUMBER: _ClassVar[int]
     PONG_FIELD_NUMBER: _ClassVar[int]
     GOAWAY_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     welcome: Welcome
     request: Request
@@ -65,10 +66,11 @@ class Envelope(_message.Message):
     ping: Ping
     pong: Pong
     goaway: GoAway
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ...) -> None: ...
+    ack: Ack
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client", "compression", "resume_token", "last_seq")
+    __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window")
     class LastSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -80,14 +82,16 @@ class Hello(_message.Message):
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
     client: str
     compression: _containers.RepeatedScalarFieldContainer[str]
     resume_token: str
     last_seq: _containers.ScalarMap[int, int]
-    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    flow_window: int
+    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed")
+    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +102,8 @@ class Welcome(_message.Message):
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     SERVER_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FIELD_NUMBER: _ClassVar[int]
+    RESUME_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_token: str
     compression: _containers.RepeatedScalarFieldContainer[str]
@@ -108,7 +114,9 @@ class Welcome(_message.Message):
     idle_timeout_ms: int
     server: str
     resumed: bool
-    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
+    resume_window_ms: int
+    flow_window: int
+    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ..., resume_window_ms: _Optional[int] = ..., flow_window: _Optional[int] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -209,6 +217,16 @@ class Pong(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     id: int
     def __init__(self, id: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("stream_id", "seq", "done")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    seq: int
+    done: bool
+    def __init__(self, stream_id: _Optional[int] = ..., seq: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class GoAway(_message.Message):
     __slots__ = ("reason", "reconnect_after_ms")

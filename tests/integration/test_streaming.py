@@ -324,20 +324,24 @@ def test_sync_client_leaving_early_cancels_the_model(uvicorn_server, starlette_a
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_client_vanishing_mid_stream_cancels_the_model(uvicorn_server, starlette_app, mode):
+    # The session is kept for resume_window seconds after a drop; then its models are stopped.
     finished: list[str] = []
     lock = threading.Lock()
-    srv = uvicorn_server(starlette_app(_forever_models(finished, lock)["async-generator"]))
+    srv = uvicorn_server(starlette_app(_forever_models(finished, lock)["async-generator"], resume_window=0.5))
     async with asyncio.timeout(10):
         client = connect(srv.url, mode=mode)
         stream = client.stream("gone")
         assert await stream.__anext__() == "tick0 "
         client._ws.transport.abort()  # drop the TCP connection: no close handshake
+        dropped = time.monotonic()
         for _ in range(500):
             with lock:
                 if "gone" in finished:
                     break
             await asyncio.sleep(0.01)
         assert "gone" in finished, "the model kept running after its client vanished"
+        waited = time.monotonic() - dropped
+        assert waited >= 0.4, f"the model stopped after {waited:.2f} s, before the resume window ended"
         await client.close()
 
 

@@ -1,0 +1,316 @@
+"""Sans-IO session state: streams, replay buffers and flow control that outlive one WebSocket.
+
+A session starts with a Hello and survives a dropped connection for ``resume_window`` seconds.
+Every Delta sent is kept in its stream's replay buffer until the client acknowledges it (Ack),
+so a client that reconnects with its resume token and the last seq it saw per stream gets
+exactly what it missed, once, in order (docs/protocol.md, "Resume").
+
+Memory is bounded twice: clients that send Acks get a flow-control window (the driver pauses the
+model while ``blocked``); for clients that don't, the oldest buffered Deltas are dropped past
+``resume_buffer_size``, and resuming below that point fails with ``resume_failed``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import secrets
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import events as ev
+from .errors import ErrorCode
+from .settings import Settings
+
+__all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState"]
+
+DELTA_OVERHEAD = 64  # bytes charged per buffered Delta on top of its chunk (object overhead)
+MAX_FINISHED = 64    # finished streams remembered per session for resume, newest kept
+
+
+@dataclass(slots=True)
+class StreamState:
+    """One stream's bookkeeping on the server."""
+
+    stream_id: int
+    started_at: float
+    seq: int = 0
+    first_chunk_at: float | None = None
+    out_bytes: int = 0
+    cancelling: bool = False
+    acked: int = 0
+    lost_through: int = 0  # Deltas with seq <= this were dropped unacknowledged: no replay below
+    buffer: deque[tuple[ev.Delta, int]] = field(default_factory=deque)  # (delta, cost)
+    terminal: ev.End | ev.Error | None = None
+
+    @property
+    def running(self) -> bool:
+        """True until the stream's End or Error was produced."""
+        return self.terminal is None
+
+
+class Session:
+    """Streams of one client session; attached to at most one connection at a time."""
+
+    def __init__(self, settings: Settings, *, now: float, session_id: str | None = None) -> None:
+        self.settings = settings
+        self.session_id = session_id or secrets.token_urlsafe(12)
+        self._secret = secrets.token_urlsafe(24)
+        self.streams: dict[int, StreamState] = {}
+        self.buffered = 0
+        self.flow_window = 0
+        self.attached = True
+        self.detached_at: float | None = None
+        self.created_at = now
+        self._finished: deque[int] = deque()
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def resume_token(self) -> str:
+        """Opaque token a client presents (in Hello) to resume this session."""
+        return f"{self.session_id}.{self._secret}"
+
+    def token_matches(self, token: str) -> bool:
+        """Constant-time check of a presented resume token."""
+        return hmac.compare_digest(token.encode(), self.resume_token.encode())
+
+    @staticmethod
+    def session_id_of(token: str) -> str:
+        """The session id part of a resume token ("" if malformed)."""
+        sid, dot, _ = token.partition(".")
+        return sid if dot else ""
+
+    # ------------------------------------------------------------------ flow control
+    def set_client_window(self, window: int) -> int:
+        """Grant a flow-control window for a client that sends Acks (0: no Acks); returns it."""
+        self.flow_window = min(window, self.settings.flow_window, self.settings.resume_buffer_size) if window else 0
+        return self.flow_window
+
+    @property
+    def blocked(self) -> bool:
+        """True while models must pause.
+
+        For a client that sends Acks: its window of unacknowledged output is full. While no
+        connection is attached: the replay buffer is full (pausing beats dropping what the
+        client will ask for when it resumes).
+        """
+        if self.flow_window:
+            return self.buffered >= self.flow_window
+        return not self.attached and self.buffered >= self.settings.resume_buffer_size
+
+    @property
+    def running(self) -> dict[int, StreamState]:
+        """Streams whose model is still producing."""
+        return {sid: st for sid, st in self.streams.items() if st.terminal is None}
+
+    def running_count(self) -> int:
+        """How many streams are running."""
+        return sum(1 for st in self.streams.values() if st.terminal is None)
+
+    # ------------------------------------------------------------------ streams
+    def start(self, req: ev.Request, now: float) -> ev.Error | None:
+        """Register stream `req.stream_id`; an Error when it cannot start."""
+        sid = req.stream_id
+        existing = self.streams.get(sid)
+        if existing is not None and existing.running:
+            # On stream 0: an Error on `sid` would mean "stream sid ended", and it has not.
+            return ev.Error(stream_id=0, code=ErrorCode.STREAM_ID_IN_USE, message=f"stream {sid} is already running")
+        if self.running_count() >= self.settings.max_streams:
+            return ev.Error(stream_id=sid, code=ErrorCode.TOO_MANY_STREAMS, retryable=True,
+                            message=f"at most {self.settings.max_streams} concurrent streams per connection")
+        if existing is not None:
+            self._forget(sid)
+        self.streams[sid] = StreamState(stream_id=sid, started_at=now)
+        return None
+
+    def record(self, stream_id: int, piece: str | bytes, now: float) -> ev.Delta | None:
+        """Number and buffer one piece of output (already sized to fit a frame)."""
+        st = self.streams.get(stream_id)
+        if st is None or not st.running:
+            return None
+        if st.first_chunk_at is None:
+            st.first_chunk_at = now
+        st.seq += 1
+        n = len(piece) if isinstance(piece, bytes) else len(piece.encode("utf-8", "surrogatepass"))
+        st.out_bytes += n
+        delta = (ev.Delta(stream_id=stream_id, seq=st.seq, text=piece) if isinstance(piece, str)
+                 else ev.Delta(stream_id=stream_id, seq=st.seq, data=piece))
+        cost = n + DELTA_OVERHEAD
+        st.buffer.append((delta, cost))
+        self.buffered += cost
+        self._enforce_buffer_limit(st)
+        return delta
+
+    def _enforce_buffer_limit(self, current: StreamState) -> None:
+        limit = self.settings.resume_buffer_size
+        if self.buffered <= limit:
+            return
+        # Drop from finished streams first (oldest first), then from the oldest Deltas of this one.
+        for sid in list(self._finished):
+            st = self.streams.get(sid)
+            while st is not None and st.buffer and self.buffered > limit:
+                self._drop_oldest(st)
+            if self.buffered <= limit:
+                return
+        for st in sorted(self.streams.values(), key=lambda s: s is current):
+            while st.buffer and self.buffered > limit:
+                self._drop_oldest(st)
+
+    def _drop_oldest(self, st: StreamState) -> None:
+        delta, cost = st.buffer.popleft()
+        self.buffered -= cost
+        st.lost_through = max(st.lost_through, delta.seq)
+
+    def finish(self, stream_id: int, now: float, *, reason: str = "stop",
+               timings_ms: Mapping[str, float] | None = None) -> ev.End | None:
+        """The stream's model finished or was cancelled: its End."""
+        st = self.streams.get(stream_id)
+        if st is None or not st.running:
+            return None
+        timings = {"total": (now - st.started_at) * 1000}
+        if st.first_chunk_at is not None:
+            timings["first_delta"] = (st.first_chunk_at - st.started_at) * 1000
+        if timings_ms:
+            timings.update(timings_ms)
+        st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
+                             usage={"deltas": st.seq, "output_bytes": st.out_bytes})
+        self._finished_add(stream_id)
+        return st.terminal
+
+    def fail(self, stream_id: int, now: float, code: ErrorCode, message: str, *,
+             retryable: bool = False) -> ev.Error | None:
+        """The stream failed: its Error."""
+        st = self.streams.get(stream_id)
+        if st is None or not st.running:
+            return None
+        st.terminal = ev.Error(stream_id=stream_id, code=code, message=message, retryable=retryable)
+        self._finished_add(stream_id)
+        return st.terminal
+
+    def _finished_add(self, sid: int) -> None:
+        self._finished.append(sid)
+        while len(self._finished) > MAX_FINISHED:
+            self._forget(self._finished[0])
+
+    def _forget(self, sid: int) -> None:
+        st = self.streams.pop(sid, None)
+        if st is not None:
+            self.buffered -= sum(cost for _, cost in st.buffer)
+        try:
+            self._finished.remove(sid)
+        except ValueError:
+            pass
+
+    def ack(self, stream_id: int, seq: int, done: bool = False) -> None:
+        """The client has every Delta of `stream_id` up to `seq` (and, if `done`, its End)."""
+        st = self.streams.get(stream_id)
+        if st is None:
+            return
+        self._trim(st, seq)
+        if done and not st.running:
+            self._forget(stream_id)
+
+    def _trim(self, st: StreamState, seq: int) -> None:
+        seq = min(seq, st.seq)
+        st.acked = max(st.acked, seq)
+        while st.buffer and st.buffer[0][0].seq <= seq:
+            _, cost = st.buffer.popleft()
+            self.buffered -= cost
+
+    # ------------------------------------------------------------------ connection changes
+    def detach(self, now: float) -> None:
+        """The connection dropped; the session waits ``resume_window`` seconds for a resume."""
+        self.attached = False
+        self.detached_at = now
+
+    def attach(self) -> None:
+        """A connection took the session over."""
+        self.attached = True
+        self.detached_at = None
+
+    def expires_at(self) -> float:
+        """When a detached session is given up (inf while attached)."""
+        return math.inf if self.detached_at is None else self.detached_at + self.settings.resume_window
+
+    def worth_keeping(self) -> bool:
+        """Whether anything could still be resumed (a running stream or unacknowledged output)."""
+        return any(st.running or st.buffer for st in self.streams.values())
+
+    def replay(self, last_seq: Mapping[int, int]) -> tuple[list[ev.Event], list[int]]:
+        """What a resuming client missed: (events to send in order, stream ids to cancel).
+
+        `last_seq` lists every stream the client still considers open, with the last seq it got.
+        Streams it does not list are done for it: running ones are cancelled, finished ones
+        forgotten. A listed stream whose missing Deltas were dropped from the buffer, or that
+        the server does not know, gets an Error ``resume_failed``.
+        """
+        events: list[ev.Event] = []
+        cancels: list[int] = []
+        for sid, st in list(self.streams.items()):
+            if sid not in last_seq:
+                if st.running:
+                    st.cancelling = True
+                    cancels.append(sid)
+                else:
+                    self._forget(sid)
+                continue
+            have = last_seq[sid]
+            if have < st.lost_through:
+                err = ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED,
+                               message=f"replay buffer exceeded: deltas after seq {have} are gone")
+                events.append(err)
+                if st.running:
+                    st.terminal = err
+                    st.cancelling = True
+                    cancels.append(sid)
+                self._forget(sid)
+                continue
+            self._trim(st, have)
+            events.extend(delta for delta, _ in st.buffer if delta.seq > have)
+            if st.terminal is not None:
+                events.append(st.terminal)
+        for sid in last_seq:
+            if sid not in self.streams and not any(isinstance(e, ev.Error) and e.stream_id == sid for e in events):
+                events.append(ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
+                                       message=f"stream {sid} is unknown to this session"))
+        return events, cancels
+
+
+class SessionStore(Protocol):
+    """Where detached sessions wait to be resumed. The default keeps them in process memory."""
+
+    def get(self, session_id: str) -> Any | None:
+        """The stored session object, or None."""
+        ...
+
+    def put(self, session_id: str, value: Any) -> None:
+        """Store (or replace) a session object."""
+        ...
+
+    def remove(self, session_id: str) -> None:
+        """Forget a session."""
+        ...
+
+
+class MemorySessionStore:
+    """In-process session store (one per endpoint; sessions do not survive the process)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, session_id: str) -> Any | None:
+        """The stored session object, or None."""
+        return self._items.get(session_id)
+
+    def put(self, session_id: str, value: Any) -> None:
+        """Store (or replace) a session object."""
+        self._items[session_id] = value
+
+    def remove(self, session_id: str) -> None:
+        """Forget a session."""
+        self._items.pop(session_id, None)

@@ -18,6 +18,7 @@ from .errors import (
     ProtocolError,
     ReconnectFailed,
     RemoteProtocolError,
+    ResumeFailed,
     SettingsError,
     StreamError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "ProtocolError",
     "ReconnectFailed",
     "RemoteProtocolError",
+    "ResumeFailed",
     "SessionInfo",
     "Settings",
     "SettingsError",

@@ -40,6 +40,7 @@ from .errors import (
     ErrorCode,
     ReconnectFailed,
     RemoteProtocolError,
+    ResumeFailed,
     StreamError,
     close_code_reconnects,
 )
@@ -69,12 +70,16 @@ class Stream:
         self._client = client
         self.request = request
         self.stream_id = request.stream_id
-        self.queue: asyncio.Queue[ev.Event | _Closed] = asyncio.Queue()
+        self.queue: asyncio.Queue[ev.Event | _Closed | BaseException] = asyncio.Queue()
         self.end: ev.End | None = None
         self.started_at = 0.0
         self.first_delta_at: float | None = None
         self.finished_at: float | None = None
-        self.last_seq = 0
+        self.last_seq = 0       # seq of the last Delta handed to the caller
+        self.received_seq = 0   # seq of the last Delta received (queued); resume asks for what follows
+        self.acked_seq = 0
+        self._unacked = 0
+        self._resent = False
         self._done = False
         self._sent = False
 
@@ -96,20 +101,35 @@ class Stream:
             raise StopAsyncIteration
         if not self._sent:
             await self._client._start(self)
-        item = await self.queue.get()
-        if isinstance(item, ev.Delta):
-            if self.first_delta_at is None:
-                self.first_delta_at = time.perf_counter()
-            self.last_seq = item.seq
-            return item.chunk
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, ev.Delta):
+                if self.first_delta_at is None:
+                    self.first_delta_at = time.perf_counter()
+                self.last_seq = item.seq
+                await self._client._consumed(self, item)
+                return item.chunk
+            if (isinstance(item, ev.Error) and item.code is ErrorCode.RESUME_FAILED and item.retryable
+                    and self.received_seq == 0 and not self._resent):
+                # The server never saw this request (lost in the drop): send it again, once.
+                self._resent = True
+                self._client._streams[self.stream_id] = self
+                await self._client._send(self.request)
+                continue
+            break
         self._done = True
         self._client._streams.pop(self.stream_id, None)
         self.finished_at = time.perf_counter()
         if isinstance(item, ev.End):
             self.end = item
+            await self._client._consumed(self, item)
             raise StopAsyncIteration
         if isinstance(item, ev.Error):
-            raise StreamError(item.code, item.message, stream_id=item.stream_id, retryable=item.retryable)
+            await self._client._consumed(self, item)
+            cls = ResumeFailed if item.code is ErrorCode.RESUME_FAILED else StreamError
+            raise cls(item.code, item.message, stream_id=item.stream_id, retryable=item.retryable)
+        if isinstance(item, BaseException):
+            raise item
         assert isinstance(item, _Closed)
         raise ConnectionClosed(item.code, item.reason or "connection lost during the stream")
 
@@ -198,6 +218,9 @@ class AsyncClient:
         headers: Mapping[str, str] | None = None,
         answer_pings: bool = True,
         heartbeat_timeout: float = 10.0,
+        flow_window: int = 1024 * 1024,
+        resume: bool = True,
+        max_pending: int = 100,
     ) -> None:
         if mode not in ("proto", "json"):
             raise ValueError("mode must be 'proto' or 'json'")
@@ -213,6 +236,12 @@ class AsyncClient:
         self.headers = dict(headers or {})
         self.answer_pings = answer_pings
         self.heartbeat_timeout = heartbeat_timeout
+        self.flow_window = flow_window
+        self.resume_enabled = resume
+        self.max_pending = max_pending
+        self.resumes = 0  # how many times a dropped session was resumed
+        self._resuming: asyncio.Task[None] | None = None
+        self._pending = 0
         self._heartbeat: _ClientHeartbeat | None = None
         self.welcome: ev.Welcome | None = None
         self.compressor: CompressionSelector | None = None
@@ -247,7 +276,15 @@ class AsyncClient:
         return self._ws is not None and self._reader is not None and not self._reader.done()
 
     async def open(self) -> None:
-        """Connect (with backoff retries) unless already connected."""
+        """Connect (with backoff retries) unless already connected; waits for a resume in progress."""
+        if self._resuming is not None and not self._resuming.done():
+            if self._pending >= self.max_pending:
+                raise ClientError(f"more than {self.max_pending} requests queued while reconnecting")
+            self._pending += 1
+            try:
+                await asyncio.shield(self._resuming)
+            finally:
+                self._pending -= 1
         async with self._lock:
             if self.connected:
                 return
@@ -260,6 +297,8 @@ class AsyncClient:
     async def close(self) -> None:
         """Close the connection normally; running streams end with ConnectionClosed."""
         self._user_closed = True
+        if self._resuming is not None and not self._resuming.done():
+            self._resuming.cancel()
         ws, self._ws = self._ws, None
         if ws is not None:
             await ws.close()
@@ -291,7 +330,7 @@ class AsyncClient:
             await asyncio.sleep(self.backoff.delay(attempt))
             attempt += 1
 
-    async def _connect_once(self) -> None:
+    async def _connect_once(self, resume: bool = False) -> None:
         ws = await ws_connect(
             self.url,
             subprotocols=[self.subprotocol],  # type: ignore[list-item]
@@ -304,7 +343,12 @@ class AsyncClient:
         try:
             if ws.subprotocol != self.subprotocol and not (self.mode == "json" and ws.subprotocol is None):
                 raise ConnectionClosed(None, f"server chose subprotocol {ws.subprotocol!r}")
-            await ws.send(self.codec.encode(ev.Hello(client=_CLIENT_NAME, compression=self.offered)))
+            hello = ev.Hello(client=_CLIENT_NAME, compression=self.offered, flow_window=self.flow_window)
+            if resume and self.welcome is not None:
+                hello = ev.Hello(client=_CLIENT_NAME, compression=self.offered, flow_window=self.flow_window,
+                                 resume_token=self.welcome.resume_token,
+                                 last_seq={sid: st.received_seq for sid, st in self._streams.items()})
+            await ws.send(self.codec.encode(hello))
             async with asyncio.timeout(self.open_timeout):
                 frame = await ws.recv()
             welcome = self.codec.decode(frame, limit=self.max_decompressed_size, allowed=())
@@ -355,6 +399,14 @@ class AsyncClient:
                 if isinstance(event, ev.Delta | ev.End | ev.Error) and event.stream_id:
                     stream = self._streams.get(event.stream_id)
                     if stream is not None:
+                        if isinstance(event, ev.Delta):
+                            if event.seq <= stream.received_seq:
+                                continue  # already have it (replayed after a resume)
+                            if event.seq != stream.received_seq + 1:
+                                stream.queue.put_nowait(ClientError(
+                                    f"stream {event.stream_id}: got seq {event.seq} after {stream.received_seq}"))
+                                continue
+                            stream.received_seq = event.seq
                         stream.queue.put_nowait(event)
                 elif isinstance(event, ev.Ping):
                     if self.answer_pings:
@@ -378,9 +430,61 @@ class AsyncClient:
                 self._ws = None
             if not self._user_closed and not close_code_reconnects(code):
                 self._closed_final = ConnectionClosed(code, reason)
-            for stream in list(self._streams.values()):
-                stream.queue.put_nowait(closed)
-            self._streams.clear()
+            if (self.resume_enabled and not self._user_closed and self._closed_final is None and self._streams
+                    and self.welcome is not None and self.welcome.resume_token):
+                # Streams are open: reconnect in the background and resume them where they stopped.
+                self._resuming = asyncio.get_running_loop().create_task(self._resume_loop())
+            else:
+                for stream in list(self._streams.values()):
+                    stream.queue.put_nowait(closed)
+                self._streams.clear()
+
+    async def _resume_loop(self) -> None:
+        """Reconnect with backoff and resume the open streams; fail them if that is impossible."""
+        attempt = 0
+        error: BaseException | None = None
+        async with self._lock:
+            while not self._user_closed:
+                await asyncio.sleep(self.backoff.delay(attempt))
+                try:
+                    await self._connect_once(resume=True)
+                except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
+                        websockets.exceptions.InvalidMessage, websockets.exceptions.InvalidStatus) as exc:
+                    error = exc
+                    attempt += 1
+                    if attempt > self.backoff.retries:
+                        break
+                    continue
+                except ClientError as exc:
+                    error = exc
+                    break
+                if self.welcome is not None and self.welcome.resumed:
+                    self.resumes += 1
+                return
+        failure = ReconnectFailed(f"could not resume the session at {self.url}: {error!r}")
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(failure)
+        self._streams.clear()
+
+    async def _consumed(self, stream: Stream, event: ev.Event) -> None:
+        """Acknowledge what the caller consumed, opening the server's flow-control window."""
+        window = self.welcome.flow_window if self.welcome is not None else 0
+        if not window:
+            return
+        ack: ev.Ack | None = None
+        if isinstance(event, ev.Delta):
+            stream._unacked += len(event.chunk) + 64
+            if stream._unacked >= window // 4:
+                ack = ev.Ack(stream_id=stream.stream_id, seq=event.seq)
+        else:
+            ack = ev.Ack(stream_id=stream.stream_id, seq=stream.received_seq, done=True)
+        if ack is not None and self.connected:
+            stream._unacked = 0
+            stream.acked_seq = ack.seq
+            try:
+                await self._send(ack)
+            except ClientError:
+                pass  # the connection dropped: the resume's last_seq acknowledges instead
 
     # ------------------------------------------------------------------ streams
     def stream(
@@ -408,17 +512,23 @@ class AsyncClient:
         return await self.stream(text, **kwargs).text()
 
     async def _start(self, stream: Stream) -> None:
-        if not self.connected:
-            await self.open()
-        stream._sent = True
-        self._streams[stream.stream_id] = stream
-        stream.started_at = time.perf_counter()
-        try:
-            await self._send(stream.request)
-        except ConnectionClosed:
-            self._streams.pop(stream.stream_id, None)
-            stream._done = True
-            raise
+        sid = stream.stream_id
+        for attempt in range(2):
+            if not self.connected:
+                await self.open()
+            stream._sent = True
+            self._streams[sid] = stream
+            stream.started_at = time.perf_counter()
+            try:
+                await self._send(stream.request)
+                return
+            except ConnectionClosed:
+                if self._streams.get(sid) is stream and self._resuming is not None and not self._resuming.done():
+                    return  # the resume lists this stream; the server asks us to resend if it missed it
+                self._streams.pop(sid, None)
+                if attempt or self._closed_final is not None:
+                    stream._done = True
+                    raise
 
 
 def connect(url: str, **kwargs: Any) -> AsyncClient:

@@ -9,6 +9,7 @@ Exception tree::
     │   └── RemoteProtocolError  the peer sent something wrong
     └── ClientError              raised by the Python client
         ├── StreamError          the server ended a stream with an Error frame
+        │   └── ResumeFailed     a dropped stream could not be resumed
         ├── ConnectionClosed     the connection closed with a final code (no reconnect)
         └── ReconnectFailed      every reconnect attempt failed
 """
@@ -27,6 +28,7 @@ __all__ = [
     "ProtocolError",
     "ReconnectFailed",
     "RemoteProtocolError",
+    "ResumeFailed",
     "SettingsError",
     "StreamError",
 ]
@@ -158,6 +160,10 @@ class StreamError(ClientError):
         self.message = message
         self.stream_id = stream_id
         self.retryable = retryable
+
+
+class ResumeFailed(StreamError):
+    """The connection dropped and the stream could not be resumed (window or buffer exceeded)."""
 
 
 class ConnectionClosed(ClientError):

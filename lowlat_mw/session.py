@@ -235,8 +235,8 @@ class Session:
         return math.inf if self.detached_at is None else self.detached_at + self.settings.resume_window
 
     def worth_keeping(self) -> bool:
-        """Whether anything could still be resumed (a running stream or unacknowledged output)."""
-        return any(st.running or st.buffer for st in self.streams.values())
+        """Whether anything could still be resumed: a stream the client has not acknowledged as done."""
+        return bool(self.streams)
 
     def replay(self, last_seq: Mapping[int, int]) -> tuple[list[ev.Event], list[int]]:
         """What a resuming client missed: (events to send in order, stream ids to cancel).

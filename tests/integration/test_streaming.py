@@ -329,7 +329,7 @@ async def test_client_vanishing_mid_stream_cancels_the_model(uvicorn_server, sta
     lock = threading.Lock()
     srv = uvicorn_server(starlette_app(_forever_models(finished, lock)["async-generator"], resume_window=0.5))
     async with asyncio.timeout(10):
-        client = connect(srv.url, mode=mode)
+        client = connect(srv.url, mode=mode, resume=False)  # it never comes back
         stream = client.stream("gone")
         assert await stream.__anext__() == "tick0 "
         client._ws.transport.abort()  # drop the TCP connection: no close handshake

@@ -31,6 +31,10 @@ class LowLatMiddleware:
         self.endpoint = LowLatASGI(model, settings=settings, **options)
         self.path = self.endpoint.settings.path
 
+    async def drain(self, grace: float = 30.0) -> None:
+        """Graceful shutdown of the WebSocket side (see ``LowLatASGI.drain``)."""
+        await self.endpoint.drain(grace)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and scope["path"] in (
             self.path, scope.get("root_path", "") + self.path

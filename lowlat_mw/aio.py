@@ -283,6 +283,16 @@ class AsyncServerSession:
         self._scheduled = self.conn.next_deadline()
         return self._scheduled
 
+    async def drain(self, grace: float, reconnect_after_ms: int = 0) -> None:
+        """GoAway, let running streams finish for up to `grace` seconds, then close with 4002."""
+        await self.run(self.conn.drain(reconnect_after_ms))
+        deadline = time.monotonic() + grace
+        while self.live is not None and self.live.session.running_count() and time.monotonic() < deadline:
+            if self.conn.closed:
+                return
+            await asyncio.sleep(0.05)
+        await self.close_with(CloseCode.DRAINING, "server shutting down")
+
     async def close_with(self, code: int, reason: str) -> None:
         """Close the WebSocket with `code` (idempotent)."""
         await self.run(self.conn.close(code, reason))

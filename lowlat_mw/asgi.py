@@ -6,9 +6,11 @@ middleware mounts it at a path; any ASGI server or router can mount it directly.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, ClassVar
 
 from .aio import AsyncServerSession
 from .errors import CloseCode
@@ -17,7 +19,7 @@ from .security import check_handshake
 from .session import MemorySessionStore, SessionStore
 from .settings import Settings
 
-__all__ = ["LowLatASGI", "asgi_session", "check_scope", "refuse", "session_info_from_scope"]
+__all__ = ["LowLatASGI", "asgi_session", "check_scope", "drain_all", "refuse", "session_info_from_scope"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -91,10 +93,15 @@ async def refuse(send: Send) -> None:
 class LowLatASGI:
     """ASGI app: accepts the WebSocket, negotiates the subprotocol and runs a session."""
 
+    instances: ClassVar[weakref.WeakSet[LowLatASGI]] = weakref.WeakSet()  # for drain_all()
+
     def __init__(self, model: ModelSpec, *, settings: Settings | None = None, **options: Any) -> None:
         self.model = Models(model)
         self.settings = settings.replace(**options) if settings is not None else Settings.load(options)
         self.store: SessionStore = MemorySessionStore()  # sessions waiting to be resumed
+        self.connections: weakref.WeakSet[AsyncServerSession] = weakref.WeakSet()
+        self.draining = False
+        LowLatASGI.instances.add(self)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket":
@@ -106,12 +113,13 @@ class LowLatASGI:
         if message["type"] != "websocket.connect":
             return
         ok, subprotocol = check_scope(scope, self.settings)
-        if not ok:
+        if not ok or self.draining:
             await refuse(send)
             return
         await send({"type": "websocket.accept", "subprotocol": subprotocol})
         session = asgi_session(scope, send, model=self.model, settings=self.settings, subprotocol=subprotocol,
                                store=self.store)
+        self.connections.add(session)
         session.start()
         code: int | None = None
         try:
@@ -126,3 +134,18 @@ class LowLatASGI:
                     break
         finally:
             await session.disconnected(code)
+
+    async def drain(self, grace: float = 30.0, reconnect_after_ms: int = 0) -> None:
+        """Graceful shutdown: refuse new connections, GoAway to every open one, let running
+        streams finish for up to `grace` seconds, then close them with 4002 (clients reconnect)."""
+        self.draining = True
+        sessions = list(self.connections)
+        if sessions:
+            await asyncio.gather(*(s.drain(grace, reconnect_after_ms) for s in sessions), return_exceptions=True)
+
+
+async def drain_all(grace: float = 30.0, reconnect_after_ms: int = 0) -> None:
+    """Drain every lowlat-mw endpoint of this process (call on shutdown, before the server closes sockets)."""
+    endpoints = list(LowLatASGI.instances)
+    if endpoints:
+        await asyncio.gather(*(e.drain(grace, reconnect_after_ms) for e in endpoints), return_exceptions=True)

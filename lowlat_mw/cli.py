@@ -57,7 +57,7 @@ def build_app(model: Any = None, **options: Any) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from .serving import run
 
     if args.delay is not None:
         os.environ["LOWLAT_DEMO_DELAY"] = str(args.delay)
@@ -68,27 +68,18 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings.load(options)
     print(f"lowlat-mw serving {args.model or 'the demo model'} on ws://{args.host}:{args.port}{settings.path}",
           flush=True)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        ws=args.ws,
-        # Let our own limit answer first (with an Error frame + 1009); the server's is a backstop.
-        ws_max_size=settings.max_frame_size + 1024,
-        ws_ping_interval=None,  # the protocol's application-level heartbeat replaces it
-        ws_per_message_deflate=False,
-        lifespan="off",
-    )
+    run(app, drain_grace=args.drain_grace, settings=settings, host=args.host, port=args.port,
+        log_level=args.log_level, ws=args.ws, lifespan="off")
     return 0
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from .backoff import Backoff
     from .client import connect_sync
 
     params = _parse_set(args.param)
     try:
-        with connect_sync(args.url, mode=args.mode) as client:
+        with connect_sync(args.url, mode=args.mode, backoff=Backoff(retries=args.retries)) as client:
             for chunk in client.stream(args.prompt, params=params, model=args.model):
                 sys.stdout.write(chunk if isinstance(chunk, str) else chunk.decode("utf-8", "replace"))
                 sys.stdout.flush()
@@ -120,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="a setting (see docs/settings.md), e.g. --set idle_timeout=60")
     serve.add_argument("--ws", default="websockets-sansio", help="uvicorn WebSocket implementation")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--drain-grace", type=float, default=30.0,
+                       help="seconds running streams may finish on shutdown before clients are moved")
     serve.set_defaults(func=_serve)
 
     chat = sub.add_parser("chat", help="stream a reply from a lowlat-mw server to the terminal")
@@ -129,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--model", default="")
     chat.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     chat.add_argument("--stats", action="store_true", help="print timings to stderr")
+    chat.add_argument("--retries", type=int, default=5, help="reconnect attempts before giving up")
     chat.set_defaults(func=_chat)
 
     args = parser.parse_args(argv)

@@ -116,6 +116,13 @@ class Stream:
                 self._client._streams[self.stream_id] = self
                 await self._client._send(self.request)
                 continue
+            if (isinstance(item, ev.Error) and item.code is ErrorCode.DRAINING and item.retryable
+                    and self.received_seq == 0 and not self._resent):
+                # The server is shutting down: send the request again on the next connection.
+                self._resent = True
+                await self._client._wait_drained()
+                await self._client._start(self)
+                continue
             break
         self._done = True
         self._client._streams.pop(self.stream_id, None)
@@ -366,6 +373,7 @@ class AsyncClient:
         self._ws = ws
         self.connections += 1
         self.last_close = None
+        self.goaway = None
         interval = (welcome.heartbeat_interval_ms or 30_000) / 1000
         self._heartbeat = _ClientHeartbeat(self, ws, Heartbeat(interval, 4 * interval, self.heartbeat_timeout,
                                                                time.monotonic()))
@@ -511,9 +519,17 @@ class AsyncClient:
         """Run a request and return the whole reply as text."""
         return await self.stream(text, **kwargs).text()
 
+    async def _wait_drained(self) -> None:
+        """After a GoAway: wait until the server closes the draining connection."""
+        reader = self._reader
+        if self.goaway is not None and reader is not None and not reader.done():
+            await asyncio.shield(reader)
+
     async def _start(self, stream: Stream) -> None:
         sid = stream.stream_id
         for attempt in range(2):
+            if self.goaway is not None:
+                await self._wait_drained()  # new streams go to the next connection
             if not self.connected:
                 await self.open()
             stream._sent = True

@@ -144,6 +144,7 @@ class ServerConnection:
         self.compressor: CompressionSelector | None = None
         self.close_code: int | None = None
         self.close_reason = ""
+        self.draining = False
         self.stats = _Stats()
 
     @property
@@ -321,6 +322,9 @@ class ServerConnection:
     def _on_request(self, req: ev.Request, now: float) -> list[Action]:
         self.reaper.touch(now)
         assert self.session is not None
+        if self.draining:
+            return [self._error(req.stream_id, ErrorCode.DRAINING, "server is draining: retry after reconnecting",
+                                retryable=True)]
         error = self.session.start(req, now)
         if error is not None:
             return [self._send(error)]
@@ -416,6 +420,13 @@ class ServerConnection:
         if hb is HeartbeatAction.SEND_PING:
             return [self._send(ev.Ping(id=self.heartbeat.ping_id))]
         return []
+
+    def drain(self, reconnect_after_ms: int = 0) -> list[Action]:
+        """Server shutdown begins: send GoAway and refuse new streams (running ones go on)."""
+        if self.state is not ConnState.OPEN or self.draining:
+            return []
+        self.draining = True
+        return [self._send(ev.GoAway(reason="server draining", reconnect_after_ms=reconnect_after_ms))]
 
     def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> list[Action]:
         """Close from our side (e.g. server shutdown)."""

@@ -75,3 +75,11 @@ def test_adapters_installed_under_lowlat_mw_only(tmp_path: Path) -> None:
 )
 def test_origin_allowed(origin: str | None, host: str, allowed: tuple[str, ...], ok: bool) -> None:
     assert origin_allowed(origin, host, allowed) is ok
+
+
+def test_protocol_doc_embeds_the_shipped_schema() -> None:
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    start = doc.index("```proto\n") + len("```proto\n")
+    inline = doc[start:doc.index("```", start)]
+    shipped = (ROOT / "lowlat_mw" / "proto" / "lowlat_v1.proto").read_text()
+    assert inline == shipped, "docs/protocol.md section 4 must be the shipped .proto verbatim"

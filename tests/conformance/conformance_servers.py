@@ -1,0 +1,222 @@
+"""Server processes for the conformance suite: ports, command lines, environments, start and stop.
+
+Output goes to files (never pipes, which a chatty server could fill and block). Every wait is
+bounded; ``ServerProcess.stop`` sends SIGTERM, then SIGKILL to the whole process group.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+VENV_BIN = Path(sys.prefix) / "bin"
+FRAMEWORKS = ("starlette", "fastapi", "django", "flask")
+
+START_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take a few seconds
+STOP_TIMEOUT = 8.0
+_PORT_IN_USE = re.compile(r"address already in use|errno 98|couldn't listen|cannot listen", re.I)
+
+
+# ================================================================================ processes
+def free_port() -> int:
+    """A loopback port that was free a moment ago (bind to port 0, read it, close)."""
+    for _ in range(20):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+        except OSError as exc:  # pragma: no cover - only under port exhaustion
+            if exc.errno != errno.EADDRINUSE:
+                raise
+        finally:
+            sock.close()
+    raise RuntimeError("no free loopback port")
+
+
+def server_argv(framework: str, port: int, app: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """The command line that serves `framework`'s example (or `app`) on 127.0.0.1:`port`."""
+    if framework in ("starlette", "fastapi"):
+        return [str(VENV_BIN / "uvicorn"), app or f"examples.{framework}_app:app", "--host", "127.0.0.1",
+                "--port", str(port), "--ws", "websockets-sansio", *extra]
+    if framework == "django":
+        return [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *extra,
+                app or "examples.django_project.asgi:application"]
+    if framework == "flask":
+        return [str(VENV_BIN / "gunicorn"), "-k", "gthread", "--threads", "300", "-b", f"127.0.0.1:{port}",
+                *extra, app or "examples.flask_app:app"]
+    raise ValueError(framework)
+
+
+def server_env(extra: Mapping[str, str] | None = None, *, pythonpath: bool = True) -> dict[str, str]:
+    """A clean environment for a server: the venv's bin first, no stray LOWLAT_* / Django variables."""
+    drop = {"DJANGO_SETTINGS_MODULE", "PYTHONPATH", "GUNICORN_CMD_ARGS", "LOWLAT_MODEL"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_") and k not in drop}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    # gunicorn >= 25 opens a control socket in ~/.gunicorn by default: one path for every instance.
+    env["GUNICORN_CMD_ARGS"] = "--no-control-socket"
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO)])
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class ServerProcess:
+    """One server subprocess with its output captured to files."""
+
+    name: str
+    framework: str
+    port: int
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    logdir: Path
+    started_at: float = field(default_factory=time.monotonic)
+    ready_after: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @property
+    def origin(self) -> str:
+        """The same-host Origin a browser on this server's pages would send."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.logdir / f"{self.name}.stderr"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.logdir / f"{self.name}.stdout"
+
+    def output(self, limit: int = 6000) -> str:
+        """The tail of the captured stderr and stdout."""
+        parts = []
+        for label, path in (("stderr", self.stderr_path), ("stdout", self.stdout_path)):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                text = ""
+            parts.append(f"--- {label} of {self.name} ({' '.join(self.argv)}) ---\n{text[-limit:]}")
+        return "\n".join(parts)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code, or None if still running after `timeout` s."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM, then SIGKILL to the process group (gunicorn's worker too); bounded."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # The group is ours (start_new_session): it also holds any worker the master left behind.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            raise RuntimeError(f"{self.name} (pid {self.proc.pid}) did not die after SIGKILL") from None
+
+
+def spawn(name: str, framework: str, argv_for_port: Callable[[int], list[str]], env: Mapping[str, str],
+          logdir: Path, *, port: int | None = None) -> ServerProcess:
+    """Start a process; output to ``logdir/<name>.stdout|stderr``."""
+    port = port or free_port()
+    argv = argv_for_port(port)
+    with open(logdir / f"{name}.stdout", "wb") as out, open(logdir / f"{name}.stderr", "wb") as err:
+        proc = subprocess.Popen(argv, cwd=REPO, env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return ServerProcess(name=name, framework=framework, port=port, argv=argv, proc=proc, logdir=logdir)
+
+
+def http_get(port: int, path: str = "/health", timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body) of GET http://127.0.0.1:port/path."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Host": f"127.0.0.1:{port}"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def wait_ready(srv: ServerProcess, timeout: float = START_TIMEOUT, path: str = "/health") -> None:
+    """Poll GET `path` until it answers 200; raise with the server's output if it dies or hangs."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        code = srv.proc.poll()
+        if code is not None:
+            raise ServerDied(srv, f"{srv.name} exited with code {code} before serving\n{srv.output()}")
+        try:
+            status, _ = http_get(srv.port, path, timeout=1.0)
+            if status == 200:
+                srv.ready_after = time.monotonic() - srv.started_at
+                return
+            last = f"HTTP {status}"
+        except (OSError, http.client.HTTPException) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            srv.stop()
+            raise RuntimeError(f"{srv.name} not ready within {timeout} s (last: {last!r})\n{srv.output()}")
+        time.sleep(0.05)
+
+
+class ServerDied(RuntimeError):
+    def __init__(self, srv: ServerProcess, message: str) -> None:
+        super().__init__(message)
+        self.srv = srv
+
+
+def start_ready(name: str, framework: str, argv_for_port: Callable[[int], list[str]], env: Mapping[str, str],
+                logdir: Path, *, attempts: int = 3) -> ServerProcess:
+    """spawn() + wait_ready(), retrying on another port if the picked one was taken meanwhile."""
+    for attempt in range(attempts):
+        srv = spawn(f"{name}-try{attempt}" if attempt else name, framework, argv_for_port, env, logdir)
+        try:
+            wait_ready(srv)
+            return srv
+        except ServerDied as exc:
+            srv.stop()
+            if attempt + 1 < attempts and _PORT_IN_USE.search(srv.output()):
+                continue
+            raise RuntimeError(str(exc)) from None
+    raise AssertionError("unreachable")
+
+
+def base_env(conformance_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a conformance server: the conformance models, markers and a temp Django DB."""
+    return server_env({
+        "LOWLAT_MODEL": "conformance_models:MODELS",
+        "CONFORMANCE_MARKS": str(conformance_dir / "marks"),
+        "DJANGO_DB": str(conformance_dir / "django.sqlite3"),
+        **(extra or {}),
+    })

@@ -22,7 +22,7 @@ from django.core.signals import setting_changed
 
 from lowlat_mw.aio import AsyncServerSession
 from lowlat_mw.asgi import asgi_session, check_scope, refuse
-from lowlat_mw.errors import SettingsError
+from lowlat_mw.errors import SettingsError, app_close_code
 from lowlat_mw.model import Models, ModelSpec
 from lowlat_mw.session import MemorySessionStore
 from lowlat_mw.settings import Settings
@@ -104,10 +104,16 @@ class LowLatConsumer(AsyncConsumer):
             raise StopConsumer
         await self.base_send({"type": "websocket.accept", "subprotocol": subprotocol})
         self.session = asgi_session(
-            self.scope, self.base_send, model=self.models, settings=settings, subprotocol=subprotocol,
+            self.scope, self._send, model=self.models, settings=settings, subprotocol=subprotocol,
             store=self.config.store,
         )
         self.session.start()
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        # daphne (autobahn) refuses close codes other than 1000 and 3000-4999: send 1xxx as 41xx.
+        if message["type"] == "websocket.close" and "code" in message:
+            message = {**message, "code": app_close_code(message["code"])}
+        await self.base_send(message)
 
     async def websocket_receive(self, message: dict[str, Any]) -> None:
         """One frame from the client."""

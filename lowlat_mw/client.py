@@ -80,6 +80,7 @@ class Stream:
         self.acked_seq = 0
         self._unacked = 0
         self._resent = False
+        self._resends = 0
         self._done = False
         self._sent = False
 
@@ -110,9 +111,10 @@ class Stream:
                 await self._client._consumed(self, item)
                 return item.chunk
             if (isinstance(item, ev.Error) and item.code is ErrorCode.RESUME_FAILED and item.retryable
-                    and self.received_seq == 0 and not self._resent):
-                # The server never saw this request (lost in the drop): send it again, once.
-                self._resent = True
+                    and self.received_seq == 0 and self._resends < max(1, self._client.backoff.retries)):
+                # The server never saw this request (lost in the drop): send it again. The resend
+                # can be lost in the next drop too; that resume reports the stream unknown again.
+                self._resends += 1
                 self._client._streams[self.stream_id] = self
                 await self._client._send(self.request)
                 continue

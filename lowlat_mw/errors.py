@@ -70,8 +70,30 @@ _RECONNECT = frozenset(
 )
 
 
+ALIAS_BASE = 4100
+
+
+def app_close_code(code: int) -> int:
+    """`code` as an application may send it everywhere: 1xxx codes other than 1000 become 41xx.
+
+    Some WebSocket servers (daphne, through autobahn) refuse to send close codes other than 1000
+    and 3000-4999 from applications; 4100 + (code - 1000) carries the same meaning there.
+    """
+    if 1000 < code < 1100:
+        return ALIAS_BASE + code - 1000
+    return code
+
+
+def canonical_close_code(code: int | None) -> int | None:
+    """Undo :func:`app_close_code`: 4101..4199 -> 1001..1099 (other codes unchanged)."""
+    if code is not None and ALIAS_BASE < code < ALIAS_BASE + 100:
+        return code - ALIAS_BASE + 1000
+    return code
+
+
 def close_code_reconnects(code: int | None) -> bool:
     """Whether a client should reconnect after close `code` (abnormal drops 1006/None do)."""
+    code = canonical_close_code(code)
     if code is None or code in (1005, 1006, 1012, 1013, 1014):
         return True
     try:
@@ -170,6 +192,8 @@ class ConnectionClosed(ClientError):
     """The connection was closed with a code after which the client does not reconnect."""
 
     def __init__(self, code: int | None, reason: str = ""):
+        self.raw_code = code
+        code = canonical_close_code(code)
         try:
             name = CloseCode(code).name.lower() if code is not None else "abnormal"
         except ValueError:

@@ -21,8 +21,9 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
 from lowlat_mw.aio import AsyncServerSession
-from lowlat_mw.asgi import asgi_session, check_scope, refuse
+from lowlat_mw.asgi import asgi_session, check_scope, client_address, refuse
 from lowlat_mw.errors import SettingsError, app_close_code
+from lowlat_mw.limits import ConnectionLimiter
 from lowlat_mw.model import Models, ModelSpec
 from lowlat_mw.session import MemorySessionStore
 from lowlat_mw.settings import Settings
@@ -59,6 +60,7 @@ class _Options:
         self.options = options
         self._settings: tuple[int, Settings] | None = None
         self.store = MemorySessionStore()  # sessions waiting to be resumed, per as_asgi() app
+        self.limiter: ConnectionLimiter | None = None
 
     def settings(self) -> Settings:
         if self._settings is None or self._settings[0] != _generation[0]:
@@ -67,6 +69,8 @@ class _Options:
                     raise SettingsError(f"unknown setting {name!r} in settings.LOWLAT_MW")
             merged = {**django_settings_dict(), **self.options}
             self._settings = (_generation[0], Settings.load(merged, source="LowLatConsumer.as_asgi()"))
+            s = self._settings[1]
+            self.limiter = ConnectionLimiter(s.max_connections, s.max_connections_per_client)
         return self._settings[1]
 
 
@@ -79,6 +83,8 @@ class LowLatConsumer(AsyncConsumer):
         self.models = Models(model if model is not None else self.model)  # type: ignore[arg-type]
         self.config = options if options is not None else _Options({})
         self.session: AsyncServerSession | None = None
+        self.client: str | None = None
+        self.counted = False
 
     @classmethod
     def as_asgi(cls, **initkwargs: Any) -> Any:  # type: ignore[override]
@@ -103,6 +109,13 @@ class LowLatConsumer(AsyncConsumer):
             await refuse(self.base_send)
             raise StopConsumer
         await self.base_send({"type": "websocket.accept", "subprotocol": subprotocol})
+        self.client = client_address(self.scope)
+        assert self.config.limiter is not None
+        refused = self.config.limiter.acquire(self.client)
+        if refused is not None:
+            await self._send({"type": "websocket.close", "code": 1013, "reason": refused[:120]})
+            raise StopConsumer
+        self.counted = True
         self.session = asgi_session(
             self.scope, self._send, model=self.models, settings=settings, subprotocol=subprotocol,
             store=self.config.store,
@@ -125,4 +138,7 @@ class LowLatConsumer(AsyncConsumer):
         """The client went away: stop the models and timers."""
         if self.session is not None:
             await self.session.disconnected(message.get("code"))
+        if self.counted and self.config.limiter is not None:
+            self.counted = False
+            self.config.limiter.release(self.client)
         raise StopConsumer

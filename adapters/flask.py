@@ -14,6 +14,7 @@ The connection's thread only reads; protocol, models and timers run in the core'
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from flask import Flask, Response, request
 from simple_websocket import ConnectionClosed, Server
 
 from lowlat_mw.errors import SettingsError
+from lowlat_mw.limits import ConnectionLimiter
 from lowlat_mw.model import Models, ModelSpec, SessionInfo
 from lowlat_mw.security import check_handshake
 from lowlat_mw.session import MemorySessionStore
@@ -73,6 +75,8 @@ class LowLat:
         self.settings = settings_from_config(app.config, self.options)
         self._model = Models(self.model)
         self.store = MemorySessionStore()  # sessions waiting to be resumed, per extension
+        self.limiter = ConnectionLimiter(self.settings.max_connections, self.settings.max_connections_per_client)
+        self._limiter_lock = threading.Lock()
         app.extensions["lowlat_mw"] = self
         app.add_url_rule(self.settings.path, "lowlat_mw", self._view, websocket=True)
 
@@ -94,6 +98,23 @@ class LowLat:
             ping_interval=None,  # the protocol's application-level heartbeat replaces it
         )
 
+        client_ip = env.get("REMOTE_ADDR") or None
+        with self._limiter_lock:
+            refused = self.limiter.acquire(client_ip)
+        if refused is not None:
+            try:
+                ws.close(1013, refused[:120])
+            except ConnectionClosed:
+                pass
+            _finish(ws)
+            return _websocket_response(ws)
+        try:
+            return self._run(ws, env, settings, subprotocol)
+        finally:
+            with self._limiter_lock:
+                self.limiter.release(client_ip)
+
+    def _run(self, ws: Server, env: dict[str, Any], settings: Settings, subprotocol: str | None) -> Response:
         def close(code: int, reason: str) -> None:
             try:
                 ws.close(code, reason)
@@ -107,7 +128,8 @@ class LowLat:
         session = ThreadedSession(
             model=self._model, settings=settings, send=ws.send, close=close, subprotocol=subprotocol,
             info=lambda sid: SessionInfo(session_id=sid, subprotocol=subprotocol, client=client, headers=headers,
-                                         user=env.get("REMOTE_USER"), extra={"path": request.path}),
+                                         user=env.get("REMOTE_USER"),
+                                         extra={"path": request.path, "query_string": env.get("QUERY_STRING", "")}),
             store=self.store,
         )
         try:

@@ -14,6 +14,7 @@ Timers come from the loop's one :class:`~lowlat_mw.timers.AsyncScheduler`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 from . import events as ev
 from .connection import (
+    Authenticate,
     CancelStream,
     CloseConnection,
     ResumeSession,
@@ -33,6 +35,7 @@ from .connection import (
 )
 from .errors import CloseCode, ErrorCode, close_code_reconnects
 from .model import ModelFn, ModelRequest, Models, SessionInfo, stream_model
+from .security import Handshake, load_authenticator, run_authenticator
 from .session import MemorySessionStore, Session, SessionStore
 from .settings import Settings
 from .timers import AsyncScheduler
@@ -323,6 +326,8 @@ class AsyncServerSession:
                     self.live.cancel(action.stream_id)
             elif isinstance(action, ResumeSession):
                 await self._resume(action)
+            elif isinstance(action, Authenticate):
+                await self._authenticate(action)
             elif isinstance(action, CloseConnection):
                 await self._close_with(action.code, action.reason)
         if frames:
@@ -340,8 +345,17 @@ class AsyncServerSession:
     def _refresh_info(self) -> None:
         sid = self.conn.session_id
         if self.info.session_id != sid:
-            self.info = SessionInfo(session_id=sid, subprotocol=self.info.subprotocol, client=self.info.client,
-                                    headers=self.info.headers, user=self.info.user, extra=self.info.extra)
+            self.info = dataclasses.replace(self.info, session_id=sid)
+
+    async def _authenticate(self, action: Authenticate) -> None:
+        hook = load_authenticator(self.settings.authenticate)
+        principal, reason = await run_authenticator(hook, Handshake.from_info(self.info, action.hello.auth),
+                                                     self.executor)
+        if principal is not None:
+            self.info = dataclasses.replace(self.info, principal=principal)
+        else:
+            log.warning("refused client %s: %s", self.info.client, reason)
+        await self.run(self.conn.authenticated(principal, time.monotonic(), reason))
 
     async def _resume(self, action: ResumeSession) -> None:
         found = self.store.get(action.session_id)

@@ -14,12 +14,21 @@ from typing import Any, ClassVar
 
 from .aio import AsyncServerSession
 from .errors import CloseCode
+from .limits import ConnectionLimiter
 from .model import ModelFn, Models, ModelSpec, SessionInfo, shared_executor
 from .security import check_handshake
 from .session import MemorySessionStore, SessionStore
 from .settings import Settings
 
-__all__ = ["LowLatASGI", "asgi_session", "check_scope", "drain_all", "refuse", "session_info_from_scope"]
+__all__ = [
+    "LowLatASGI",
+    "asgi_session",
+    "check_scope",
+    "client_address",
+    "drain_all",
+    "refuse",
+    "session_info_from_scope",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -41,6 +50,12 @@ def session_info_from_scope(scope: Scope, session_id: str, subprotocol: str | No
         user=scope.get("user"),
         extra={"path": scope.get("path", ""), "query_string": scope.get("query_string", b"").decode("latin-1")},
     )
+
+
+def client_address(scope: Scope) -> str | None:
+    """The client's address from an ASGI scope (for per-client limits)."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
 
 
 def check_scope(scope: Scope, settings: Settings) -> tuple[bool, str | None]:
@@ -100,6 +115,7 @@ class LowLatASGI:
         self.settings = settings.replace(**options) if settings is not None else Settings.load(options)
         self.store: SessionStore = MemorySessionStore()  # sessions waiting to be resumed
         self.connections: weakref.WeakSet[AsyncServerSession] = weakref.WeakSet()
+        self.limiter = ConnectionLimiter(self.settings.max_connections, self.settings.max_connections_per_client)
         self.draining = False
         LowLatASGI.instances.add(self)
 
@@ -117,6 +133,18 @@ class LowLatASGI:
             await refuse(send)
             return
         await send({"type": "websocket.accept", "subprotocol": subprotocol})
+        client = client_address(scope)
+        refused = self.limiter.acquire(client)
+        if refused is not None:
+            log.warning("refused connection from %s: %s", client, refused)
+            await send({"type": "websocket.close", "code": int(CloseCode.TRY_AGAIN_LATER), "reason": refused[:120]})
+            return
+        try:
+            await self._serve(scope, receive, send, subprotocol)
+        finally:
+            self.limiter.release(client)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, subprotocol: str | None) -> None:
         session = asgi_session(scope, send, model=self.model, settings=self.settings, subprotocol=subprotocol,
                                store=self.store)
         self.connections.add(session)

@@ -230,6 +230,7 @@ class AsyncClient:
         flow_window: int = 1024 * 1024,
         resume: bool = True,
         max_pending: int = 100,
+        auth: str = "",
     ) -> None:
         if mode not in ("proto", "json"):
             raise ValueError("mode must be 'proto' or 'json'")
@@ -248,6 +249,7 @@ class AsyncClient:
         self.flow_window = flow_window
         self.resume_enabled = resume
         self.max_pending = max_pending
+        self.auth = auth
         self.resumes = 0  # how many times a dropped session was resumed
         self._resuming: asyncio.Task[None] | None = None
         self._pending = 0
@@ -352,10 +354,11 @@ class AsyncClient:
         try:
             if ws.subprotocol != self.subprotocol and not (self.mode == "json" and ws.subprotocol is None):
                 raise ConnectionClosed(None, f"server chose subprotocol {ws.subprotocol!r}")
-            hello = ev.Hello(client=_CLIENT_NAME, compression=self.offered, flow_window=self.flow_window)
+            hello = ev.Hello(client=_CLIENT_NAME, compression=self.offered, flow_window=self.flow_window,
+                             auth=self.auth)
             if resume and self.welcome is not None:
                 hello = ev.Hello(client=_CLIENT_NAME, compression=self.offered, flow_window=self.flow_window,
-                                 resume_token=self.welcome.resume_token,
+                                 auth=self.auth, resume_token=self.welcome.resume_token,
                                  last_seq={sid: st.received_seq for sid, st in self._streams.items()})
             await ws.send(self.codec.encode(hello))
             async with asyncio.timeout(self.open_timeout):

@@ -144,7 +144,7 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         h.client, h.resume_token = event.client, event.resume_token
         h.compression.extend(event.compression)
         h.last_seq.update(event.last_seq)
-        h.flow_window = event.flow_window
+        h.flow_window, h.auth = event.flow_window, event.auth
     elif isinstance(event, ev.Welcome):
         w = env.welcome
         w.session_id, w.resume_token, w.server, w.resumed = (
@@ -206,7 +206,8 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
         if kind == "hello":
             h = env.hello
             return ev.Hello(client=h.client, compression=tuple(h.compression),
-                            resume_token=h.resume_token, last_seq=dict(h.last_seq), flow_window=h.flow_window)
+                            resume_token=h.resume_token, last_seq=dict(h.last_seq), flow_window=h.flow_window,
+                            auth=h.auth)
         if kind == "welcome":
             w = env.welcome
             return ev.Welcome(
@@ -307,7 +308,8 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
     if isinstance(event, ev.Hello):
         return {"type": "hello", "client": event.client, "compression": list(event.compression),
                 "resume_token": event.resume_token,
-                "last_seq": {str(k): v for k, v in event.last_seq.items()}, "flow_window": event.flow_window}
+                "last_seq": {str(k): v for k, v in event.last_seq.items()}, "flow_window": event.flow_window,
+                **({"auth": event.auth} if event.auth else {})}
     if isinstance(event, ev.Welcome):
         return {"type": "welcome", "session_id": event.session_id, "resume_token": event.resume_token,
                 "compression": list(event.compression), "max_frame_size": event.max_frame_size,
@@ -426,7 +428,8 @@ def from_json_dict(obj: Any) -> ev.Event:
                     raise _invalid("hello.last_seq must map stream ids to seq numbers")
                 last_seq[int(k)] = v
             return ev.Hello(client=f.str("client"), compression=f.strs("compression"),
-                            resume_token=f.str("resume_token"), last_seq=last_seq, flow_window=f.u32("flow_window"))
+                            resume_token=f.str("resume_token"), last_seq=last_seq, flow_window=f.u32("flow_window"),
+                            auth=f.str("auth"))
         if kind == "welcome":
             return ev.Welcome(
                 session_id=f.str("session_id"), resume_token=f.str("resume_token"),

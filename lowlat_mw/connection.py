@@ -13,6 +13,7 @@ States::
 from __future__ import annotations
 
 import enum
+import json
 import math
 import secrets
 from collections.abc import Mapping
@@ -23,11 +24,13 @@ from .codec import codec_for
 from .compression import CompressionSelector, available_codecs
 from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
+from .limits import TokenBucket
 from .session import Session, StreamState
 from .settings import SUBPROTOCOL_JSON, Settings
 
 __all__ = [
     "Action",
+    "Authenticate",
     "CancelStream",
     "CloseConnection",
     "ConnState",
@@ -70,6 +73,13 @@ class CancelStream:
 
 
 @dataclass(frozen=True, slots=True)
+class Authenticate:
+    """Run the authenticate hook for `hello`, then call ``conn.authenticated(principal, now)``."""
+
+    hello: ev.Hello
+
+
+@dataclass(frozen=True, slots=True)
 class ResumeSession:
     """The client asks to resume: look the session up by token, then call ``conn.resume(...)``."""
 
@@ -78,7 +88,7 @@ class ResumeSession:
     last_seq: Mapping[int, int]
 
 
-Action = SendFrame | CloseConnection | StartStream | CancelStream | ResumeSession
+Action = SendFrame | CloseConnection | StartStream | CancelStream | ResumeSession | Authenticate
 
 
 class ConnState(enum.Enum):
@@ -145,6 +155,9 @@ class ServerConnection:
         self.close_code: int | None = None
         self.close_reason = ""
         self.draining = False
+        self.opened_at = now
+        self.principal: object | None = None
+        self.bucket = TokenBucket(settings.rate_limit, settings.rate_burst, now) if settings.rate_limit else None
         self.stats = _Stats()
 
     @property
@@ -265,6 +278,23 @@ class ServerConnection:
             self.compressor = CompressionSelector(
                 self.compression, min_size=self.settings.compression_min_size, link_mbps=self.settings.link_mbps
             )
+        if self.settings.authenticate:
+            return [Authenticate(hello)]
+        return self._admitted(now)
+
+    def authenticated(self, principal: object | None, now: float, reason: str = "") -> list[Action]:
+        """Answer an :class:`Authenticate`: `principal` admits the client, None refuses it (1008)."""
+        if self.state is not ConnState.AWAIT_HELLO or self.hello is None:
+            return []
+        if principal is None:
+            return [self._error(0, ErrorCode.UNAUTHORIZED, reason or "authentication failed"),
+                    *self._close(CloseCode.POLICY_VIOLATION, "unauthorized")]
+        self.principal = principal
+        return self._admitted(now)
+
+    def _admitted(self, now: float) -> list[Action]:
+        hello = self.hello
+        assert hello is not None
         if hello.resume_token:
             return [ResumeSession(hello.resume_token, Session.session_id_of(hello.resume_token), hello.last_seq)]
         return self._welcome(Session(self.settings, now=now, session_id=self._new_session_id), now, resumed=False)
@@ -278,7 +308,8 @@ class ServerConnection:
         """
         hello = self.hello
         assert hello is not None and self.state is ConnState.AWAIT_HELLO
-        if session is None or not session.token_matches(hello.resume_token):
+        if (session is None or not session.token_matches(hello.resume_token)
+                or (session.principal is not None and session.principal != self.principal)):
             actions = self._welcome(Session(self.settings, now=now), now, resumed=False)
             actions += [self._error(sid, ErrorCode.RESUME_FAILED, "session expired or unknown")
                         for sid in hello.last_seq]
@@ -295,6 +326,8 @@ class ServerConnection:
     def _welcome(self, session: Session, now: float, *, resumed: bool) -> list[Action]:
         assert self.hello is not None
         self.session = session
+        if not resumed:
+            session.principal = self.principal
         window = session.set_client_window(self.hello.flow_window)
         self.state = ConnState.OPEN
         self.reaper.touch(now)
@@ -322,9 +355,18 @@ class ServerConnection:
     def _on_request(self, req: ev.Request, now: float) -> list[Action]:
         self.reaper.touch(now)
         assert self.session is not None
+        sid = req.stream_id
         if self.draining:
-            return [self._error(req.stream_id, ErrorCode.DRAINING, "server is draining: retry after reconnecting",
+            return [self._error(sid, ErrorCode.DRAINING, "server is draining: retry after reconnecting",
                                 retryable=True)]
+        if self.bucket is not None and not self.bucket.take(now):
+            return [self._error(sid, ErrorCode.RATE_LIMITED, retryable=True,
+                                message=f"more than {self.settings.rate_limit:g} requests/s: "
+                                        f"retry in {self.bucket.retry_after():.2f} s")]
+        size = _request_size(req)
+        if size > self.settings.max_request_size:
+            return [self._error(sid, ErrorCode.MESSAGE_TOO_BIG,
+                                f"request of {size} bytes exceeds max_request_size ({self.settings.max_request_size})")]
         error = self.session.start(req, now)
         if error is not None:
             return [self._send(error)]
@@ -400,7 +442,10 @@ class ServerConnection:
             return math.inf
         if self.state is ConnState.AWAIT_HELLO:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
-        return min(self.heartbeat.deadline(), self.reaper.deadline(len(self.streams)))
+        running = len(self.streams)
+        lifetime = (self.opened_at + self.settings.max_session_lifetime
+                    if self.settings.max_session_lifetime and not running else math.inf)
+        return min(self.heartbeat.deadline(), self.reaper.deadline(running), lifetime)
 
     def tick(self, now: float) -> list[Action]:
         """Timers: handshake timeout, heartbeat pings and timeouts, idle reaping."""
@@ -417,6 +462,9 @@ class ServerConnection:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
         if self.reaper.expired(now, len(self.streams)):
             return self._close(CloseCode.IDLE_TIMEOUT, "idle")
+        lifetime = self.settings.max_session_lifetime
+        if lifetime and not self.streams and now >= self.opened_at + lifetime:
+            return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
         if hb is HeartbeatAction.SEND_PING:
             return [self._send(ev.Ping(id=self.heartbeat.ping_id))]
         return []
@@ -439,6 +487,20 @@ class ServerConnection:
         running = [CancelStream(sid) for sid in (self.session.running if self.session is not None else ())]
         self.state = ConnState.CLOSED
         return running
+
+
+def _request_size(req: ev.Request) -> int:
+    """Bytes of a Request's input, for max_request_size."""
+    size = len(req.model)
+    if req.text is not None:
+        size += len(req.text.encode("utf-8", "surrogatepass"))
+    if req.data is not None:
+        size += len(req.data)
+    if req.messages:
+        size += sum(len(m.role) + len(m.content.encode("utf-8", "surrogatepass")) for m in req.messages)
+    if req.params:
+        size += len(json.dumps(req.params, default=str))
+    return size
 
 
 def _encoded_len(piece: str | bytes) -> int:

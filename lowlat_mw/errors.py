@@ -45,11 +45,13 @@ class CloseCode(enum.IntEnum):
     POLICY_VIOLATION = 1008
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013
     IDLE_TIMEOUT = 4000
     HEARTBEAT_TIMEOUT = 4001
     DRAINING = 4002
     SLOW_CONSUMER = 4003
     HANDSHAKE_TIMEOUT = 4004
+    SESSION_EXPIRED = 4005
 
     @property
     def reconnect(self) -> bool:
@@ -61,11 +63,13 @@ _RECONNECT = frozenset(
     {
         CloseCode.GOING_AWAY,
         CloseCode.INTERNAL_ERROR,
+        CloseCode.TRY_AGAIN_LATER,
         CloseCode.IDLE_TIMEOUT,
         CloseCode.HEARTBEAT_TIMEOUT,
         CloseCode.DRAINING,
         CloseCode.SLOW_CONSUMER,
         CloseCode.HANDSHAKE_TIMEOUT,
+        CloseCode.SESSION_EXPIRED,
     }
 )
 

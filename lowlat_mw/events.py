@@ -46,6 +46,7 @@ class Hello:
     resume_token: str = ""
     last_seq: Mapping[int, int] = field(default_factory=dict)
     flow_window: int = 0
+    auth: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -50,6 +50,8 @@ class SessionInfo:
     headers: Mapping[str, str] = field(default_factory=dict)
     user: Any = None
     """The framework's authenticated user (e.g. Django's ``scope["user"]``), if any."""
+    principal: Any = None
+    """What the ``authenticate`` hook returned for this connection, if one is configured."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

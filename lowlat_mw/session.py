@@ -64,6 +64,8 @@ class Session:
         self.attached = True
         self.detached_at: float | None = None
         self.created_at = now
+        self._awaited: set[int] = set()  # listed by the last resume but unknown here: the client resends them
+        self.principal: object | None = None  # who authenticated when the session began
         self._finished: deque[int] = deque()
 
     # ------------------------------------------------------------------ identity
@@ -122,6 +124,7 @@ class Session:
                             message=f"at most {self.settings.max_streams} concurrent streams per connection")
         if existing is not None:
             self._forget(sid)
+        self._awaited.discard(sid)
         self.streams[sid] = StreamState(stream_id=sid, started_at=now)
         return None
 
@@ -235,8 +238,9 @@ class Session:
         return math.inf if self.detached_at is None else self.detached_at + self.settings.resume_window
 
     def worth_keeping(self) -> bool:
-        """Whether anything could still be resumed: a stream the client has not acknowledged as done."""
-        return bool(self.streams)
+        """Whether anything could still be resumed: a stream the client has not acknowledged as done,
+        or one the last resume reported unknown (its Request was lost; the client sends it again)."""
+        return bool(self.streams or self._awaited)
 
     def replay(self, last_seq: Mapping[int, int]) -> tuple[list[ev.Event], list[int]]:
         """What a resuming client missed: (events to send in order, stream ids to cancel).
@@ -271,8 +275,10 @@ class Session:
             events.extend(delta for delta, _ in st.buffer if delta.seq > have)
             if st.terminal is not None:
                 events.append(st.terminal)
+        self._awaited = set()
         for sid in last_seq:
             if sid not in self.streams and not any(isinstance(e, ev.Error) and e.stream_id == sid for e in events):
+                self._awaited.add(sid)
                 events.append(ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
                                        message=f"stream {sid} is unknown to this session"))
         return events, cancels

@@ -56,6 +56,20 @@ class Settings:
     """Most bytes of unacknowledged output per session for clients that send Acks (models pause beyond)."""
     slow_consumer_timeout: float = 30.0
     """Close with 4003 when output stays blocked (window full, or a send stuck) this long."""
+    max_connections: int = 10000
+    """Open connections per endpoint and process; more are closed with 1013 (try again later)."""
+    max_connections_per_client: int = 256
+    """Open connections per client address; more are closed with 1013 (0: no limit)."""
+    rate_limit: float = 20.0
+    """Requests per second per connection (token bucket); over it, Error rate_limited (0: no limit)."""
+    rate_burst: int = 40
+    """Requests a connection may send at once before rate_limit applies."""
+    max_request_size: int = MiB
+    """Bytes of a Request's input (text, data, messages, params); larger gets Error message_too_big."""
+    max_session_lifetime: float = 0.0
+    """Close an idle-between-streams connection with 4005 after this many seconds (0: never)."""
+    authenticate: str = ""
+    """Dotted path of a (sync or async) callable that admits a handshake (see docs/security.md)."""
     compression: tuple[str, ...] = KNOWN_CODECS
     """Codecs the server may use and accept, preferred first; empty disables compression."""
     compression_min_size: int = 512
@@ -88,6 +102,11 @@ class Settings:
                 raise SettingsError(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")
         if self.max_frame_size < 64:
             raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
+        for name in ("max_connections", "max_connections_per_client", "rate_limit", "max_session_lifetime"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
+        if self.rate_burst < 1 or self.max_request_size < 1:
+            raise SettingsError("settings 'rate_burst' and 'max_request_size' must be >= 1")
         if self.compression_min_size < 0:
             raise SettingsError("setting 'compression_min_size' must be >= 0")
         for codec in self.compression:

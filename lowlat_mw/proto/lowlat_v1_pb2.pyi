@@ -70,7 +70,7 @@ class Envelope(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window")
+    __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window", "auth")
     class LastSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -83,12 +83,14 @@ class Hello(_message.Message):
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
     client: str
     compression: _containers.RepeatedScalarFieldContainer[str]
     resume_token: str
     last_seq: _containers.ScalarMap[int, int]
     flow_window: int
-    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ...) -> None: ...
+    auth: str
+    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ..., auth: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window")

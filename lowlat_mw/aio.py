@@ -234,6 +234,7 @@ class AsyncServerSession:
         self._closing = False
         self._close_sent = False
         self._gone = False
+        self._superseded = False  # a resume moved this connection's session to another connection
 
     @property
     def tasks(self) -> dict[int, asyncio.Task[None]]:
@@ -247,6 +248,8 @@ class AsyncServerSession:
 
     async def receive(self, data: bytes | str) -> None:
         """Feed one WebSocket message from the client."""
+        if self._superseded:
+            return  # stale socket: its session lives on another connection (the resume listed what it needs)
         await self.run(self.conn.receive(data, time.monotonic()))
         if self.live is not None:
             self.live.window_changed()
@@ -336,7 +339,7 @@ class AsyncServerSession:
             self._ensure_live()
 
     def _ensure_live(self) -> None:
-        if self.live is None and self.conn.session is not None:
+        if self.live is None and self.conn.session is not None and not self._superseded:
             self.live = LiveSession(self.conn.session, models=self.models, settings=self.settings,
                                     executor=self.executor, store=self.store, scheduler=self.scheduler)
             self._refresh_info()
@@ -361,6 +364,7 @@ class AsyncServerSession:
         found = self.store.get(action.session_id)
         live = found if isinstance(found, LiveSession) and not found.destroyed else None
         actions = self.conn.resume(live.session if live is not None else None, time.monotonic())
+        old: AsyncServerSession | None = None
         if live is not None and self.conn.session is live.session:
             old = live.driver
             self.live = live
@@ -368,9 +372,13 @@ class AsyncServerSession:
             live.attach(self)  # from now on the model tasks send through this connection
             if old is not None and old is not self:
                 old.live = None  # its socket is stale: it must not touch the session any more
-                await old.close_with(CloseCode.GOING_AWAY, "session resumed on another connection")
+                old._superseded = True  # nor start a second LiveSession for it (see _ensure_live)
             log.info("session %s resumed", live.session.session_id, extra={"session_id": live.session.session_id})
+        # Welcome and the replay go out before any await lets a model task run: the live Deltas
+        # it now sends through this connection must follow them (never a Delta before Welcome).
         await self.run(actions)
+        if old is not None and old is not self:
+            await old.close_with(CloseCode.GOING_AWAY, "session resumed on another connection")
         if self.live is not None:
             self.live.window_changed()
 

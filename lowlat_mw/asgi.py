@@ -129,10 +129,15 @@ class LowLatASGI:
         if message["type"] != "websocket.connect":
             return
         ok, subprotocol = check_scope(scope, self.settings)
-        if not ok or self.draining:
+        if not ok:
             await refuse(send)
             return
         await send({"type": "websocket.accept", "subprotocol": subprotocol})
+        if self.draining:
+            # Not a 403 (clients treat that as final): 4002 tells them to retry, which reaches the
+            # server that replaces this one.
+            await send({"type": "websocket.close", "code": int(CloseCode.DRAINING), "reason": "server draining"})
+            return
         client = client_address(scope)
         refused = self.limiter.acquire(client)
         if refused is not None:
@@ -157,6 +162,10 @@ class LowLatASGI:
                 if kind == "websocket.receive":
                     data = message.get("bytes")
                     await session.receive(data if data is not None else message.get("text") or "")
+                    # Servers queue every frame of a TCP read, and neither receive() nor send() yields
+                    # while frames are queued: without this, a flooding client would hold the event
+                    # loop for thousands of frames at a time and stall every other connection.
+                    await asyncio.sleep(0)
                 elif kind == "websocket.disconnect":
                     code = message.get("code")
                     break

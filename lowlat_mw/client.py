@@ -112,11 +112,11 @@ class Stream:
                 return item.chunk
             if (isinstance(item, ev.Error) and item.code is ErrorCode.RESUME_FAILED and item.retryable
                     and self.received_seq == 0 and self._resends < max(1, self._client.backoff.retries)):
-                # The server never saw this request (lost in the drop): send it again. The resend
-                # can be lost in the next drop too; that resume reports the stream unknown again.
+                # The server never saw this request (lost in the drop): send it again, on the open
+                # connection or the next one. The resend can be lost in another drop too; that
+                # resume reports the stream unknown again.
                 self._resends += 1
-                self._client._streams[self.stream_id] = self
-                await self._client._send(self.request)
+                await self._client._start(self)
                 continue
             if (isinstance(item, ev.Error) and item.code is ErrorCode.DRAINING and item.retryable
                     and self.received_seq == 0 and not self._resent):
@@ -420,6 +420,10 @@ class AsyncClient:
                                     f"stream {event.stream_id}: got seq {event.seq} after {stream.received_seq}"))
                                 continue
                             stream.received_seq = event.seq
+                        else:
+                            # Its End/Error arrived: the stream is no longer open for a resume's last_seq
+                            # (the caller still reads it from the queue).
+                            self._streams.pop(event.stream_id, None)
                         stream.queue.put_nowait(event)
                 elif isinstance(event, ev.Ping):
                     if self.answer_pings:
@@ -530,6 +534,17 @@ class AsyncClient:
         if self.goaway is not None and reader is not None and not reader.done():
             await asyncio.shield(reader)
 
+    async def _resume_carries(self, stream: Stream) -> bool:
+        """A send failed on a drop: whether the reconnect-and-resume carries `stream`.
+
+        The reader task decides what a drop means (resume, or fail every stream). A send can
+        notice the drop before the reader does: wait for that decision instead of failing early.
+        """
+        reader = self._reader
+        if reader is not None and not reader.done():
+            await asyncio.wait([reader], timeout=self.open_timeout)
+        return self._streams.get(stream.stream_id) is stream and self._resuming is not None
+
     async def _start(self, stream: Stream) -> None:
         sid = stream.stream_id
         for attempt in range(2):
@@ -544,7 +559,7 @@ class AsyncClient:
                 await self._send(stream.request)
                 return
             except ConnectionClosed:
-                if self._streams.get(sid) is stream and self._resuming is not None and not self._resuming.done():
+                if await self._resume_carries(stream):
                     return  # the resume lists this stream; the server asks us to resend if it missed it
                 self._streams.pop(sid, None)
                 if attempt or self._closed_final is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -464,7 +465,22 @@ class JsonCodec:
             obj = json.loads(frame)
         except (ValueError, RecursionError) as exc:
             raise _invalid(f"not valid JSON: {exc}") from None
+        # Strings must be Unicode text, as in Protobuf: an unpaired surrogate (escaped as \ud800, or a
+        # raw one from a caller that did not validate UTF-8) could never be sent back in a text frame.
+        if (not frame.isascii() or _SURROGATE_ESCAPE.search(frame)) and _has_lone_surrogate(obj):
+            raise _invalid("a JSON string holds an unpaired surrogate (not valid Unicode)")
         return from_json_dict(obj)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def codec_for(subprotocol: str | None) -> WireCodec:

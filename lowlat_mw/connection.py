@@ -383,6 +383,11 @@ class ServerConnection:
             raise LocalProtocolError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
         if isinstance(chunk, bytearray | memoryview):
             chunk = bytes(chunk)
+        elif isinstance(chunk, str) and not chunk.isascii():
+            try:  # an unpaired surrogate cannot go out in a text frame (the send would fail and mute the socket)
+                chunk.encode("utf-8")
+            except UnicodeEncodeError:
+                raise LocalProtocolError("model chunks must be valid Unicode text (unpaired surrogate)") from None
         self.reaper.touch(now)
         out: list[Action] = []
         limit = self.settings.max_frame_size

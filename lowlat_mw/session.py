@@ -148,8 +148,8 @@ class Session:
 
     def _enforce_buffer_limit(self, current: StreamState) -> None:
         limit = self.settings.resume_buffer_size
-        if self.buffered <= limit:
-            return
+        if self.buffered <= limit or not self.attached:
+            return  # while detached nothing is dropped: `blocked` pauses the models instead
         # Drop from finished streams first (oldest first), then from the oldest Deltas of this one.
         for sid in list(self._finished):
             st = self.streams.get(sid)
@@ -276,12 +276,15 @@ class Session:
             if st.terminal is not None:
                 events.append(st.terminal)
         self._awaited = set()
+        unknown: list[ev.Event] = []
         for sid in last_seq:
             if sid not in self.streams and not any(isinstance(e, ev.Error) and e.stream_id == sid for e in events):
                 self._awaited.add(sid)
-                events.append(ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
-                                       message=f"stream {sid} is unknown to this session"))
-        return events, cancels
+                unknown.append(ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
+                                        message=f"stream {sid} is unknown to this session"))
+        # "Unknown, send it again" goes first: it is tiny and must not wait behind a long replay
+        # (on a flaky link the replay may be cut again before the client learns to resend).
+        return unknown + events, cancels
 
 
 class SessionStore(Protocol):

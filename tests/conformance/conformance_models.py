@@ -89,3 +89,90 @@ MODELS = {
     "user": user,
     "hold": hold,
 }
+
+
+# ---------------------------------------------------------------- delivery (fault-injection) models
+# Counting models for test_conformance_delivery.py. Params: `n` tokens "0,", "1,", ...; `delay`
+# seconds before each token; `size` pads each token with "." to that length; `every`: write the
+# number of tokens produced so far to `<tag>.count` every that many tokens (and in `finally`).
+# Each run appends a line to `<tag>.starts` (a stream that ran twice shows two) and writes
+# `<tag>.closed` in `finally`.
+
+
+def _count_token(i: int, size: int) -> str:
+    tok = f"{i},"
+    return tok if size <= len(tok) else tok + "." * (size - len(tok))
+
+
+def _write_count(req, produced: int) -> None:
+    tag = req.params.get("tag")
+    if tag:
+        tmp = MARKS / f"{tag}.count.tmp"
+        tmp.write_text(str(produced))
+        os.replace(tmp, MARKS / f"{tag}.count")  # readers never see a half-written number
+
+
+def _log_start(req) -> None:
+    tag = req.params.get("tag")
+    if tag:
+        with open(MARKS / f"{tag}.starts", "a") as f:
+            f.write("start\n")
+
+
+def _count_params(req) -> tuple[int, float, int, int]:
+    p = req.params
+    return int(p.get("n", 500)), float(p.get("delay", 0)), int(p.get("size", 0)), max(1, int(p.get("every", 10)))
+
+
+async def count(req):
+    """Async generator counting "0,", "1,", ...; ``await asyncio.sleep(0)`` every 8 tokens."""
+    n, delay, size, every = _count_params(req)
+    _log_start(req)
+    produced = 0
+    try:
+        for i in range(n):
+            if delay:
+                await asyncio.sleep(delay)
+            produced += 1
+            if produced % every == 0:
+                _write_count(req, produced)
+            yield _count_token(i, size)
+            if not delay and i % 8 == 7:
+                await asyncio.sleep(0)
+    finally:
+        _write_count(req, produced)
+        _mark(req, "closed")
+
+
+def count_sync(req):
+    """The same as a sync generator (each step runs in the model thread pool)."""
+    n, delay, size, every = _count_params(req)
+    _log_start(req)
+    produced = 0
+    try:
+        for i in range(n):
+            if delay:
+                time.sleep(delay)
+            produced += 1
+            if produced % every == 0:
+                _write_count(req, produced)
+            yield _count_token(i, size)
+    finally:
+        _write_count(req, produced)
+        _mark(req, "closed")
+
+
+MODELS.update({"count": count, "count_sync": count_sync})
+
+
+# ---------------------------------------------------------------- hardening models
+# For test_conformance_limits.py: `principal` shows what the authenticate hook admitted.
+
+
+def principal(req):
+    """Returns ``str(req.session.principal)``; writes ``<tag>.ran`` first, so a test can tell it never ran."""
+    _mark(req, "ran")
+    return str(req.session.principal)
+
+
+MODELS.update({"principal": principal})

@@ -276,15 +276,12 @@ class Session:
             if st.terminal is not None:
                 events.append(st.terminal)
         self._awaited = set()
-        unknown: list[ev.Event] = []
         for sid in last_seq:
             if sid not in self.streams and not any(isinstance(e, ev.Error) and e.stream_id == sid for e in events):
                 self._awaited.add(sid)
-                unknown.append(ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
-                                        message=f"stream {sid} is unknown to this session"))
-        # "Unknown, send it again" goes first: it is tiny and must not wait behind a long replay
-        # (on a flaky link the replay may be cut again before the client learns to resend).
-        return unknown + events, cancels
+                events.append(ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
+                                       message=f"stream {sid} is unknown to this session"))
+        return events, cancels
 
 
 class SessionStore(Protocol):

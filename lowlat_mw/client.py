@@ -287,23 +287,34 @@ class AsyncClient:
         return self._ws is not None and self._reader is not None and not self._reader.done()
 
     async def open(self) -> None:
-        """Connect (with backoff retries) unless already connected; waits for a resume in progress."""
-        if self._resuming is not None and not self._resuming.done():
-            if self._pending >= self.max_pending:
-                raise ClientError(f"more than {self.max_pending} requests queued while reconnecting")
-            self._pending += 1
-            try:
-                await asyncio.shield(self._resuming)
-            finally:
-                self._pending -= 1
-        async with self._lock:
-            if self.connected:
+        """Connect (with backoff retries) unless already connected; waits for a resume in progress.
+
+        While streams are open on a session that can be resumed, reconnecting resumes it: a fresh
+        session here would orphan those streams (their next resume would find them unknown).
+        """
+        while True:
+            resuming = self._resuming
+            if resuming is not None and not resuming.done():
+                if self._pending >= self.max_pending:
+                    raise ClientError(f"more than {self.max_pending} requests queued while reconnecting")
+                self._pending += 1
+                try:
+                    await asyncio.shield(resuming)
+                finally:
+                    self._pending -= 1
+            async with self._lock:
+                if self.connected:
+                    return
+                if self._resuming is not None and not self._resuming.done():
+                    continue  # another drop started another resume: wait for that one
+                if self._user_closed:
+                    raise ClientError("client is closed")
+                if self._closed_final is not None:
+                    raise self._closed_final
+                resume = bool(self.resume_enabled and self._streams and self.welcome is not None
+                              and self.welcome.resume_token)
+                await self._connect_with_retries(resume=resume)
                 return
-            if self._user_closed:
-                raise ClientError("client is closed")
-            if self._closed_final is not None:
-                raise self._closed_final
-            await self._connect_with_retries()
 
     async def close(self) -> None:
         """Close the connection normally; running streams end with ConnectionClosed."""
@@ -319,11 +330,13 @@ class AsyncClient:
             except Exception:
                 pass
 
-    async def _connect_with_retries(self) -> None:
+    async def _connect_with_retries(self, resume: bool = False) -> None:
         attempt = 0
         while True:
             try:
-                await self._connect_once()
+                await self._connect_once(resume=resume)
+                if resume and self.welcome is not None and self.welcome.resumed:
+                    self.resumes += 1
                 return
             except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
                     websockets.exceptions.InvalidMessage) as exc:

@@ -93,6 +93,9 @@ class Settings:
                      "slow_consumer_timeout"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"setting {name!r} must be > 0, got {getattr(self, name)!r}")
+        for name in ("heartbeat_interval", "idle_timeout", "resume_window"):
+            if getattr(self, name) * 1000 > 0xFFFFFFFF:  # announced in Welcome as 32-bit milliseconds
+                raise SettingsError(f"setting {name!r} must be at most 4294967 seconds, got {getattr(self, name)!r}")
         if self.heartbeat_max_interval < self.heartbeat_interval:
             raise SettingsError("setting 'heartbeat_max_interval' must be >= 'heartbeat_interval'")
         for name in ("max_frame_size", "max_decompressed_size", "max_streams", "model_threads",

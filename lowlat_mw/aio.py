@@ -32,6 +32,7 @@ from .connection import (
     ServerConnection,
     StartStream,
     _split,
+    normalize_chunk,
 )
 from .errors import CloseCode, ErrorCode, close_code_reconnects
 from .model import ModelFn, ModelRequest, Models, SessionInfo, stream_model
@@ -171,11 +172,8 @@ class LiveSession:
         now = time.monotonic()
         if driver is not None and driver.conn.open:
             await driver.run(driver.conn.send_chunk(sid, chunk, now))  # records and frames it
-        else:
-            if not isinstance(chunk, str | bytes | bytearray | memoryview):
-                raise TypeError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
-            chunk = bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk
-            for piece in _split(chunk, self.settings.max_frame_size - 32):
+        else:  # no connection: buffer it for the resume (same checks as a live send)
+            for piece in _split(normalize_chunk(chunk), self.settings.max_frame_size - 32):
                 self.session.record(sid, piece, now)
         if self.session.blocked:
             await self._wait_window()
@@ -293,7 +291,9 @@ class AsyncServerSession:
         """GoAway, let running streams finish for up to `grace` seconds, then close with 4002."""
         await self.run(self.conn.drain(reconnect_after_ms))
         deadline = time.monotonic() + grace
-        while self.live is not None and self.live.session.running_count() and time.monotonic() < deadline:
+        # Wait on the model tasks, not the session's running count: a task ends only after its
+        # End/Error went out, so the 4002 close never overtakes a stream's last message.
+        while self.live is not None and self.live.tasks and time.monotonic() < deadline:
             if self.conn.closed:
                 return
             await asyncio.sleep(0.05)

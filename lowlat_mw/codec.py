@@ -28,7 +28,7 @@ from .compression import BINARY, TEXT, CompressionSelector, decompress
 from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from .proto import lowlat_v1_pb2 as pb
 
-__all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for"]
+__all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for", "encode_varint"]
 
 FRAME_VERSION = 1
 _HEADER_BASE = FRAME_VERSION << 4
@@ -66,7 +66,8 @@ def _unsupported(kind: str) -> RemoteProtocolError:
 
 
 # ================================================================================ Protobuf
-def _varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """A non-negative int as a Protobuf base-128 varint (also snappy's length header)."""
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -83,11 +84,11 @@ def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
     body = chunk.encode() if isinstance(chunk, str) else chunk
     tag = b"\x1a" if isinstance(chunk, str) else b"\x22"
     inner = (
-        (b"\x08" + _varint(stream_id) if stream_id else b"")
-        + (b"\x10" + _varint(seq) if seq else b"")
-        + tag + _varint(len(body)) + body
+        (b"\x08" + encode_varint(stream_id) if stream_id else b"")
+        + (b"\x10" + encode_varint(seq) if seq else b"")
+        + tag + encode_varint(len(body)) + body
     )
-    return b"\x22" + _varint(len(inner)) + inner
+    return b"\x22" + encode_varint(len(inner)) + inner
 
 
 def _struct_to_dict(struct: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import json
 import math
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import events as ev
 from .codec import codec_for
@@ -39,6 +39,7 @@ __all__ = [
     "ServerConnection",
     "StartStream",
     "negotiate_subprotocol",
+    "normalize_chunk",
 ]
 
 
@@ -120,7 +121,6 @@ class _Stats:
     bytes_in: int = 0
     bytes_out: int = 0
     raw_bytes_out: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class ServerConnection:
@@ -379,15 +379,7 @@ class ServerConnection:
         stream = session.streams.get(stream_id) if session is not None else None
         if stream is None or not stream.running or self.state is ConnState.CLOSED:
             return []
-        if not isinstance(chunk, str | bytes | bytearray | memoryview):
-            raise LocalProtocolError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
-        if isinstance(chunk, bytearray | memoryview):
-            chunk = bytes(chunk)
-        elif isinstance(chunk, str) and not chunk.isascii():
-            try:  # an unpaired surrogate cannot go out in a text frame (the send would fail and mute the socket)
-                chunk.encode("utf-8")
-            except UnicodeEncodeError:
-                raise LocalProtocolError("model chunks must be valid Unicode text (unpaired surrogate)") from None
+        chunk = normalize_chunk(chunk)
         self.reaper.touch(now)
         out: list[Action] = []
         limit = self.settings.max_frame_size
@@ -492,6 +484,22 @@ class ServerConnection:
         running = [CancelStream(sid) for sid in (self.session.running if self.session is not None else ())]
         self.state = ConnState.CLOSED
         return running
+
+
+def normalize_chunk(chunk: object) -> str | bytes:
+    """A model's chunk as str or bytes; LocalProtocolError for anything a frame cannot carry."""
+    if isinstance(chunk, bytearray | memoryview):
+        return bytes(chunk)
+    if isinstance(chunk, bytes):
+        return chunk
+    if not isinstance(chunk, str):
+        raise LocalProtocolError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
+    if not chunk.isascii():
+        try:  # an unpaired surrogate cannot go out in a text frame (the send would fail and mute the socket)
+            chunk.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LocalProtocolError("model chunks must be valid Unicode text (unpaired surrogate)") from None
+    return chunk
 
 
 def _request_size(req: ev.Request) -> int:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lowlat_mw import compression as cmp
+from lowlat_mw.codec import encode_varint
 from lowlat_mw.compression import (
     BINARY,
     CODEC_IDS,
@@ -38,15 +39,6 @@ LOREM = (
     b"Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore "
     b"et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut "
 )
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def assert_refused(exc_info: pytest.ExceptionInfo[RemoteProtocolError], code: ErrorCode, close: int) -> None:
@@ -190,7 +182,7 @@ def test_zstd_frame_lying_about_its_size_is_refused() -> None:
 
 def test_snappy_header_lying_about_its_size_is_refused() -> None:
     real = snappy.compress(bytes(4 * MiB))
-    forged = _varint(100) + real[len(_varint(4 * MiB)):]
+    forged = encode_varint(100) + real[len(encode_varint(4 * MiB)):]
     with pytest.raises(RemoteProtocolError) as info:
         decompress(3, forged, MiB)
     assert_refused(info, ErrorCode.INVALID_PAYLOAD, 1007)
@@ -198,7 +190,7 @@ def test_snappy_header_lying_about_its_size_is_refused() -> None:
 
 def test_snappy_declared_size_over_limit_is_refused_before_decoding() -> None:
     with pytest.raises(RemoteProtocolError) as info:
-        decompress(3, _varint(10 * MiB) + b"\x00", MiB)
+        decompress(3, encode_varint(10 * MiB) + b"\x00", MiB)
     assert_refused(info, ErrorCode.MESSAGE_TOO_BIG, 1009)
 
 

@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lowlat_mw import events as ev
+from lowlat_mw.codec import encode_varint
 from lowlat_mw.compression import compress
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
@@ -93,27 +94,18 @@ json_objects = st.builds(lambda kind, members: {"type": kind, **dict(members)},
                          st.lists(member, max_size=6))
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 # Protobuf wire data: (field number, wire type, value) records, nested through length-delimited fields,
 # so fields of the right number arrive with the wrong wire type, wrong lengths, deep nesting, ...
 def _record(field: int, wire: int, value: Any) -> bytes:
-    key = _varint((field << 3) | wire)
+    key = encode_varint((field << 3) | wire)
     if wire == 0:
-        return key + _varint(value)
+        return key + encode_varint(value)
     if wire == 1:
         return key + value.to_bytes(8, "little")
     if wire == 5:
         return key + value.to_bytes(4, "little")
     if wire == 2:
-        return key + _varint(len(value)) + value
+        return key + encode_varint(len(value)) + value
     return key  # 3 / 4: group start / end (deprecated, mostly invalid), 6 / 7: invalid wire types
 
 

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,3 +220,23 @@ def base_env(conformance_dir: Path, extra: Mapping[str, str] | None = None) -> d
         "DJANGO_DB": str(conformance_dir / "django.sqlite3"),
         **(extra or {}),
     })
+
+
+def running_server(name: str, framework: str, conformance_dir: Path, extra: Mapping[str, str],
+                   startup_times: dict[str, list[float]]) -> Iterator[ServerProcess]:
+    """Fixture body: start a framework's example app with `extra` env, yield it, stop it.
+
+    Records the start-up time under `name`, and fails the test if the server died meanwhile.
+    """
+    import pytest
+
+    srv = start_ready(name, framework, lambda p: server_argv(framework, p),
+                      base_env(conformance_dir, extra), conformance_dir / "logs")
+    startup_times.setdefault(name, []).append(srv.ready_after or 0.0)
+    try:
+        yield srv
+    finally:
+        died = srv.proc.poll()
+        srv.stop()
+        if died is not None:
+            pytest.fail(f"{srv.name} died during the tests (code {died})\n{srv.output()}")

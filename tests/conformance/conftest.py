@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from conformance_servers import FRAMEWORKS, ServerProcess, base_env, server_argv, spawn, start_ready
+from conformance_servers import FRAMEWORKS, ServerProcess, running_server, spawn, start_ready
 from conformance_support import MEASUREMENTS, SHORT_TIMERS, STARTUP_TIMES
 
 
@@ -50,16 +50,7 @@ def marks_dir(conformance_dir: Path) -> Path:
 def _session_server(request: pytest.FixtureRequest, conformance_dir: Path, kind: str,
                     extra: Mapping[str, str]) -> Iterator[ServerProcess]:
     framework = request.param
-    srv = start_ready(f"{kind}-{framework}", framework, lambda p: server_argv(framework, p),
-                      base_env(conformance_dir, extra), conformance_dir / "logs")
-    STARTUP_TIMES.setdefault(f"{kind}-{framework}", []).append(srv.ready_after or 0.0)
-    try:
-        yield srv
-    finally:
-        died = srv.proc.poll()
-        srv.stop()
-        if died is not None:
-            pytest.fail(f"{srv.name} died during the tests (code {died})\n{srv.output()}")
+    yield from running_server(f"{kind}-{framework}", framework, conformance_dir, extra, STARTUP_TIMES)
 
 
 @pytest.fixture(scope="session", params=FRAMEWORKS)

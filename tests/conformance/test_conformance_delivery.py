@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conformance_servers import FRAMEWORKS, ServerProcess, base_env, server_argv, start_ready
+from conformance_servers import FRAMEWORKS, ServerProcess, running_server
 from conformance_support import STARTUP_TIMES, measure, wait_for_file
 from delivery_support import drop_client_sides
 
@@ -294,16 +294,7 @@ MARGIN = 1.0  # scheduling slack on a loaded 2-core machine
 def slow_server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
     """A server with a 16 KiB flow-control window, 1 s slow-consumer timeout and 1 s resume window."""
     framework = request.param
-    srv = start_ready(f"slow-{framework}", framework, lambda p: server_argv(framework, p),
-                      base_env(conformance_dir, SLOW_ENV), conformance_dir / "logs")
-    STARTUP_TIMES.setdefault(f"slow-{framework}", []).append(srv.ready_after or 0.0)
-    try:
-        yield srv
-    finally:
-        died = srv.proc.poll()
-        srv.stop()
-        if died is not None:
-            pytest.fail(f"{srv.name} died during the tests (code {died})\n{srv.output()}")
+    yield from running_server(f"slow-{framework}", framework, conformance_dir, SLOW_ENV, STARTUP_TIMES)
 
 
 @pytest.mark.parametrize("kind", ["count", "count_sync"])

@@ -44,6 +44,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from lowlat_mw import events as ev
 from lowlat_mw.client import connect
+from lowlat_mw.codec import encode_varint
 from lowlat_mw.errors import CloseCode, ErrorCode, StreamError, canonical_close_code
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -491,15 +492,6 @@ async def test_max_connections_closes_the_excess_with_1013(conns):
 
 
 # ================================================================================ decompression bombs
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _zstd_bomb(size: int, declared: bool) -> bytes:
     import zstandard
 
@@ -549,11 +541,13 @@ def bomb(name: str) -> tuple[bytes, str]:
         elif name == "snappy":
             # raw snappy's max ratio is ~21:1: 20 MiB of zeros in ~1 MB, the largest that fits a frame
             body = _snappy_body(20 * MiB)
-            frame, what = b"\x13" + _varint(20 * MiB) + body, "20 MiB of zeros (snappy's max ratio), length declared"
+            frame = b"\x13" + encode_varint(20 * MiB) + body
+            what = "20 MiB of zeros (snappy's max ratio), length declared"
         elif name == "snappy-declared":
-            frame, what = b"\x13" + _varint(GiB) + _snappy_body(4 * MiB)[:4 * KiB], "varint header declaring 1 GiB"
+            frame = b"\x13" + encode_varint(GiB) + _snappy_body(4 * MiB)[:4 * KiB]
+            what = "varint header declaring 1 GiB"
         else:  # snappy-lying: declares a size within the limit but expands to 20 MiB
-            frame, what = (b"\x13" + _varint(DEFAULT_MAX_DECOMPRESSED) + _snappy_body(20 * MiB),
+            frame, what = (b"\x13" + encode_varint(DEFAULT_MAX_DECOMPRESSED) + _snappy_body(20 * MiB),
                            "header declaring 8 MiB (allowed), body expanding to 20 MiB")
         _BOMBS[name] = (frame, what)
     return _BOMBS[name]

@@ -19,16 +19,18 @@ from channels.consumer import AsyncConsumer
 from channels.exceptions import StopConsumer
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
+from django.http import HttpRequest, HttpResponse
 
 from lowlat_mw.aio import AsyncServerSession
 from lowlat_mw.asgi import asgi_session, check_scope, client_address, refuse
 from lowlat_mw.errors import SettingsError, app_close_code
 from lowlat_mw.limits import ConnectionLimiter
+from lowlat_mw.metrics import Metrics
 from lowlat_mw.model import Models, ModelSpec
 from lowlat_mw.session import MemorySessionStore
 from lowlat_mw.settings import Settings
 
-__all__ = ["LowLatConsumer", "django_settings_dict"]
+__all__ = ["LowLatConsumer", "django_settings_dict", "metrics_view"]
 
 _cache: dict[str, Any] = {}
 _generation = [0]  # bumped when settings.LOWLAT_MW changes
@@ -57,7 +59,9 @@ class _Options:
     """The kwargs of one ``as_asgi()`` call and the Settings resolved from them (cached)."""
 
     def __init__(self, options: dict[str, Any]) -> None:
+        self.registry = options.pop("registry", None)
         self.options = options
+        self.metrics: Metrics | None = None
         self._settings: tuple[int, Settings] | None = None
         self.store = MemorySessionStore()  # sessions waiting to be resumed, per as_asgi() app
         self.limiter: ConnectionLimiter | None = None
@@ -71,7 +75,12 @@ class _Options:
             self._settings = (_generation[0], Settings.load(merged, source="LowLatConsumer.as_asgi()"))
             s = self._settings[1]
             self.limiter = ConnectionLimiter(s.max_connections, s.max_connections_per_client)
+            self.metrics = Metrics.for_registry(self.registry) if s.metrics else None
         return self._settings[1]
+
+    def refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.inc("handshakes_refused", reason)
 
 
 class LowLatConsumer(AsyncConsumer):
@@ -88,7 +97,8 @@ class LowLatConsumer(AsyncConsumer):
 
     @classmethod
     def as_asgi(cls, **initkwargs: Any) -> Any:  # type: ignore[override]
-        """An ASGI app making one consumer per connection; every kwarg but ``model`` is a setting.
+        """An ASGI app making one consumer per connection; every kwarg but ``model`` and ``registry``
+        (a prometheus_client CollectorRegistry, default the global one) is a setting.
 
         The settings are validated here, when the routing is imported, so a wrong key in
         ``settings.LOWLAT_MW`` or in the kwargs stops the server at startup with its name.
@@ -106,6 +116,7 @@ class LowLatConsumer(AsyncConsumer):
         settings = self.config.settings()
         ok, subprotocol = check_scope(self.scope, settings)
         if not ok:
+            self.config.refused("forbidden")
             await refuse(self.base_send)
             raise StopConsumer
         await self.base_send({"type": "websocket.accept", "subprotocol": subprotocol})
@@ -113,12 +124,13 @@ class LowLatConsumer(AsyncConsumer):
         assert self.config.limiter is not None
         refused = self.config.limiter.acquire(self.client)
         if refused is not None:
+            self.config.refused("limit")
             await self._send({"type": "websocket.close", "code": 1013, "reason": refused[:120]})
             raise StopConsumer
         self.counted = True
         self.session = asgi_session(
             self.scope, self._send, model=self.models, settings=settings, subprotocol=subprotocol,
-            store=self.config.store,
+            store=self.config.store, metrics=self.config.metrics,
         )
         self.session.start()
 
@@ -142,3 +154,14 @@ class LowLatConsumer(AsyncConsumer):
             self.counted = False
             self.config.limiter.release(self.client)
         raise StopConsumer
+
+
+def metrics_view(request: HttpRequest, registry: Any = None) -> HttpResponse:
+    """Django view answering a Prometheus scrape: ``path("metrics", metrics_view)`` in urls.py.
+
+    `registry` (pass it with ``path(..., kwargs={"registry": r})``) defaults to the global one.
+    """
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    return HttpResponse(generate_latest(registry if registry is not None else REGISTRY),
+                        content_type=CONTENT_TYPE_LATEST)

@@ -23,6 +23,7 @@ from simple_websocket import ConnectionClosed, Server
 
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.limits import ConnectionLimiter
+from lowlat_mw.metrics import Metrics
 from lowlat_mw.model import Models, ModelSpec, SessionInfo
 from lowlat_mw.security import check_handshake
 from lowlat_mw.session import MemorySessionStore
@@ -58,8 +59,11 @@ def settings_from_config(config: Mapping[str, Any], overrides: Mapping[str, Any]
 class LowLat:
     """The Flask extension: ``LowLat(app, model=...)`` or ``init_app(app)`` later."""
 
-    def __init__(self, app: Flask | None = None, *, model: ModelSpec | None = None, **options: Any) -> None:
+    def __init__(self, app: Flask | None = None, *, model: ModelSpec | None = None, registry: Any = None,
+                 **options: Any) -> None:
+        """`registry`: prometheus_client CollectorRegistry for the metrics (default: the global one)."""
         self.model = model
+        self.registry = registry
         self.options = options
         self.settings: Settings | None = None
         if app is not None:
@@ -77,8 +81,22 @@ class LowLat:
         self.store = MemorySessionStore()  # sessions waiting to be resumed, per extension
         self.limiter = ConnectionLimiter(self.settings.max_connections, self.settings.max_connections_per_client)
         self._limiter_lock = threading.Lock()
+        self.metrics = Metrics.for_registry(self.registry) if self.settings.metrics else None
         app.extensions["lowlat_mw"] = self
         app.add_url_rule(self.settings.path, "lowlat_mw", self._view, websocket=True)
+        if self.settings.metrics_path:
+            app.add_url_rule(self.settings.metrics_path, "lowlat_mw_metrics", self._metrics_view)
+
+    def _metrics_view(self) -> Response:
+        if self.metrics is None:
+            return Response("metrics are off (setting metrics=False)\n", status=404, mimetype="text/plain")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.inc("handshakes_refused", reason)
 
     def _view(self) -> Response:
         settings = self.settings
@@ -89,6 +107,7 @@ class LowLat:
         offered = [p.strip() for p in env.get("HTTP_SEC_WEBSOCKET_PROTOCOL", "").split(",") if p.strip()]
         ok, subprotocol = check_handshake(offered, env.get("HTTP_ORIGIN"), env.get("HTTP_HOST"), settings)
         if not ok:
+            self._refused("forbidden")
             return Response("forbidden\n", status=403)
         ws = Server(
             env,
@@ -102,6 +121,7 @@ class LowLat:
         with self._limiter_lock:
             refused = self.limiter.acquire(client_ip)
         if refused is not None:
+            self._refused("limit")
             try:
                 ws.close(1013, refused[:120])
             except ConnectionClosed:
@@ -130,7 +150,7 @@ class LowLat:
             info=lambda sid: SessionInfo(session_id=sid, subprotocol=subprotocol, client=client, headers=headers,
                                          user=env.get("REMOTE_USER"),
                                          extra={"path": request.path, "query_string": env.get("QUERY_STRING", "")}),
-            store=self.store,
+            store=self.store, metrics=self.metrics,
         )
         try:
             while not session.closed:

@@ -1,35 +1,41 @@
 """Starlette / FastAPI adapter: a pure ASGI middleware and a route.
 
-    app.add_middleware(LowLatMiddleware, model=generate, path="/ws")
+    app.add_middleware(LowLatMiddleware, model=generate, path="/ws", metrics_path="/metrics")
     # or: Route form
     app = Starlette(routes=[lowlat_route("/ws", generate)])
 
-Every scope that is not a WebSocket at `path` passes through to the wrapped app untouched.
+Every scope that is not a WebSocket at `path` (or, with ``metrics_path`` set, an HTTP request for
+it: a Prometheus scrape) passes through to the wrapped app untouched.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from starlette.routing import WebSocketRoute
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lowlat_mw.asgi import LowLatASGI
 from lowlat_mw.model import ModelSpec
 from lowlat_mw.settings import Settings
 
-__all__ = ["LowLatMiddleware", "lowlat_route"]
+__all__ = ["LowLatMiddleware", "lowlat_route", "metrics_route"]
 
 
 class LowLatMiddleware:
     """Serve the lowlat-mw protocol at ``path``; settings as keyword arguments (or ``settings=``)."""
 
     def __init__(
-        self, app: ASGIApp, *, model: ModelSpec, settings: Settings | None = None, **options: Any
+        self, app: ASGIApp, *, model: ModelSpec, settings: Settings | None = None, registry: Any = None,
+        **options: Any,
     ) -> None:
+        """`registry`: prometheus_client CollectorRegistry for the metrics (default: the global one)."""
         self.app = app
-        self.endpoint = LowLatASGI(model, settings=settings, **options)
+        self.endpoint = LowLatASGI(model, settings=settings, registry=registry, **options)
         self.path = self.endpoint.settings.path
+        self.metrics_path = self.endpoint.settings.metrics_path
 
     async def drain(self, grace: float = 30.0) -> None:
         """Graceful shutdown of the WebSocket side (see ``LowLatASGI.drain``)."""
@@ -40,12 +46,26 @@ class LowLatMiddleware:
             self.path, scope.get("root_path", "") + self.path
         ):
             await self.endpoint(scope, receive, send)
+        elif scope["type"] == "http" and self.metrics_path and scope["path"] == self.metrics_path:
+            await self.endpoint.serve_metrics(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
 
 def lowlat_route(
-    path: str, model: ModelSpec, *, settings: Settings | None = None, **options: Any
+    path: str, model: ModelSpec, *, settings: Settings | None = None, registry: Any = None, **options: Any
 ) -> WebSocketRoute:
     """A ``WebSocketRoute`` serving the protocol at `path`, for apps that prefer routing."""
-    return WebSocketRoute(path, LowLatASGI(model, settings=settings, path=path, **options))
+    return WebSocketRoute(path, LowLatASGI(model, settings=settings, path=path, registry=registry, **options))
+
+
+def metrics_route(path: str = "/metrics", registry: Any = None) -> Route:
+    """A route answering Prometheus scrapes of `registry` (default: the global one) at `path`."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    source = registry if registry is not None else REGISTRY
+
+    async def scrape(request: Request) -> Response:
+        return Response(generate_latest(source), media_type=CONTENT_TYPE_LATEST)
+
+    return Route(path, scrape, methods=["GET"])

@@ -7,7 +7,7 @@ Django Channels and Flask live in :mod:`lowlat_mw.adapters`. See README.md and d
 from __future__ import annotations
 
 from .backoff import Backoff
-from .client import AsyncClient, Stream, SyncClient, connect, connect_sync
+from .client import AsyncClient, Stream, StreamTimings, SyncClient, connect, connect_sync
 from .errors import (
     ClientError,
     CloseCode,
@@ -22,12 +22,14 @@ from .errors import (
     SettingsError,
     StreamError,
 )
+from .metrics import STAGES, Metrics
 from .model import ModelRequest, SessionInfo
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "STAGES",
     "SUBPROTOCOL_JSON",
     "SUBPROTOCOL_PROTO",
     "AsyncClient",
@@ -38,6 +40,7 @@ __all__ = [
     "ErrorCode",
     "LocalProtocolError",
     "LowLatError",
+    "Metrics",
     "ModelRequest",
     "ProtocolError",
     "ReconnectFailed",
@@ -48,6 +51,7 @@ __all__ = [
     "SettingsError",
     "Stream",
     "StreamError",
+    "StreamTimings",
     "SyncClient",
     "__version__",
     "connect",

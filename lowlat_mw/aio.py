@@ -23,10 +23,12 @@ from concurrent.futures import Executor
 from typing import Any
 
 from . import events as ev
+from . import tracing
 from .connection import (
     Authenticate,
     CancelStream,
     CloseConnection,
+    ConnState,
     ResumeSession,
     SendFrame,
     ServerConnection,
@@ -35,6 +37,7 @@ from .connection import (
     normalize_chunk,
 )
 from .errors import CloseCode, ErrorCode, close_code_reconnects
+from .metrics import STAGES, Metrics, StreamTimer, close_code_name
 from .model import ModelFn, ModelRequest, Models, SessionInfo, stream_model
 from .security import Handshake, load_authenticator, run_authenticator
 from .session import MemorySessionStore, Session, SessionStore
@@ -57,8 +60,12 @@ class LiveSession:
     """A client session's models and buffers; attached to at most one connection at a time."""
 
     def __init__(self, session: Session, *, models: Models, settings: Settings, executor: Executor | None,
-                 store: SessionStore, scheduler: AsyncScheduler) -> None:
+                 store: SessionStore, scheduler: AsyncScheduler, metrics: Metrics | None = None,
+                 tracer: Any = None) -> None:
         self.session = session
+        self.metrics = metrics
+        self.tracer = tracer
+        self._detached = False
         self.models = models
         self.settings = settings
         self.executor = executor
@@ -78,12 +85,14 @@ class LiveSession:
         self.driver = driver
         self.info = driver.info
         self.scheduler.cancel(self)
+        self._set_detached(False)
         self.window_changed()
 
     def detach(self, now: float) -> None:
         """The connection dropped: wait for a resume until the window ends."""
         self.driver = None
         self.session.detach(now)
+        self._set_detached(True)
         self.scheduler.schedule(self, self.session.expires_at())
         log.info("session %s detached; resumable for %.0f s", self.session.session_id, self.settings.resume_window,
                  extra={"session_id": self.session.session_id})
@@ -104,12 +113,19 @@ class LiveSession:
             return
         self.destroyed = True
         self.driver = None
+        self._set_detached(False)
         self.scheduler.cancel(self)
         if self.store.get(self.session.session_id) is self:
             self.store.remove(self.session.session_id)
         for task in list(self.tasks.values()):
             task.cancel()
         self.window.set()  # wake paused streams so their cancellation runs
+
+    def _set_detached(self, detached: bool) -> None:
+        if detached != self._detached:
+            self._detached = detached
+            if self.metrics is not None:
+                self.metrics.sessions_detached += 1 if detached else -1
 
     async def wait_closed(self) -> None:
         """Wait until every model task has finished (after destroy or cancel)."""
@@ -138,6 +154,17 @@ class LiveSession:
         session = self.session
         terminal: ev.End | ev.Error | None = None
         fn = self.models.get(req.model)
+        state = session.streams.get(sid)
+        timer = state.timer if state is not None else None
+        started = state.started_at if state is not None else time.monotonic()
+        label = self.models.label(req.model)
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.streams += 1
+            if timer is not None:
+                timer.ttfd = metrics.hist("time_to_first_delta_seconds", label)
+                timer.gaps = metrics.hist("inter_delta_seconds", label)
+        span = tracing.start_stream(self.tracer, req, session.session_id, label, timer) if self.tracer else None
         try:
             if fn is None:
                 served = ", ".join(self.models.names())
@@ -146,28 +173,56 @@ class LiveSession:
                 return
             mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
                                 messages=req.messages, params=req.params, session=self.info)
-            agen = stream_model(fn, mreq, self.executor)
+            agen = stream_model(fn, mreq, self.executor, timer.model_running if timer is not None else None)
             try:
                 async for chunk in agen:
-                    await self._emit(sid, chunk)
+                    if timer is not None:
+                        timer.chunk()
+                    await self._emit(sid, chunk, timer)
+                if timer is not None:
+                    timer.chunk()  # the model's last stretch, up to its return
             finally:
                 await agen.aclose()
-            terminal = session.finish(sid, time.monotonic())
+            terminal = session.finish(sid, time.monotonic(), timings_ms=self._timings(timer))
         except asyncio.CancelledError:
+            if timer is not None:
+                timer.lap("model")
             if self.destroyed:
                 raise
-            terminal = session.finish(sid, time.monotonic(), reason="cancelled")
+            terminal = session.finish(sid, time.monotonic(), reason="cancelled", timings_ms=self._timings(timer))
         except Exception as exc:
+            if timer is not None:
+                timer.lap("model")
             log.exception("model failed on stream %s of %s", sid, session.session_id,
                           extra={"session_id": session.session_id, "stream_id": sid})
             text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
             terminal = session.fail(sid, time.monotonic(), ErrorCode.MODEL_ERROR, f"model failed ({text})")
         finally:
             self.tasks.pop(sid, None)
+            if metrics is not None:
+                self._observe(metrics, label, terminal, time.monotonic() - started, timer)
+            if span is not None:
+                tracing.end_stream(span, terminal, timer)
             if terminal is not None and not self.destroyed:
                 await self._deliver([terminal])
 
-    async def _emit(self, sid: int, chunk: Any) -> None:
+    def _timings(self, timer: StreamTimer | None) -> dict[str, float] | None:
+        return timer.timings_ms() if timer is not None and self.settings.stage_timings else None
+
+    @staticmethod
+    def _observe(metrics: Metrics, label: str, terminal: ev.End | ev.Error | None, seconds: float,
+                 timer: StreamTimer | None) -> None:
+        """A stream ended: its outcome, duration and stages into the metrics."""
+        metrics.streams -= 1
+        outcome = "error" if isinstance(terminal, ev.Error) else (
+            terminal.finish_reason if terminal is not None else "cancelled")
+        metrics.inc("streams_finished", label, outcome)
+        metrics.observe("stream_duration_seconds", seconds, label, outcome)
+        if timer is not None:
+            for stage in STAGES:
+                metrics.observe("stage_seconds", timer.stages[stage], stage, label)
+
+    async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         driver = self.driver
         now = time.monotonic()
         if driver is not None and driver.conn.open:
@@ -175,8 +230,14 @@ class LiveSession:
         else:  # no connection: buffer it for the resume (same checks as a live send)
             for piece in _split(normalize_chunk(chunk), self.settings.max_frame_size - 32):
                 self.session.record(sid, piece, now)
+        if timer is not None:
+            timer.sent()
         if self.session.blocked:
-            await self._wait_window()
+            try:
+                await self._wait_window()
+            finally:
+                if timer is not None:
+                    timer.lap("flow")
 
     async def _deliver(self, events: list[ev.Event]) -> None:
         driver = self.driver
@@ -215,8 +276,17 @@ class AsyncServerSession:
         executor: Executor | None = None,
         scheduler: AsyncScheduler | None = None,
         store: SessionStore | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.conn = ServerConnection(settings, subprotocol=subprotocol, now=time.monotonic())
+        self.metrics = metrics
+        self.tracer = tracing.tracer() if settings.tracing else None
+        timed = settings.stage_timings or metrics is not None or self.tracer is not None
+        self.conn = ServerConnection(settings, subprotocol=subprotocol, now=time.monotonic(),
+                                     clock=time.perf_counter if timed else None, metrics=metrics)
+        if metrics is not None:
+            metrics.connections += 1
+            metrics.inc("connections_opened", self.conn._label)
+        self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         self.models = model if isinstance(model, Models) else Models(model)
         self.settings = settings
         self._send = send
@@ -232,6 +302,7 @@ class AsyncServerSession:
         self._closing = False
         self._close_sent = False
         self._gone = False
+        self._welcomed = False
         self._superseded = False  # a resume moved this connection's session to another connection
 
     @property
@@ -259,6 +330,7 @@ class AsyncServerSession:
             return
         self._gone = True
         self._closing = True
+        self._count_close(code)
         self.conn.connection_lost()
         self.scheduler.cancel(self)
         self._scheduled = math.inf
@@ -272,6 +344,25 @@ class AsyncServerSession:
         else:
             live.destroy()
             await live.wait_closed()
+
+    def _count_close(self, peer_code: int | None) -> None:
+        """Log and count the connection's end (who closed it, with which code)."""
+        by = "server" if self.conn.close_code is not None else "client"
+        code = self.conn.close_code if self.conn.close_code is not None else (peer_code or 1006)
+        log.info("connection %s closed by %s: %s %s", self.conn.session_id, by, code, self.conn.close_reason,
+                 extra={"session_id": self.conn.session_id, "close_code": code, "closed_by": by,
+                        "client": self.info.client})
+        if self._handshake_span is not None:
+            self._end_handshake()
+        if self.metrics is not None:
+            self.metrics.connections -= 1
+            self.metrics.inc("connections_closed", str(code), close_code_name(code), by)
+
+    def _end_handshake(self) -> None:
+        span, self._handshake_span = self._handshake_span, None
+        conn = self.conn
+        tracing.end_handshake(span, session_id=conn.session_id, resumed=conn.resumed, compression=conn.compression,
+                              close_code=conn.close_code, client=self.info.client)
 
     async def shutdown(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
         """Close from the server side."""
@@ -337,11 +428,21 @@ class AsyncServerSession:
             await self._send_frames(frames)
         if self.live is None and self.conn.session is not None:
             self._ensure_live()
+        if not self._welcomed and self.conn.state is ConnState.OPEN:
+            self._welcomed = True
+            conn = self.conn
+            log.info("connection %s open: %s, compression %s%s", conn.session_id, conn.subprotocol or "json",
+                     ",".join(conn.compression) or "none", " (resumed)" if conn.resumed else "",
+                     extra={"session_id": conn.session_id, "subprotocol": conn.subprotocol, "client": self.info.client,
+                            "resumed": conn.resumed})
+        if self._handshake_span is not None and self.conn.state is not ConnState.AWAIT_HELLO:
+            self._end_handshake()
 
     def _ensure_live(self) -> None:
         if self.live is None and self.conn.session is not None and not self._superseded:
             self.live = LiveSession(self.conn.session, models=self.models, settings=self.settings,
-                                    executor=self.executor, store=self.store, scheduler=self.scheduler)
+                                    executor=self.executor, store=self.store, scheduler=self.scheduler,
+                                    metrics=self.metrics, tracer=self.tracer)
             self._refresh_info()
             self.live.attach(self)
 
@@ -407,7 +508,7 @@ class AsyncServerSession:
         if self._close_sent:
             return
         self._close_sent = True
-        log.info("closing connection %s: %s %s", self.conn.session_id, code, reason,
+        log.debug("closing connection %s: %s %s", self.conn.session_id, code, reason,
                  extra={"session_id": self.conn.session_id, "close_code": code})
         try:
             async with asyncio.timeout(5.0):

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from .aio import AsyncServerSession
 from .errors import CloseCode
 from .limits import ConnectionLimiter
+from .metrics import Metrics
 from .model import ModelFn, Models, ModelSpec, SessionInfo, shared_executor
 from .security import check_handshake
 from .session import MemorySessionStore, SessionStore
@@ -79,6 +80,7 @@ def asgi_session(
     settings: Settings,
     subprotocol: str | None,
     store: SessionStore | None = None,
+    metrics: Metrics | None = None,
 ) -> AsyncServerSession:
     """An AsyncServerSession that writes through an ASGI `send` (after websocket.accept)."""
 
@@ -94,7 +96,7 @@ def asgi_session(
 
     session = AsyncServerSession(
         model=model, settings=settings, send=send_frame, close=close,
-        subprotocol=subprotocol, executor=shared_executor(settings.model_threads), store=store,
+        subprotocol=subprotocol, executor=shared_executor(settings.model_threads), store=store, metrics=metrics,
     )
     session.info = session_info_from_scope(scope, session.conn.session_id, subprotocol)
     return session
@@ -110,9 +112,13 @@ class LowLatASGI:
 
     instances: ClassVar[weakref.WeakSet[LowLatASGI]] = weakref.WeakSet()  # for drain_all()
 
-    def __init__(self, model: ModelSpec, *, settings: Settings | None = None, **options: Any) -> None:
+    def __init__(self, model: ModelSpec, *, settings: Settings | None = None, registry: Any = None,
+                 **options: Any) -> None:
+        """`registry`: the prometheus_client CollectorRegistry for metrics (default: the global one)."""
         self.model = Models(model)
         self.settings = settings.replace(**options) if settings is not None else Settings.load(options)
+        self.metrics = Metrics.for_registry(registry) if self.settings.metrics else None
+        self._metrics_app: Any = None
         self.store: SessionStore = MemorySessionStore()  # sessions waiting to be resumed
         self.connections: weakref.WeakSet[AsyncServerSession] = weakref.WeakSet()
         self.limiter = ConnectionLimiter(self.settings.max_connections, self.settings.max_connections_per_client)
@@ -130,10 +136,12 @@ class LowLatASGI:
             return
         ok, subprotocol = check_scope(scope, self.settings)
         if not ok:
+            self._refused("forbidden")
             await refuse(send)
             return
         await send({"type": "websocket.accept", "subprotocol": subprotocol})
         if self.draining:
+            self._refused("draining")
             # Not a 403 (clients treat that as final): 4002 tells them to retry, which reaches the
             # server that replaces this one.
             await send({"type": "websocket.close", "code": int(CloseCode.DRAINING), "reason": "server draining"})
@@ -141,7 +149,8 @@ class LowLatASGI:
         client = client_address(scope)
         refused = self.limiter.acquire(client)
         if refused is not None:
-            log.warning("refused connection from %s: %s", client, refused)
+            log.warning("refused connection from %s: %s", client, refused, extra={"client": client})
+            self._refused("limit")
             await send({"type": "websocket.close", "code": int(CloseCode.TRY_AGAIN_LATER), "reason": refused[:120]})
             return
         try:
@@ -149,9 +158,25 @@ class LowLatASGI:
         finally:
             self.limiter.release(client)
 
+    def _refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.inc("handshakes_refused", reason)
+
+    async def serve_metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI app answering a Prometheus scrape of this endpoint's registry (404 with metrics off)."""
+        if self.metrics is None:
+            await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"metrics are off (setting metrics=False)\n"})
+            return
+        if self._metrics_app is None:
+            from prometheus_client import make_asgi_app
+
+            self._metrics_app = make_asgi_app(self.metrics.registry)
+        await self._metrics_app(scope, receive, send)
+
     async def _serve(self, scope: Scope, receive: Receive, send: Send, subprotocol: str | None) -> None:
         session = asgi_session(scope, send, model=self.model, settings=self.settings, subprotocol=subprotocol,
-                               store=self.store)
+                               store=self.store, metrics=self.metrics)
         self.connections.add(session)
         session.start()
         code: int | None = None

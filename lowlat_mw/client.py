@@ -45,12 +45,39 @@ from .errors import (
     close_code_reconnects,
 )
 from .heartbeat import Heartbeat, HeartbeatAction
+from .metrics import STAGES
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from .timers import AsyncScheduler
 
-__all__ = ["AsyncClient", "Stream", "SyncClient", "connect", "connect_sync"]
+__all__ = ["AsyncClient", "Stream", "StreamTimings", "SyncClient", "connect", "connect_sync"]
 
 _CLIENT_NAME = "lowlat-mw-python/0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTimings:
+    """Where a stream's time went, as seen by both ends (milliseconds).
+
+    Client times run from sending the Request to the first Delta's / the End's arrival. Server
+    times come from End.timings_ms: ``server_total_ms`` runs from the Request frame's arrival to
+    the End, and ``server_stages_ms`` splits it into the stages of :data:`lowlat_mw.metrics.STAGES`
+    (they add up to it). ``network_ms`` is what the client saw beyond the server's total: the
+    round trip plus both sides' framing.
+    """
+
+    first_delta_ms: float | None
+    total_ms: float | None
+    server_first_delta_ms: float | None
+    server_total_ms: float | None
+    server_stages_ms: Mapping[str, float]
+    model_first_chunk_ms: float | None
+
+    @property
+    def network_ms(self) -> float | None:
+        """Client total minus server total."""
+        if self.total_ms is None or self.server_total_ms is None:
+            return None
+        return self.total_ms - self.server_total_ms
 
 
 @dataclass(slots=True)
@@ -94,6 +121,21 @@ class Stream:
         """Seconds from sending the Request to its End."""
         return None if self.finished_at is None else self.finished_at - self.started_at
 
+    @property
+    def timings(self) -> StreamTimings:
+        """Client-side and server-side timings of this stream (server ones once End arrived)."""
+        server = dict(self.end.timings_ms) if self.end is not None else {}
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else seconds * 1000.0
+
+        return StreamTimings(
+            first_delta_ms=ms(self.time_to_first_delta), total_ms=ms(self.total_time),
+            server_first_delta_ms=server.get("first_delta"), server_total_ms=server.get("total"),
+            server_stages_ms={k: server[k] for k in STAGES if k in server},
+            model_first_chunk_ms=server.get("model_first_chunk"),
+        )
+
     def __aiter__(self) -> Stream:
         return self
 
@@ -105,8 +147,6 @@ class Stream:
         while True:
             item = await self.queue.get()
             if isinstance(item, ev.Delta):
-                if self.first_delta_at is None:
-                    self.first_delta_at = time.perf_counter()
                 self.last_seq = item.seq
                 await self._client._consumed(self, item)
                 return item.chunk
@@ -128,7 +168,8 @@ class Stream:
             break
         self._done = True
         self._client._streams.pop(self.stream_id, None)
-        self.finished_at = time.perf_counter()
+        if self.finished_at is None:
+            self.finished_at = time.perf_counter()
         if isinstance(item, ev.End):
             self.end = item
             await self._client._consumed(self, item)
@@ -267,6 +308,8 @@ class AsyncClient:
         self.last_close: _Closed | None = None
         self.last_error: ev.Error | None = None
         self.goaway: ev.GoAway | None = None
+        self._pings: dict[int, asyncio.Future[float]] = {}
+        self._ping_ids = itertools.count(1 << 31)  # apart from the heartbeat's own ids
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> AsyncClient:
@@ -280,6 +323,21 @@ class AsyncClient:
     def rtt(self) -> float | None:
         """Last measured round-trip time to the server in seconds (from the client's Pings)."""
         return self._heartbeat.heartbeat.rtt if self._heartbeat is not None else None
+
+    async def ping(self, timeout: float = 5.0) -> float:
+        """Send a Ping now and return the round-trip time to its Pong in seconds."""
+        if not self.connected:
+            await self.open()
+        ping_id = next(self._ping_ids) & 0xFFFFFFFF
+        waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._pings[ping_id] = waiter
+        try:
+            sent = time.perf_counter()
+            await self._send(ev.Ping(id=ping_id))
+            async with asyncio.timeout(timeout):
+                return await waiter - sent
+        finally:
+            self._pings.pop(ping_id, None)
 
     @property
     def connected(self) -> bool:
@@ -433,11 +491,18 @@ class AsyncClient:
                                     f"stream {event.stream_id}: got seq {event.seq} after {stream.received_seq}"))
                                 continue
                             stream.received_seq = event.seq
+                            if stream.first_delta_at is None:
+                                stream.first_delta_at = time.perf_counter()
                         else:
+                            stream.finished_at = time.perf_counter()
                             # Its End/Error arrived: the stream is no longer open for a resume's last_seq
                             # (the caller still reads it from the queue).
                             self._streams.pop(event.stream_id, None)
                         stream.queue.put_nowait(event)
+                elif isinstance(event, ev.Pong) and event.id in self._pings:
+                    waiter = self._pings.pop(event.id)
+                    if not waiter.done():
+                        waiter.set_result(time.perf_counter())
                 elif isinstance(event, ev.Ping):
                     if self.answer_pings:
                         await ws.send(self.codec.encode(event.response()))
@@ -617,6 +682,10 @@ class SyncClient:
     def open(self) -> None:
         """Connect (with retries)."""
         self._call_soon(self._client.open())
+
+    def ping(self, timeout: float = 5.0) -> float:
+        """Round-trip time of a Ping, in seconds."""
+        return self._call_soon(self._client.ping(timeout))
 
     def close(self) -> None:
         """Close the connection and stop the helper thread."""

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from . import events as ev
 from .compression import BINARY, TEXT, CompressionSelector, decompress
 from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from .metrics import StreamTimer
 from .proto import lowlat_v1_pb2 as pb
 
 __all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for", "encode_varint"]
@@ -45,6 +46,11 @@ class WireCodec(Protocol):
 
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
         """Parse one WebSocket message; raise RemoteProtocolError on bad input."""
+        ...
+
+    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None,
+                     timer: StreamTimer | None = None) -> tuple[bytes | str, int, int]:
+        """(frame, size before compression, compression codec id), lapping `timer` per stage."""
         ...
 
 
@@ -235,6 +241,11 @@ class ProtoCodec:
 
     def encode(self, event: ev.Event, compressor: CompressionSelector | None = None) -> bytes:
         """Serialize `event` as a binary frame, compressed when `compressor` says it pays."""
+        return self.encode_frame(event, compressor)[0]
+
+    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None,
+                     timer: StreamTimer | None = None) -> tuple[bytes, int, int]:
+        """(frame, its size before compression, compression codec id); `timer` laps encode and compress."""
         if isinstance(event, ev.Delta):
             payload = encode_delta_fast(event.stream_id, event.seq, event.chunk)
             kind = TEXT if event.text is not None else BINARY
@@ -242,9 +253,17 @@ class ProtoCodec:
             payload = to_protobuf(event).SerializeToString()
             kind = BINARY if isinstance(event, ev.Request) and event.data is not None else TEXT
         if compressor is None:
-            return bytes((_HEADER_BASE,)) + payload
-        codec_id, payload = compressor.compress(payload, kind)
-        return bytes((_HEADER_BASE | codec_id,)) + payload
+            frame = bytes((_HEADER_BASE,)) + payload
+            if timer is not None:
+                timer.lap("encode")
+            return frame, len(frame), 0
+        if timer is not None:
+            timer.lap("encode")
+        codec_id, out = compressor.compress(payload, kind)
+        frame = bytes((_HEADER_BASE | codec_id,)) + out
+        if timer is not None:
+            timer.lap("compress")
+        return frame, len(payload) + 1, codec_id
 
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
         """Parse a binary frame (RemoteProtocolError with the close code to use on bad input)."""
@@ -457,6 +476,15 @@ class JsonCodec:
     def encode(self, event: ev.Event, compressor: CompressionSelector | None = None) -> str:
         """Serialize `event` as compact JSON text."""
         return json.dumps(to_json_dict(event), separators=(",", ":"), ensure_ascii=False)
+
+    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None,
+                     timer: StreamTimer | None = None) -> tuple[str, int, int]:
+        """(frame, its UTF-8 size, 0): text frames are never compressed; `timer` laps encode."""
+        text = json.dumps(to_json_dict(event), separators=(",", ":"), ensure_ascii=False)
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        if timer is not None:
+            timer.lap("encode")
+        return text, size, 0
 
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
         """Parse a text frame (RemoteProtocolError with the close code to use on bad input)."""

@@ -16,7 +16,7 @@ import enum
 import json
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import events as ev
@@ -25,6 +25,7 @@ from .compression import CompressionSelector, available_codecs
 from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
+from .metrics import Metrics, StreamTimer, subprotocol_label
 from .session import Session, StreamState
 from .settings import SUBPROTOCOL_JSON, Settings
 
@@ -137,8 +138,15 @@ class ServerConnection:
         subprotocol: str | None,
         now: float,
         session_id: str | None = None,
+        clock: Callable[[], float] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        """`clock` (e.g. time.perf_counter) turns on per-stage stream timings; `metrics` counts."""
         self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self._label = subprotocol_label(subprotocol)
+        self._frame_at = 0.0  # clock value when the frame being handled arrived
         self.subprotocol = subprotocol
         self.codec = codec_for(subprotocol)
         self.state = ConnState.AWAIT_HELLO
@@ -155,6 +163,7 @@ class ServerConnection:
         self.close_code: int | None = None
         self.close_reason = ""
         self.draining = False
+        self.resumed = False  # Welcome continued an earlier session
         self.opened_at = now
         self.principal: object | None = None
         self.bucket = TokenBucket(settings.rate_limit, settings.rate_burst, now) if settings.rate_limit else None
@@ -174,9 +183,14 @@ class ServerConnection:
 
     # ------------------------------------------------------------------ helpers
     def _send(self, event: ev.Event) -> SendFrame:
-        data = self.codec.encode(event, self.compressor)
+        data, raw, codec_id = self.codec.encode_frame(event, self.compressor)
         self.stats.frames_out += 1
         self.stats.bytes_out += len(data)
+        m = self.metrics
+        if m is not None:
+            m.sent(self._label, codec_id, raw, len(data) if isinstance(data, bytes) else raw)
+            if isinstance(event, ev.Error):
+                m.inc("errors", event.code.wire_name)
         return SendFrame(data)
 
     def deliver(self, events: list[ev.Event], now: float) -> list[Action]:
@@ -211,10 +225,14 @@ class ServerConnection:
         """Handle one WebSocket message from the client."""
         if self.state is ConnState.CLOSED:
             return []
+        if self.clock is not None:
+            self._frame_at = self.clock()
         self.stats.frames_in += 1
         size = len(data) if isinstance(data, bytes | bytearray) or len(data) * 4 <= self.settings.max_frame_size \
             else len(data.encode("utf-8", "surrogatepass"))
         self.stats.bytes_in += size
+        if self.metrics is not None:
+            self.metrics.received(self._label, size)
         if size > self.settings.max_frame_size:
             self.heartbeat.on_receive(now)
             return [
@@ -262,7 +280,10 @@ class ServerConnection:
         if isinstance(event, ev.Ping):
             return [self._send(event.response())]
         if isinstance(event, ev.Pong):
+            awaited = self.heartbeat.awaiting
             self.heartbeat.on_pong(event.id, now)
+            if self.metrics is not None and awaited is not None and self.heartbeat.awaiting is None:
+                self.metrics.observe("heartbeat_rtt_seconds", self.heartbeat.rtt or 0.0)
             return []
         if isinstance(event, ev.Error):
             return []  # the client reports a problem; nothing to answer
@@ -310,6 +331,8 @@ class ServerConnection:
         assert hello is not None and self.state is ConnState.AWAIT_HELLO
         if (session is None or not session.token_matches(hello.resume_token)
                 or (session.principal is not None and session.principal != self.principal)):
+            if self.metrics is not None:
+                self.metrics.inc("resumes", "failed")
             actions = self._welcome(Session(self.settings, now=now), now, resumed=False)
             actions += [self._error(sid, ErrorCode.RESUME_FAILED, "session expired or unknown")
                         for sid in hello.last_seq]
@@ -317,6 +340,8 @@ class ServerConnection:
                 actions.append(self._error(0, ErrorCode.RESUME_FAILED, "session expired or unknown"))
             return actions
         session.attach()
+        if self.metrics is not None:
+            self.metrics.inc("resumes", "resumed")
         actions = self._welcome(session, now, resumed=True)
         events, cancels = session.replay(hello.last_seq)
         actions += [self._send(e) for e in events]
@@ -326,11 +351,14 @@ class ServerConnection:
     def _welcome(self, session: Session, now: float, *, resumed: bool) -> list[Action]:
         assert self.hello is not None
         self.session = session
+        self.resumed = resumed
         if not resumed:
             session.principal = self.principal
         window = session.set_client_window(self.hello.flow_window)
         self.state = ConnState.OPEN
         self.reaper.touch(now)
+        if self.metrics is not None:
+            self.metrics.observe("handshake_seconds", now - self.opened_at)
         s = self.settings
         welcome = ev.Welcome(
             session_id=session.session_id,
@@ -370,6 +398,9 @@ class ServerConnection:
         error = self.session.start(req, now)
         if error is not None:
             return [self._send(error)]
+        if self.clock is not None:
+            timer = self.session.streams[sid].timer = StreamTimer(self.clock, self._frame_at)
+            timer.lap("decode")
         return [StartStream(req)]
 
     # ------------------------------------------------------------------ model output
@@ -390,9 +421,9 @@ class ServerConnection:
             seq = stream.seq + 1
             probe = (ev.Delta(stream_id=stream_id, seq=seq, text=piece) if isinstance(piece, str)
                      else ev.Delta(stream_id=stream_id, seq=seq, data=piece))
-            data = self.codec.encode(probe, self.compressor)
+            data, raw, codec_id = self.codec.encode_frame(probe, self.compressor, stream.timer)
             # A text frame's size is its UTF-8 length (len(str) counts characters).
-            size = len(data) if isinstance(data, bytes) or len(data) * 4 <= limit else _encoded_len(data)
+            size = len(data) if isinstance(data, bytes) else raw
             if size > limit and len(piece) > 1:
                 # JSON escaping or base64 made it too big for one frame: halve and try again.
                 halves = _split(piece, max(1, _encoded_len(piece) // 2))
@@ -402,6 +433,8 @@ class ServerConnection:
             self.stats.raw_bytes_out += _encoded_len(piece)
             self.stats.frames_out += 1
             self.stats.bytes_out += size
+            if self.metrics is not None:
+                self.metrics.sent(self._label, codec_id, raw, size)
             out.append(SendFrame(data))
         return out
 

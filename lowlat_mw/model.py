@@ -96,12 +96,14 @@ def _close_quietly(close: Callable[[], Any]) -> None:
         pass
 
 
-async def _iterate_sync(it: Iterator[Any], executor: Executor | None) -> AsyncIterator[Any]:
+async def _iterate_sync(it: Iterator[Any], executor: Executor | None,
+                        on_run: Callable[[], None] | None = None) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[Any] | None = None
+    step = _next_or_done if on_run is None else _announced(_next_or_done, on_run)
     try:
         while True:
-            pending = loop.run_in_executor(executor, _next_or_done, it)
+            pending = loop.run_in_executor(executor, step, it)
             item = await pending
             pending = None
             if item is _DONE:
@@ -118,8 +120,9 @@ async def _iterate_sync(it: Iterator[Any], executor: Executor | None) -> AsyncIt
                 loop.run_in_executor(executor, _close_quietly, close)
 
 
-async def _from_result(result: Any, executor: Executor | None) -> AsyncIterator[Any]:
-    """Turn whatever a call returned into chunks."""
+async def _from_result(result: Any, executor: Executor | None,
+                       on_run: Callable[[], None] | None = None) -> AsyncIterator[Any]:
+    """Turn whatever a call returned into chunks (`on_run`: see stream_model)."""
     if inspect.isawaitable(result):
         result = await result
     if isinstance(result, str | bytes | bytearray | memoryview):
@@ -138,7 +141,7 @@ async def _from_result(result: Any, executor: Executor | None) -> AsyncIterator[
                 await aclose()
         return
     if hasattr(result, "__iter__"):
-        async for chunk in _iterate_sync(iter(result), executor):
+        async for chunk in _iterate_sync(iter(result), executor, on_run):
             yield chunk
         return
     raise TypeError(
@@ -162,21 +165,34 @@ def _kind(fn: Callable[..., Any]) -> str:
 
 
 async def stream_model(
-    fn: ModelFn, request: ModelRequest, executor: Executor | None = None
+    fn: ModelFn, request: ModelRequest, executor: Executor | None = None,
+    on_run: Callable[[], None] | None = None,
 ) -> AsyncIterator[Any]:
     """Run `fn` for `request` and yield its chunks without ever blocking the event loop.
 
-    Sync code runs on `executor` (default: the loop's default executor).
+    Sync code runs on `executor` (default: the loop's default executor). `on_run` is called
+    where and when the model's code is about to run (in the worker thread for sync code, once
+    per chunk for sync generators), so the wait for a worker can be told apart from model time.
     """
     kind = _kind(fn)
     if kind == "asyncgen" or kind == "async":
+        if on_run is not None:
+            on_run()
         result = fn(request)
     elif kind == "gen":
         result = fn(request)  # creating a generator runs none of its body
     else:
-        result = await asyncio.get_running_loop().run_in_executor(executor, fn, request)
-    async for chunk in _from_result(result, executor):
+        call = fn if on_run is None else _announced(fn, on_run)
+        result = await asyncio.get_running_loop().run_in_executor(executor, call, request)
+    async for chunk in _from_result(result, executor, on_run if kind != "asyncgen" and kind != "async" else None):
         yield chunk
+
+
+def _announced(fn: Callable[[Any], Any], on_run: Callable[[], None]) -> Callable[[Any], Any]:
+    def call(arg: Any) -> Any:
+        on_run()
+        return fn(arg)
+    return call
 
 
 _EXECUTORS: dict[int, ThreadPoolExecutor] = {}
@@ -234,6 +250,17 @@ class Models:
     def names(self) -> tuple[str, ...]:
         """The model names served (empty for a single catch-all callable)."""
         return tuple(self.by_name)
+
+    def label(self, name: str) -> str:
+        """A bounded metrics label for a requested model name: a served name, "default" or "unknown".
+
+        Never the client's string itself unless it is served, so clients cannot mint label values.
+        """
+        if name in self.by_name:
+            return name
+        if not name or self.single is not None:
+            return "default"
+        return "unknown"
 
 
 def _import_path(spec: str) -> Any:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from . import events as ev
 from .errors import ErrorCode
+from .metrics import StreamTimer
 from .settings import Settings
 
 __all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState"]
@@ -44,6 +45,7 @@ class StreamState:
     lost_through: int = 0  # Deltas with seq <= this were dropped unacknowledged: no replay below
     buffer: deque[tuple[ev.Delta, int]] = field(default_factory=deque)  # (delta, cost)
     terminal: ev.End | ev.Error | None = None
+    timer: StreamTimer | None = None  # stage timings (set by the connection when a clock is given)
 
     @property
     def running(self) -> bool:

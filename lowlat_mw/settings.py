@@ -86,6 +86,14 @@ class Settings:
     """Send the model exception's message to clients (off: only its type name)."""
     server_name: str = "lowlat-mw"
     """Server name announced in Welcome."""
+    metrics: bool = True
+    """Record Prometheus metrics (lowlat_* in the registry given to the adapter, default the global one)."""
+    metrics_path: str = ""
+    """HTTP path where the Starlette middleware and Flask extension serve the metrics ("" = don't serve)."""
+    stage_timings: bool = True
+    """Send each stream's per-stage server timings in End.timings_ms (docs/observability.md)."""
+    tracing: bool = True
+    """OpenTelemetry spans for handshakes and streams, when opentelemetry-api is installed."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
@@ -124,6 +132,9 @@ class Settings:
                 raise SettingsError(f"setting 'subprotocols' has unknown subprotocol {sp!r}")
         if not self.path.startswith("/"):
             raise SettingsError(f"setting 'path' must start with '/', got {self.path!r}")
+        if self.metrics_path and (not self.metrics_path.startswith("/") or self.metrics_path == self.path):
+            raise SettingsError(f"setting 'metrics_path' must start with '/' and differ from 'path', "
+                                f"got {self.metrics_path!r}")
 
     # ----------------------------------------------------------------- loaders
     @classmethod

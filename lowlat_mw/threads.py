@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .aio import AsyncServerSession
+from .metrics import Metrics
 from .model import ModelFn, Models, SessionInfo, shared_executor
 from .session import SessionStore
 from .settings import Settings
@@ -60,6 +61,7 @@ class ThreadedSession:
         subprotocol: str | None,
         info: Callable[[str], SessionInfo] | None = None,
         store: SessionStore | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.loop = background_loop()
         pool = _send_pool
@@ -76,6 +78,7 @@ class ThreadedSession:
             session = AsyncServerSession(
                 model=model, settings=settings, send=send_frame, close=close_ws,
                 subprotocol=subprotocol, executor=shared_executor(settings.model_threads), store=store,
+                metrics=metrics,
             )
             if info is not None:
                 session.info = info(session.conn.session_id)

@@ -1,0 +1,108 @@
+"""OpenTelemetry spans for handshakes and streams, when ``opentelemetry-api`` is installed.
+
+``lowlat.handshake`` covers WebSocket accept to Welcome (or refusal); ``lowlat.stream`` covers one
+Request from its frame's arrival to its End or Error, with the stage breakdown as attributes
+(``lowlat.stage.<stage>_ms``) and as one ``stage`` event per stage, plus a ``first_delta`` event.
+A Request whose params carry a W3C ``traceparent`` (and ``tracestate``) continues that trace.
+Without the package, or with setting ``tracing=False``, nothing here runs. Without an SDK the
+API's spans are non-recording and attributes are skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from . import events as ev
+from .metrics import STAGES, StreamTimer
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:  # the optional extra is not installed
+    trace = None  # type: ignore[assignment]
+
+__all__ = ["available", "end_handshake", "end_stream", "start_handshake", "start_stream", "tracer"]
+
+_SCOPE = "lowlat_mw"
+
+
+def available() -> bool:
+    """True when opentelemetry-api is importable."""
+    return trace is not None
+
+
+def tracer() -> Any:
+    """The lowlat_mw tracer from the global provider (None without opentelemetry-api)."""
+    if trace is None:
+        return None
+    from . import __version__
+
+    return trace.get_tracer(_SCOPE, __version__)
+
+
+def start_handshake(tracer_: Any, subprotocol: str | None) -> Any:
+    """Open the ``lowlat.handshake`` span of a just-accepted WebSocket."""
+    return tracer_.start_span("lowlat.handshake", kind=SpanKind.SERVER,
+                              attributes={"lowlat.subprotocol": subprotocol or "lowlat.v1.json"})
+
+
+def end_handshake(span: Any, *, session_id: str, resumed: bool, compression: tuple[str, ...],
+                  close_code: int | None, client: tuple[str, int] | None = None) -> None:
+    """Close the handshake span: admitted (Welcome sent) or refused with `close_code`."""
+    if span.is_recording():
+        if client:
+            span.set_attribute("client.address", str(client[0]))
+        span.set_attribute("lowlat.session_id", session_id)
+        span.set_attribute("lowlat.resumed", resumed)
+        span.set_attribute("lowlat.compression", list(compression))
+        if close_code is not None:
+            span.set_attribute("lowlat.close_code", close_code)
+            span.set_status(Status(StatusCode.ERROR, f"closed with {close_code}"))
+    span.end()
+
+
+def _epoch_ns(timer: StreamTimer, at: float) -> int:
+    """Wall-clock ns of `at` on the timer's clock (spans take epoch times)."""
+    return time.time_ns() - int((timer.clock() - at) * 1e9)
+
+
+def start_stream(tracer_: Any, request: ev.Request, session_id: str, model_label: str,
+                 timer: StreamTimer | None) -> Any:
+    """Open the ``lowlat.stream`` span, started when the Request frame arrived."""
+    ctx = None
+    params: Mapping[str, Any] = request.params or {}
+    parent = params.get("traceparent")
+    if isinstance(parent, str):
+        carrier = {"traceparent": parent}
+        state = params.get("tracestate")
+        if isinstance(state, str):
+            carrier["tracestate"] = state
+        ctx = propagate.extract(carrier)
+    start = _epoch_ns(timer, timer.start) if timer is not None else None
+    return tracer_.start_span(
+        "lowlat.stream", context=ctx, kind=SpanKind.SERVER, start_time=start,
+        attributes={"lowlat.session_id": session_id, "lowlat.stream_id": request.stream_id,
+                    "lowlat.model": model_label},
+    )
+
+
+def end_stream(span: Any, terminal: ev.End | ev.Error | None, timer: StreamTimer | None) -> None:
+    """Close a stream span with its outcome, stage timings and events."""
+    if span.is_recording():
+        if isinstance(terminal, ev.End):
+            span.set_attribute("lowlat.finish_reason", terminal.finish_reason)
+            for key, value in terminal.usage.items():
+                span.set_attribute(f"lowlat.usage.{key}", value)
+            for key, value in terminal.timings_ms.items():
+                span.set_attribute(f"lowlat.timing.{key}_ms", float(value))
+        elif isinstance(terminal, ev.Error):
+            span.set_attribute("lowlat.error_code", terminal.code.wire_name)
+            span.set_status(Status(StatusCode.ERROR, terminal.message))
+        if timer is not None:
+            if timer.first_delta is not None:
+                span.add_event("first_delta", timestamp=_epoch_ns(timer, timer.first_delta))
+            for stage in STAGES:
+                span.add_event("stage", {"lowlat.stage": stage, "lowlat.duration_ms": timer.stages[stage] * 1000.0})
+    span.end()

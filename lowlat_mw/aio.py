@@ -51,6 +51,8 @@ log = logging.getLogger("lowlat_mw")
 SendFn = Callable[[bytes | str], Awaitable[None]]
 CloseFn = Callable[[int, str], Awaitable[None]]
 
+_ERRORS_LOGGED_AT_INFO = 10  # per connection; later Error frames are logged at DEBUG
+
 # Close codes after which the session is kept for resume (the client will reconnect).
 _RESUMABLE = frozenset({None, 1001, 1005, 1006, 1011, 1012, 1013, 1014,
                         CloseCode.HEARTBEAT_TIMEOUT, CloseCode.DRAINING, CloseCode.SLOW_CONSUMER})
@@ -303,6 +305,7 @@ class AsyncServerSession:
         self._close_sent = False
         self._gone = False
         self._welcomed = False
+        self._errors_logged = 0
         self._superseded = False  # a resume moved this connection's session to another connection
 
     @property
@@ -344,6 +347,20 @@ class AsyncServerSession:
         else:
             live.destroy()
             await live.wait_closed()
+
+    def _log_error(self, error: ev.Error) -> None:
+        """Log an Error sent to the client (model failures are logged where they happen, with the traceback).
+
+        The first few per connection at INFO, the rest at DEBUG: a client cannot flood the log.
+        """
+        if error.code is ErrorCode.MODEL_ERROR:
+            return
+        self._errors_logged += 1
+        level = logging.INFO if self._errors_logged <= _ERRORS_LOGGED_AT_INFO else logging.DEBUG
+        log.log(level, "error sent on connection %s, stream %s: %s: %s", self.conn.session_id, error.stream_id,
+                error.code.wire_name, error.message,
+                extra={"session_id": self.conn.session_id, "stream_id": error.stream_id,
+                       "error_code": error.code.wire_name, "client": self.info.client})
 
     def _count_close(self, peer_code: int | None) -> None:
         """Log and count the connection's end (who closed it, with which code)."""
@@ -408,6 +425,8 @@ class AsyncServerSession:
         for action in actions:
             if isinstance(action, SendFrame):
                 frames.append(action.data)
+                if action.error is not None:
+                    self._log_error(action.error)
                 continue
             if frames:
                 await self._send_frames(frames)

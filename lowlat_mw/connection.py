@@ -47,9 +47,13 @@ __all__ = [
 # ------------------------------------------------------------------------------------ actions
 @dataclass(frozen=True, slots=True)
 class SendFrame:
-    """Send this WebSocket message (bytes: binary frame, str: text frame)."""
+    """Send this WebSocket message (bytes: binary frame, str: text frame).
+
+    `error` is the Error it carries, if any, so the driver can log it (the state machine does no I/O).
+    """
 
     data: bytes | str
+    error: ev.Error | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +195,7 @@ class ServerConnection:
             m.sent(self._label, codec_id, raw, len(data) if isinstance(data, bytes) else raw)
             if isinstance(event, ev.Error):
                 m.inc("errors", event.code.wire_name)
-        return SendFrame(data)
+        return SendFrame(data, event if isinstance(event, ev.Error) else None)
 
     def deliver(self, events: list[ev.Event], now: float) -> list[Action]:
         """Frames for events the session already recorded (an End/Error, output made while detached)."""

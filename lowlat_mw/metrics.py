@@ -215,7 +215,7 @@ class Snapshot:
         n = sum(counts)
         if n:
             p50, p99 = quantile(0.5, self.ttfd_bounds, counts), quantile(0.99, self.ttfd_bounds, counts)
-            ttfd = f"first delta p50 {p50 * 1000:.2f} ms p99 {p99 * 1000:.2f} ms over {n} streams"
+            ttfd = f"first delta p50 {p50 * 1000:.2f} ms p99 {p99 * 1000:.2f} ms over {n} stream{'s' if n != 1 else ''}"
         else:
             ttfd = "no new streams"
         return f"lowlat-mw: {self.connections} connections, {self.streams} streams running, {ttfd}"

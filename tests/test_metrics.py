@@ -1,0 +1,233 @@
+"""The observability core without sockets: the stage timer on a fake clock, the sans-IO connection's
+counting, histogram export through prometheus_client, and the live summary's quantiles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lowlat_mw import events as ev
+from lowlat_mw.codec import codec_for
+from lowlat_mw.compression import CompressionSelector
+from lowlat_mw.connection import SendFrame, ServerConnection, StartStream
+from lowlat_mw.metrics import LATENCY_BUCKETS, STAGES, Metrics, Snapshot, StreamTimer, quantile, stage_sum
+from lowlat_mw.model import Models
+from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
+
+
+class FakeClock:
+    def __init__(self, start: float = 100.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a text scrape, keyed by (sample name, sorted labels)."""
+    text = generate_latest(registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+# ================================================================================ StreamTimer
+def test_laps_charge_each_interval_to_one_stage_and_add_up() -> None:
+    clock = FakeClock()
+    timer = StreamTimer(clock, clock.now)
+    clock.advance(0.001)
+    timer.lap("decode")
+    clock.advance(0.002)
+    timer.model_running()
+    clock.advance(0.010)
+    timer.chunk()
+    clock.advance(0.0005)
+    timer.lap("encode")
+    clock.advance(0.0003)
+    timer.sent()
+    clock.advance(0.004)
+    timer.lap("flow")
+    clock.advance(0.020)
+    timer.chunk()
+    ms = timer.timings_ms()
+    assert ms["decode"] == pytest.approx(1.0)
+    assert ms["queue"] == pytest.approx(2.0)
+    assert ms["model"] == pytest.approx(30.0)
+    assert ms["encode"] == pytest.approx(0.5)
+    assert ms["send"] == pytest.approx(0.3)
+    assert ms["flow"] == pytest.approx(4.0)
+    assert ms["model_first_chunk"] == pytest.approx(10.0)
+    assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
+    assert set(STAGES) <= set(ms)
+
+
+@given(st.lists(st.tuples(st.sampled_from(STAGES), st.floats(0, 5, allow_nan=False)), max_size=60))
+def test_stage_sum_is_the_elapsed_time_whatever_the_laps(laps: list[tuple[str, float]]) -> None:
+    clock = FakeClock(7.0)
+    timer = StreamTimer(clock, clock.now)
+    for stage, dt in laps:
+        clock.advance(dt)
+        timer.lap(stage)
+    assert stage_sum(timer.timings_ms()) == pytest.approx((clock.now - 7.0) * 1000, abs=1e-6)
+
+
+def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
+    clock = FakeClock()
+    metrics = Metrics()
+    timer = StreamTimer(clock, clock.now)
+    timer.ttfd = metrics.hist("time_to_first_delta_seconds", "m")
+    timer.gaps = metrics.hist("inter_delta_seconds", "m")
+    for dt in (0.003, 0.001, 0.002, 0.0004):
+        clock.advance(dt)
+        timer.sent()
+    ttfd, gaps = metrics.hist("time_to_first_delta_seconds", "m"), metrics.hist("inter_delta_seconds", "m")
+    assert ttfd.count == 1 and ttfd.sum == pytest.approx(0.003)
+    assert gaps.count == 3 and gaps.sum == pytest.approx(0.0034)
+    assert timer.deltas == 4
+
+
+# ================================================================================ export
+def test_histograms_export_cumulative_buckets_with_le_semantics() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    for v in (0.001, 0.001, 0.0011, 0.5, 1000.0):  # exactly on a bound counts in that bucket
+        metrics.observe("heartbeat_rtt_seconds", v)
+    samples = scrape(registry)
+    assert samples[("lowlat_heartbeat_rtt_seconds_bucket", (("le", "0.001"),))] == 2
+    assert samples[("lowlat_heartbeat_rtt_seconds_bucket", (("le", "0.0025"),))] == 3
+    assert samples[("lowlat_heartbeat_rtt_seconds_bucket", (("le", "0.5"),))] == 4
+    assert samples[("lowlat_heartbeat_rtt_seconds_bucket", (("le", "60.0"),))] == 4
+    assert samples[("lowlat_heartbeat_rtt_seconds_bucket", (("le", "+Inf"),))] == 5
+    assert samples[("lowlat_heartbeat_rtt_seconds_count", ())] == 5
+    assert samples[("lowlat_heartbeat_rtt_seconds_sum", ())] == pytest.approx(1000.5031)
+
+
+def test_counters_gauges_and_byte_accumulators_export() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.connections += 3
+    metrics.inc("errors", "model_error")
+    metrics.inc("errors", "model_error")
+    metrics.sent("proto", 1, 1000, 300)
+    metrics.sent("proto", 0, 50, 50)
+    metrics.received("json", 42)
+    samples = scrape(registry)
+    assert samples[("lowlat_connections", ())] == 3
+    assert samples[("lowlat_errors_total", (("code", "model_error"),))] == 2
+    assert samples[("lowlat_payload_bytes_total", (("compression", "zstd"), ("subprotocol", "proto")))] == 1000
+    assert samples[("lowlat_wire_bytes_total", (("compression", "zstd"), ("subprotocol", "proto")))] == 300
+    assert samples[("lowlat_frames_sent_total", (("compression", "none"), ("subprotocol", "proto")))] == 1
+    assert samples[("lowlat_received_bytes_total", (("subprotocol", "json"),))] == 42
+    assert metrics.value("errors", "model_error") == 2
+
+
+def test_one_metrics_object_per_registry() -> None:
+    registry = CollectorRegistry()
+    assert Metrics.for_registry(registry) is Metrics.for_registry(registry)
+    assert Metrics.for_registry(CollectorRegistry()) is not Metrics.for_registry(registry)
+    assert Metrics.for_registry() is Metrics.for_registry()  # the global REGISTRY
+
+
+def test_model_labels_are_bounded() -> None:
+    single = Models(lambda req: "x")
+    assert single.label("anything-a-client-says") == "default"
+    named = Models({"gpt": lambda req: "x", "echo": lambda req: "y"})
+    assert named.label("gpt") == "gpt" and named.label("") == "default"
+    assert named.label("no-such-model-" + "x" * 50) == "unknown"
+
+
+# ================================================================================ quantiles
+def test_quantile_interpolates_within_buckets() -> None:
+    bounds = (1.0, 2.0, 4.0)
+    assert quantile(0.5, bounds, [0, 10, 0, 0]) == pytest.approx(1.5)
+    assert quantile(0.99, bounds, [50, 0, 50, 0]) == pytest.approx(2.0 + 2.0 * 0.98)
+    assert quantile(0.5, bounds, [0, 0, 0, 5]) == 4.0  # +Inf bucket: its lower bound
+    assert math.isnan(quantile(0.5, bounds, [0, 0, 0, 0]))
+
+
+def test_snapshot_summary_covers_streams_since_the_previous_line() -> None:
+    metrics = Metrics()
+    for _ in range(10):
+        metrics.observe("time_to_first_delta_seconds", 0.002, "m")
+    first = metrics.snapshot()
+    assert "over 10 streams" in first.summary()
+    metrics.streams = 2
+    metrics.observe("time_to_first_delta_seconds", 0.3, "other")
+    second = metrics.snapshot()
+    line = second.summary(first)
+    assert "2 streams running" in line and "over 1 stream" in line
+    assert "p50 375.00 ms" in line  # one sample in (0.25, 0.5]: halfway, as histogram_quantile says
+    assert "no new streams" in Snapshot(0, 0, LATENCY_BUCKETS, second.ttfd_counts).summary(second)
+
+
+# ================================================================================ sans-IO counting
+@pytest.mark.parametrize("subprotocol", [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
+def test_connection_counts_frames_bytes_handshake_and_errors(subprotocol: str) -> None:
+    clock = FakeClock()
+    metrics = Metrics()
+    label = "proto" if subprotocol == SUBPROTOCOL_PROTO else "json"
+    conn = ServerConnection(Settings(compression_min_size=64), subprotocol=subprotocol, now=10.0, clock=clock,
+                            metrics=metrics)
+    codec = codec_for(subprotocol)
+    hello = codec.encode(ev.Hello(client="t", compression=("zstd",) if label == "proto" else ()))
+    welcome = conn.receive(hello, 10.25)
+    assert isinstance(welcome[0], SendFrame)
+    assert metrics.hist("handshake_seconds").sum == pytest.approx(0.25)
+    clock.advance(0.5)
+    start = clock.now
+    clock.advance(0.001)  # the clock reads at the frame's arrival, then after decoding
+    actions = conn.receive(codec.encode(ev.Request(stream_id=1, text="hi")), 11.0)
+    assert isinstance(actions[0], StartStream)
+    timer = conn.session.streams[1].timer
+    assert timer is not None and timer.start == start + 0.001
+    compression = "zstd" if label == "proto" else "none"
+    before = metrics.value("wire_bytes", label, compression), metrics.value("payload_bytes", label, compression)
+    frames = conn.send_chunk(1, "word " * 100, 11.1)  # compressible: zstd in binary mode
+    wire = sum(len(f.data) if isinstance(f.data, bytes) else len(f.data.encode()) for f in frames)
+    assert metrics.value("wire_bytes", label, compression) - before[0] == wire
+    raw = metrics.value("payload_bytes", label, compression) - before[1]
+    assert raw > wire if label == "proto" else raw == wire  # the saving is visible
+    conn.receive(codec.encode(ev.Request(stream_id=1, text="again")), 11.2)  # stream 1 still runs: error
+    assert metrics.value("errors", "stream_id_in_use") == 1
+    assert metrics.value("frames_received", label) == 3
+    assert set(timer.stages) == set(STAGES)
+
+
+def test_connection_records_heartbeat_rtt_and_resume_outcomes() -> None:
+    metrics = Metrics()
+    settings = Settings(heartbeat_interval=1.0, heartbeat_max_interval=1.0)
+    conn = ServerConnection(settings, subprotocol=SUBPROTOCOL_JSON, now=0.0, metrics=metrics)
+    codec = codec_for(SUBPROTOCOL_JSON)
+    conn.receive(codec.encode(ev.Hello(client="t")), 0.0)
+    ping = codec.decode(conn.tick(1.0)[0].data, limit=1 << 20)
+    assert isinstance(ping, ev.Ping)
+    conn.receive(codec.encode(ev.Pong(id=ping.id)), 1.004)
+    assert metrics.hist("heartbeat_rtt_seconds").count == 1
+    assert metrics.hist("heartbeat_rtt_seconds").sum == pytest.approx(0.004)
+    conn.receive(codec.encode(ev.Pong(id=ping.id)), 1.5)  # a stale Pong is no new sample
+    assert metrics.hist("heartbeat_rtt_seconds").count == 1
+
+    other = ServerConnection(settings, subprotocol=SUBPROTOCOL_JSON, now=0.0, metrics=metrics)
+    other.receive(codec.encode(ev.Hello(client="t", resume_token="nope.nope")), 0.0)
+    other.resume(None, 0.0)
+    assert metrics.value("resumes", "failed") == 1
+
+
+def test_no_clock_means_no_stage_timer() -> None:
+    conn = ServerConnection(Settings(), subprotocol=SUBPROTOCOL_PROTO, now=0.0)
+    codec = codec_for(SUBPROTOCOL_PROTO)
+    conn.receive(codec.encode(ev.Hello(client="t")), 0.0)
+    conn.receive(codec.encode(ev.Request(stream_id=1, text="x")), 0.0)
+    assert conn.session.streams[1].timer is None
+    sel = CompressionSelector(())
+    assert codec.encode_frame(ev.Ping(id=1), sel)[2] == 0

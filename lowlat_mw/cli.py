@@ -2,7 +2,10 @@
 
     lowlat-mw serve                         # the built-in demo model on 127.0.0.1:8000/ws
     lowlat-mw serve mypkg.models:generate --port 9000 --set idle_timeout=60
+    lowlat-mw serve --stats-interval 10        # and a one-line latency summary on stderr every 10 s
     lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
+
+``serve`` answers Prometheus scrapes at /metrics (``--metrics-path ""`` turns that off).
 """
 
 from __future__ import annotations
@@ -11,17 +14,20 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+import threading
+from typing import Any, TextIO
 
 from .errors import ClientError, SettingsError
-from .settings import Settings
+from .metrics import Metrics
+from .settings import ENV_PREFIX, Settings
 
-__all__ = ["build_app", "main"]
+__all__ = ["StatsPrinter", "build_app", "main"]
 
 _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 <h1>lowlat-mw is serving</h1><p>WebSocket endpoint: <code>{path}</code>
 (subprotocols <code>lowlat.v1.proto</code>, <code>lowlat.v1.json</code>).</p>
-<p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>"""
+<p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>{metrics}"""
+DEFAULT_METRICS_PATH = "/metrics"
 
 
 def _parse_set(pairs: list[str]) -> dict[str, Any]:
@@ -47,13 +53,62 @@ def build_app(model: Any = None, **options: Any) -> Any:
     from .demo import demo_model
 
     settings = Settings.load(options)
+    metrics = ""
+    if settings.metrics and settings.metrics_path:
+        mp = settings.metrics_path
+        metrics = f'\n<p>Prometheus metrics: <a href="{mp}"><code>{mp}</code></a></p>'
 
     async def home(request: Any) -> HTMLResponse:
-        return HTMLResponse(_HOME_PAGE.format(path=settings.path))
+        return HTMLResponse(_HOME_PAGE.format(path=settings.path, metrics=metrics))
 
     app = Starlette(routes=[Route("/", home)])
     app.add_middleware(LowLatMiddleware, model=model or demo_model, settings=settings)
     return app
+
+
+class StatsPrinter:
+    """Prints ``metrics.snapshot().summary(previous)`` to `out` every `interval` seconds, from a thread.
+
+    Each line covers the streams since the previous line (the first: since :meth:`start`).
+    """
+
+    def __init__(self, metrics: Metrics, interval: float, out: TextIO | None = None) -> None:
+        if not interval > 0:
+            raise ValueError(f"the stats interval must be > 0 seconds, got {interval!r}")
+        self.metrics = metrics
+        self.interval = interval
+        self.out = out
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lowlat-mw-stats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop printing (returns once the thread has ended; no line is printed after it)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=max(5.0, self.interval))
+
+    def _run(self) -> None:
+        previous = self.metrics.snapshot()
+        while not self._stop.wait(self.interval):
+            current = self.metrics.snapshot()
+            print(current.summary(previous), file=self.out or sys.stderr, flush=True)
+            previous = current
+
+
+def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings from --set, --path and --metrics-path (default /metrics unless configured elsewhere)."""
+    options = _parse_set(args.set)
+    if args.path:
+        options["path"] = args.path
+    if args.metrics_path is not None:
+        options["metrics_path"] = args.metrics_path
+    elif "metrics_path" not in options and f"{ENV_PREFIX}METRICS_PATH" not in os.environ:
+        if Settings.load(options).path != DEFAULT_METRICS_PATH:
+            options["metrics_path"] = DEFAULT_METRICS_PATH
+    return options
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -61,15 +116,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.delay is not None:
         os.environ["LOWLAT_DEMO_DELAY"] = str(args.delay)
-    options = _parse_set(args.set)
-    if args.path:
-        options["path"] = args.path
-    app = build_app(args.model, **options)
-    settings = Settings.load(options)
+    if args.stats_interval < 0:
+        raise SettingsError(f"--stats-interval must be >= 0 seconds, got {args.stats_interval!r}")
+    settings = Settings.load(_serve_options(args))
+    if args.stats_interval and not settings.metrics:
+        raise SettingsError("--stats-interval needs metrics (remove --set metrics=false)")
+    app = build_app(args.model, settings=settings)
     print(f"lowlat-mw serving {args.model or 'the demo model'} on ws://{args.host}:{args.port}{settings.path}",
           flush=True)
-    run(app, drain_grace=args.drain_grace, settings=settings, host=args.host, port=args.port,
-        log_level=args.log_level, ws=args.ws, lifespan="off")
+    if settings.metrics and settings.metrics_path:
+        print(f"lowlat-mw metrics at http://{args.host}:{args.port}{settings.metrics_path}", flush=True)
+    stats = StatsPrinter(Metrics.for_registry(), args.stats_interval) if args.stats_interval else None
+    if stats is not None:
+        stats.start()
+    try:
+        run(app, drain_grace=args.drain_grace, settings=settings, host=args.host, port=args.port,
+            log_level=args.log_level, ws=args.ws, lifespan="off")
+    finally:
+        if stats is not None:
+            stats.stop()
     return 0
 
 
@@ -113,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--drain-grace", type=float, default=30.0,
                        help="seconds running streams may finish on shutdown before clients are moved")
+    serve.add_argument("--metrics-path", default=None,
+                       help=f"HTTP path of the Prometheus metrics (default {DEFAULT_METRICS_PATH}; \"\" = off)")
+    serve.add_argument("--stats-interval", type=float, default=0.0, metavar="SECONDS",
+                       help="print a one-line summary (connections, streams, first-delta p50/p99) to stderr "
+                            "every SECONDS (default 0: off)")
     serve.set_defaults(func=_serve)
 
     chat = sub.add_parser("chat", help="stream a reply from a lowlat-mw server to the terminal")

@@ -196,7 +196,7 @@ def close_code_name(code: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What ``lowlat-mw serve --stats`` prints: gauges now and the time-to-first-delta histogram."""
+    """What ``lowlat-mw serve --stats-interval`` prints: gauges now and the time-to-first-delta histogram."""
 
     connections: int
     streams: int

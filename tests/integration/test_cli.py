@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -75,3 +78,119 @@ def test_serve_and_chat(cli_server, mode):
     assert int(match.group(1)) == len(result.stdout.strip().split(" "))
     assert proc.poll() is None, log.read_text()
 
+
+
+def _http_get(url: str) -> tuple[int, str]:
+    """GET `url` directly (no proxy from the environment); (status, body)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+
+def _start_serve(tmp_path: Path, *extra: str) -> tuple[int, subprocess.Popen, Path, Path]:
+    port = _free_port()
+    out_log, err_log = tmp_path / "serve.out", tmp_path / "serve.err"
+    with out_log.open("w") as out, err_log.open("w") as err:
+        proc = subprocess.Popen(
+            [*_cli(), "serve", "--host", "127.0.0.1", "--port", str(port), "--delay", "0", "--log-level", "warning",
+             *extra],
+            stdout=out, stderr=err,
+        )
+    return port, proc, out_log, err_log
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_serve_metrics_and_stats_lines(tmp_path):
+    port, proc, out_log, err_log = _start_serve(tmp_path, "--stats-interval", "0.5")
+    try:
+        _wait_listening(proc, port, err_log)
+        result = subprocess.run([*_cli(), "chat", f"ws://127.0.0.1:{port}/ws", "hello"],
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        assert "You said: 'hello'" in result.stdout
+
+        status, body = _http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200, body
+        finished = re.search(r'^lowlat_streams_finished_total\{[^}]*outcome="stop"[^}]*\} (\S+)$', body, re.M)
+        assert finished and float(finished.group(1)) >= 1, body
+        assert "lowlat_time_to_first_delta_seconds_bucket" in body
+
+        # the stream shows up in a summary line within a few intervals
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "p50" not in err_log.read_text():
+            time.sleep(0.1)
+        lines = err_log.read_text().splitlines()
+        summaries = [line for line in lines if line.startswith("lowlat-mw: ")]
+        assert any(re.search(r"p50 .* over 1 streams?$", line) for line in summaries), lines
+        assert "metrics at http://127.0.0.1:" in out_log.read_text()
+        assert proc.poll() is None, err_log.read_text()
+    finally:
+        _stop(proc)
+
+
+def test_serve_metrics_path_can_be_turned_off(tmp_path):
+    port, proc, _out, err_log = _start_serve(tmp_path, "--metrics-path", "")
+    try:
+        _wait_listening(proc, port, err_log)
+        status, body = _http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 404, body
+        assert "lowlat_" not in body
+    finally:
+        _stop(proc)
+
+
+def test_stats_printer_stops(tmp_path):
+    from lowlat_mw.cli import StatsPrinter
+    from lowlat_mw.metrics import Metrics
+
+    metrics = Metrics()
+    out = io.StringIO()
+    printer = StatsPrinter(metrics, 0.02, out)
+    printer.start()
+    metrics.observe("time_to_first_delta_seconds", 0.003, "demo")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and "no new streams" not in out.getvalue().partition("p50")[2]:
+        time.sleep(0.01)
+    printer.stop()
+    printed = out.getvalue()
+    # each line covers the streams since the previous one: the stream is counted exactly once
+    assert sum(bool(re.search(r"over 1 streams?$", line)) for line in printed.splitlines()) == 1, printed
+    assert "no new streams" in printed.partition("p50")[2], printed
+    time.sleep(0.1)
+    assert out.getvalue() == printed  # nothing after stop()
+
+
+def test_serve_metrics_path_options(monkeypatch):
+    from lowlat_mw.cli import _serve_options, main
+
+    def options(*argv: str) -> dict:
+        import argparse
+
+        ns = argparse.Namespace(set=[], path=None, metrics_path=None)
+        for key, value in zip(argv[::2], argv[1::2], strict=True):
+            setattr(ns, key, value)
+        return _serve_options(ns)
+
+    monkeypatch.delenv("LOWLAT_METRICS_PATH", raising=False)
+    assert options()["metrics_path"] == "/metrics"
+    assert options("metrics_path", "")["metrics_path"] == ""
+    assert options("metrics_path", "/stats")["metrics_path"] == "/stats"
+    assert options("set", ["metrics_path=/m"])["metrics_path"] == "/m"
+    assert "metrics_path" not in options("path", "/metrics")  # the WebSocket took the default path
+    monkeypatch.setenv("LOWLAT_METRICS_PATH", "/from-env")
+    assert "metrics_path" not in options()  # the environment decides
+    # refused before anything is served
+    assert main(["serve", "--stats-interval", "1", "--set", "metrics=false"]) == 2
+    assert main(["serve", "--stats-interval", "-1"]) == 2

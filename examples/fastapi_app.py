@@ -2,6 +2,8 @@
 
 Run:  uvicorn examples.fastapi_app:app --host 127.0.0.1 --port 8000 --ws websockets-sansio
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
+Metrics: curl http://127.0.0.1:8000/metrics  (Prometheus text: lowlat_* series)
+The scrape is unauthenticated: in production serve it where only Prometheus reaches (docs/observability.md).
 
 Set LOWLAT_MODEL=package.module:callable to serve another model without editing this file.
 """
@@ -24,7 +26,13 @@ def generate(req):
 
 
 app = FastAPI()
-app.add_middleware(LowLatMiddleware, model=os.environ.get("LOWLAT_MODEL") or generate, path="/ws", max_streams=16)
+app.add_middleware(
+    LowLatMiddleware,
+    model=os.environ.get("LOWLAT_MODEL") or generate,
+    path="/ws",
+    max_streams=16,
+    metrics_path="/metrics",  # Prometheus scrape of the lowlat_* metrics (HTTP GET)
+)
 
 
 @app.get("/health")

@@ -2,6 +2,8 @@
 
 Run:  gunicorn -k gthread --threads 256 -b 127.0.0.1:8000 examples.flask_app:app
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
+Metrics: curl http://127.0.0.1:8000/metrics  (Prometheus text: lowlat_* series)
+The scrape is unauthenticated: in production serve it where only Prometheus reaches (docs/observability.md).
 
 Each WebSocket holds one gunicorn thread for its lifetime: size --threads for your connections.
 Set LOWLAT_MODEL=package.module:callable to serve another model without editing this file.
@@ -26,6 +28,7 @@ def generate(req):
 
 app = Flask(__name__)
 app.config["LOWLAT_MW"] = {"path": "/ws", "max_streams": 16}  # or app.config["LOWLAT_MAX_STREAMS"] = 16
+app.config["LOWLAT_METRICS_PATH"] = "/metrics"  # Prometheus scrape of the lowlat_* metrics (HTTP GET)
 
 
 @app.get("/health")

@@ -2,6 +2,8 @@
 
 Run:  daphne -b 127.0.0.1 -p 8000 examples.django_project.asgi:application
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
+Metrics: curl http://127.0.0.1:8000/metrics  (Prometheus text: lowlat_* series; the view is in urls.py)
+The scrape is unauthenticated: in production serve it where only Prometheus reaches (docs/observability.md).
 
 AuthMiddlewareStack puts the logged-in user in scope["user"]; the model sees it as req.session.user.
 lowlat-mw refuses cross-origin browsers itself (same host only unless LOWLAT_MW["allowed_origins"]).

@@ -369,17 +369,18 @@ class AsyncServerSession:
         log.info("connection %s closed by %s: %s %s", self.conn.session_id, by, code, self.conn.close_reason,
                  extra={"session_id": self.conn.session_id, "close_code": code, "closed_by": by,
                         "client": self.info.client})
-        if self._handshake_span is not None:
-            self._end_handshake()
+        if self._handshake_span is not None:  # never got past Hello: the handshake failed with this close
+            self._end_handshake(code)
         if self.metrics is not None:
             self.metrics.connections -= 1
             self.metrics.inc("connections_closed", str(code), close_code_name(code), by)
 
-    def _end_handshake(self) -> None:
+    def _end_handshake(self, close_code: int | None = None) -> None:
         span, self._handshake_span = self._handshake_span, None
         conn = self.conn
         tracing.end_handshake(span, session_id=conn.session_id, resumed=conn.resumed, compression=conn.compression,
-                              close_code=conn.close_code, client=self.info.client)
+                              close_code=conn.close_code if conn.close_code is not None else close_code,
+                              client=self.info.client)
 
     async def shutdown(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
         """Close from the server side."""
@@ -477,7 +478,8 @@ class AsyncServerSession:
         if principal is not None:
             self.info = dataclasses.replace(self.info, principal=principal)
         else:
-            log.warning("refused client %s: %s", self.info.client, reason)
+            log.warning("refused client %s: %s", self.info.client, reason,
+                        extra={"session_id": self.conn.session_id, "client": self.info.client})
         await self.run(self.conn.authenticated(principal, time.monotonic(), reason))
 
     async def _resume(self, action: ResumeSession) -> None:

@@ -1,11 +1,15 @@
 """OpenTelemetry spans for handshakes and streams, when ``opentelemetry-api`` is installed.
 
 ``lowlat.handshake`` covers WebSocket accept to Welcome (or refusal); ``lowlat.stream`` covers one
-Request from its frame's arrival to its End or Error, with the stage breakdown as attributes
-(``lowlat.stage.<stage>_ms``) and as one ``stage`` event per stage, plus a ``first_delta`` event.
-A Request whose params carry a W3C ``traceparent`` (and ``tracestate``) continues that trace.
-Without the package, or with setting ``tracing=False``, nothing here runs. Without an SDK the
-API's spans are non-recording and attributes are skipped.
+Request from its frame's arrival to its End or Error. A stream span carries the outcome
+(``lowlat.finish_reason``: stop, cancelled...; or ERROR status and ``lowlat.error_code``), the
+End's ``lowlat.usage.<key>``, the timings as ``lowlat.timing.<key>_ms`` (total, first_delta,
+model_first_chunk and every stage, whether or not setting ``stage_timings`` sends them to the
+client), one ``stage`` event per stage (``lowlat.stage``, ``lowlat.duration_ms``) and a
+``first_delta`` event. A Request whose params carry a W3C ``traceparent`` (and ``tracestate``)
+continues that trace, whatever propagators are configured globally. Without the package, or with
+setting ``tracing=False``, nothing here runs. Without an SDK the API's spans are non-recording and
+attributes are skipped.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from . import events as ev
 from .metrics import STAGES, StreamTimer
 
 try:
-    from opentelemetry import propagate, trace
+    from opentelemetry import trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _W3C = TraceContextTextMapPropagator()  # the params name W3C headers: not the global propagator's choice
 except ImportError:  # the optional extra is not installed
     trace = None  # type: ignore[assignment]
 
@@ -79,7 +86,7 @@ def start_stream(tracer_: Any, request: ev.Request, session_id: str, model_label
         state = params.get("tracestate")
         if isinstance(state, str):
             carrier["tracestate"] = state
-        ctx = propagate.extract(carrier)
+        ctx = _W3C.extract(carrier)
     start = _epoch_ns(timer, timer.start) if timer is not None else None
     return tracer_.start_span(
         "lowlat.stream", context=ctx, kind=SpanKind.SERVER, start_time=start,
@@ -89,17 +96,29 @@ def start_stream(tracer_: Any, request: ev.Request, session_id: str, model_label
 
 
 def end_stream(span: Any, terminal: ev.End | ev.Error | None, timer: StreamTimer | None) -> None:
-    """Close a stream span with its outcome, stage timings and events."""
+    """Close a stream span with its outcome, timings, stage events and first_delta event.
+
+    `terminal` None: the stream was stopped without one (its session ended), reported as cancelled.
+    """
     if span.is_recording():
+        timings: dict[str, float] = {}
+        if timer is not None:  # stages even when stage_timings keeps them off the wire, and for errors
+            timings.update(timer.timings_ms())
+            timings["total"] = sum(timer.stages.values()) * 1000.0
+            if timer.first_delta is not None:
+                timings["first_delta"] = (timer.first_delta - timer.start) * 1000.0
         if isinstance(terminal, ev.End):
             span.set_attribute("lowlat.finish_reason", terminal.finish_reason)
             for key, value in terminal.usage.items():
                 span.set_attribute(f"lowlat.usage.{key}", value)
-            for key, value in terminal.timings_ms.items():
-                span.set_attribute(f"lowlat.timing.{key}_ms", float(value))
+            timings.update(terminal.timings_ms)  # what the client was told wins
         elif isinstance(terminal, ev.Error):
             span.set_attribute("lowlat.error_code", terminal.code.wire_name)
             span.set_status(Status(StatusCode.ERROR, terminal.message))
+        else:
+            span.set_attribute("lowlat.finish_reason", "cancelled")
+        for key, value in timings.items():
+            span.set_attribute(f"lowlat.timing.{key}_ms", float(value))
         if timer is not None:
             if timer.first_delta is not None:
                 span.add_event("first_delta", timestamp=_epoch_ns(timer, timer.first_delta))

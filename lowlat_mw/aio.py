@@ -37,7 +37,7 @@ from .connection import (
     normalize_chunk,
 )
 from .errors import CloseCode, ErrorCode, close_code_reconnects
-from .metrics import STAGES, Metrics, StreamTimer, close_code_name
+from .metrics import Metrics, StreamTimer, close_code_name
 from .model import ModelFn, ModelRequest, Models, SessionInfo, stream_model
 from .security import Handshake, load_authenticator, run_authenticator
 from .session import MemorySessionStore, Session, SessionStore
@@ -221,8 +221,8 @@ class LiveSession:
         metrics.inc("streams_finished", label, outcome)
         metrics.observe("stream_duration_seconds", seconds, label, outcome)
         if timer is not None:
-            for stage in STAGES:
-                metrics.observe("stage_seconds", timer.stages[stage], stage, label)
+            for stage, seconds in timer.stages.items():
+                metrics.observe("stage_seconds", seconds, stage, label)
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         driver = self.driver
@@ -287,7 +287,7 @@ class AsyncServerSession:
                                      clock=time.perf_counter if timed else None, metrics=metrics)
         if metrics is not None:
             metrics.connections += 1
-            metrics.inc("connections_opened", self.conn._label)
+            metrics.inc("connections_opened", self.conn.stats.label)
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         self.models = model if isinstance(model, Models) else Models(model)
         self.settings = settings
@@ -372,6 +372,7 @@ class AsyncServerSession:
         if self._handshake_span is not None:  # never got past Hello: the handshake failed with this close
             self._end_handshake(code)
         if self.metrics is not None:
+            self.metrics.detach(self.conn.stats)
             self.metrics.connections -= 1
             self.metrics.inc("connections_closed", str(code), close_code_name(code), by)
 

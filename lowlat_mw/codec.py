@@ -33,6 +33,7 @@ __all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for",
 
 FRAME_VERSION = 1
 _HEADER_BASE = FRAME_VERSION << 4
+_HEADER_NONE = bytes((_HEADER_BASE,))
 
 
 class WireCodec(Protocol):
@@ -252,17 +253,17 @@ class ProtoCodec:
         else:
             payload = to_protobuf(event).SerializeToString()
             kind = BINARY if isinstance(event, ev.Request) and event.data is not None else TEXT
-        if compressor is None:
-            frame = bytes((_HEADER_BASE,)) + payload
+        if compressor is None or len(payload) < compressor.min_size:  # too small to try: no compress stage
+            frame = _HEADER_NONE + payload
             if timer is not None:
-                timer.lap("encode")
+                timer.encoded()
             return frame, len(frame), 0
         if timer is not None:
-            timer.lap("encode")
+            timer.encoded()
         codec_id, out = compressor.compress(payload, kind)
         frame = bytes((_HEADER_BASE | codec_id,)) + out
         if timer is not None:
-            timer.lap("compress")
+            timer.compressed()
         return frame, len(payload) + 1, codec_id
 
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
@@ -483,7 +484,7 @@ class JsonCodec:
         text = json.dumps(to_json_dict(event), separators=(",", ":"), ensure_ascii=False)
         size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         if timer is not None:
-            timer.lap("encode")
+            timer.encoded()
         return text, size, 0
 
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:

@@ -25,7 +25,7 @@ from .compression import CompressionSelector, available_codecs
 from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
-from .metrics import Metrics, StreamTimer, subprotocol_label
+from .metrics import FrameStats, Metrics, StreamTimer, subprotocol_label
 from .session import Session, StreamState
 from .settings import SUBPROTOCOL_JSON, Settings
 
@@ -119,15 +119,6 @@ def negotiate_subprotocol(offered: list[str] | tuple[str, ...], settings: Settin
     return False, None
 
 
-@dataclass(slots=True)
-class _Stats:
-    frames_in: int = 0
-    frames_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    raw_bytes_out: int = 0
-
-
 class ServerConnection:
     """Protocol state of one accepted WebSocket, driven by an I/O layer.
 
@@ -149,7 +140,6 @@ class ServerConnection:
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
-        self._label = subprotocol_label(subprotocol)
         self._frame_at = 0.0  # clock value when the frame being handled arrived
         self.subprotocol = subprotocol
         self.codec = codec_for(subprotocol)
@@ -171,7 +161,9 @@ class ServerConnection:
         self.opened_at = now
         self.principal: object | None = None
         self.bucket = TokenBucket(settings.rate_limit, settings.rate_burst, now) if settings.rate_limit else None
-        self.stats = _Stats()
+        self.stats = FrameStats(subprotocol_label(subprotocol))  # frames and bytes by compression codec
+        if metrics is not None:
+            metrics.attach(self.stats)
 
     @property
     def session_id(self) -> str:
@@ -188,14 +180,12 @@ class ServerConnection:
     # ------------------------------------------------------------------ helpers
     def _send(self, event: ev.Event) -> SendFrame:
         data, raw, codec_id = self.codec.encode_frame(event, self.compressor)
-        self.stats.frames_out += 1
-        self.stats.bytes_out += len(data)
-        m = self.metrics
-        if m is not None:
-            m.sent(self._label, codec_id, raw, len(data) if isinstance(data, bytes) else raw)
-            if isinstance(event, ev.Error):
-                m.inc("errors", event.code.wire_name)
-        return SendFrame(data, event if isinstance(event, ev.Error) else None)
+        self.stats.count_sent(codec_id, raw, len(data) if isinstance(data, bytes) else raw)
+        if isinstance(event, ev.Error):
+            if self.metrics is not None:
+                self.metrics.inc("errors", event.code.wire_name)
+            return SendFrame(data, event)
+        return SendFrame(data)
 
     def deliver(self, events: list[ev.Event], now: float) -> list[Action]:
         """Frames for events the session already recorded (an End/Error, output made while detached)."""
@@ -231,12 +221,11 @@ class ServerConnection:
             return []
         if self.clock is not None:
             self._frame_at = self.clock()
-        self.stats.frames_in += 1
         size = len(data) if isinstance(data, bytes | bytearray) or len(data) * 4 <= self.settings.max_frame_size \
             else len(data.encode("utf-8", "surrogatepass"))
-        self.stats.bytes_in += size
-        if self.metrics is not None:
-            self.metrics.received(self._label, size)
+        received = self.stats.received
+        received[0] += 1
+        received[1] += size
         if size > self.settings.max_frame_size:
             self.heartbeat.on_receive(now)
             return [
@@ -434,11 +423,7 @@ class ServerConnection:
                 pending.extend(reversed(halves))
                 continue
             session.record(stream_id, piece, now)  # type: ignore[union-attr]
-            self.stats.raw_bytes_out += _encoded_len(piece)
-            self.stats.frames_out += 1
-            self.stats.bytes_out += size
-            if self.metrics is not None:
-                self.metrics.sent(self._label, codec_id, raw, size)
+            self.stats.count_sent(codec_id, raw, size)
             out.append(SendFrame(data))
         return out
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from .errors import CloseCode
 __all__ = [
     "LATENCY_BUCKETS",
     "STAGES",
+    "FrameStats",
     "Metrics",
     "Snapshot",
     "StreamTimer",
@@ -55,20 +57,22 @@ def stage_sum(timings_ms: Mapping[str, float]) -> float:
 
 # ================================================================================ stream timer
 class StreamTimer:
-    """Lap timer of one stream: each :meth:`lap` charges the time since the previous one to a stage.
+    """Lap timer of one stream: each lap charges the time since the previous one to a stage.
 
     Created when the Request frame arrives (`start`: the clock value before it was decoded) and
-    carried by the stream's state, so a resumed stream keeps counting.
+    carried by the stream's state, so a resumed stream keeps counting. The per-delta laps
+    (:meth:`chunk`, :meth:`encoded`, :meth:`compressed`, :meth:`sent`) are written out rather than
+    shared, because they run for every delta: one clock read and two additions each.
     """
 
-    __slots__ = ("clock", "deltas", "first_delta", "gaps", "last", "last_delta", "model_first_chunk",
-                 "model_started", "stages", "start", "ttfd")
+    __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gaps", "last",
+                 "last_delta", "model", "model_first_chunk", "model_started", "queue", "send", "start", "ttfd")
 
     def __init__(self, clock: Callable[[], float], start: float) -> None:
         self.clock = clock
         self.start = start
         self.last = start
-        self.stages: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.decode = self.queue = self.model = self.encode = self.compress = self.send = self.flow = 0.0
         self.model_started: float | None = None
         self.model_first_chunk: float | None = None
         self.deltas = 0
@@ -77,10 +81,15 @@ class StreamTimer:
         self.ttfd: _Hist | None = None  # metric children bound at stream start (None: metrics off)
         self.gaps: _Hist | None = None
 
+    @property
+    def stages(self) -> dict[str, float]:
+        """Seconds per stage, in STAGES order."""
+        return {name: getattr(self, name) for name in STAGES}
+
     def lap(self, stage: str) -> float:
-        """Charge the time since the last lap to `stage`; returns the clock value."""
+        """Charge the time since the last lap to `stage` (one of STAGES); returns the clock value."""
         now = self.clock()
-        self.stages[stage] += now - self.last
+        setattr(self, stage, getattr(self, stage) + now - self.last)
         self.last = now
         return now
 
@@ -92,28 +101,100 @@ class StreamTimer:
 
     def chunk(self) -> None:
         """The model produced a chunk (or finished)."""
-        now = self.lap("model")
+        now = self.clock()
+        self.model += now - self.last
+        self.last = now
         if self.model_first_chunk is None and self.model_started is not None:
             self.model_first_chunk = now
 
+    def encoded(self) -> None:
+        """A frame was serialized."""
+        now = self.clock()
+        self.encode += now - self.last
+        self.last = now
+
+    def compressed(self) -> None:
+        """A frame was compressed."""
+        now = self.clock()
+        self.compress += now - self.last
+        self.last = now
+
     def sent(self) -> None:
         """A Delta went to the server: charge send time, feed time-to-first-delta and inter-delta gap."""
-        now = self.lap("send")
+        now = self.clock()
+        self.send += now - self.last
+        self.last = now
         self.deltas += 1
         if self.deltas == 1:
             self.first_delta = now
             if self.ttfd is not None:
                 self.ttfd.observe(now - self.start)
-        elif self.gaps is not None:
-            self.gaps.observe(now - self.last_delta)
+        else:
+            gaps = self.gaps
+            if gaps is not None:  # _Hist.observe, inlined
+                gap = now - self.last_delta
+                gaps.counts[bisect.bisect_left(gaps.bounds, gap)] += 1
+                gaps.sum += gap
         self.last_delta = now
 
     def timings_ms(self) -> dict[str, float]:
         """The stages in milliseconds, plus ``model_first_chunk`` (model start to its first chunk)."""
-        out = {k: v * 1000.0 for k, v in self.stages.items()}
+        out = {name: getattr(self, name) * 1000.0 for name in STAGES}
         if self.model_first_chunk is not None and self.model_started is not None:
             out["model_first_chunk"] = (self.model_first_chunk - self.model_started) * 1000.0
         return out
+
+
+CODEC_SLOTS = 5  # compression codec ids counted per connection: none, zstd, lz4, snappy, and the reserved 4
+
+
+class FrameStats:
+    """Frames and bytes of one connection, by compression codec id: what the connection counts anyway.
+
+    ``sent[3 * codec_id : 3 * codec_id + 3]`` is ``frames, bytes before compression, bytes on the
+    wire`` (one flat list: small, as every connection has one) and ``received`` is ``[frames, bytes]``.
+    :class:`Metrics` reads the open connections' counters at scrape time and folds a connection's
+    into its totals when it closes, so metrics cost nothing per frame.
+    """
+
+    __slots__ = ("__weakref__", "label", "received", "sent")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.sent = [0] * (3 * CODEC_SLOTS)
+        self.received = [0, 0]
+
+    def count_sent(self, codec_id: int, raw: int, wire: int) -> None:
+        """One frame sent."""
+        sent, base = self.sent, 3 * codec_id
+        sent[base] += 1
+        sent[base + 1] += raw
+        sent[base + 2] += wire
+
+    def by_codec(self) -> list[tuple[int, int, int]]:
+        """(frames, bytes before compression, bytes on the wire) per codec id."""
+        s = self.sent
+        return [(s[i], s[i + 1], s[i + 2]) for i in range(0, len(s), 3)]
+
+    @property
+    def frames_out(self) -> int:
+        return sum(self.sent[0::3])
+
+    @property
+    def payload_bytes_out(self) -> int:
+        return sum(self.sent[1::3])
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(self.sent[2::3])
+
+    @property
+    def frames_in(self) -> int:
+        return self.received[0]
+
+    @property
+    def bytes_in(self) -> int:
+        return self.received[1]
 
 
 # ================================================================================ aggregation
@@ -257,8 +338,9 @@ class Metrics:
         self.connections = 0
         self.streams = 0
         self.sessions_detached = 0
-        self._sent: dict[tuple[str, int], list[int]] = {}  # (subprotocol, codec id) -> [frames, raw, wire]
-        self._received: dict[str, list[int]] = {}  # subprotocol -> [frames, bytes]
+        self._closed_by_label: dict[str, FrameStats] = {}
+        self._open: weakref.WeakSet[FrameStats] = weakref.WeakSet()
+        self._frames_lock = threading.Lock()
         self._inc_lock = threading.Lock()
         if registry is not None:
             registry.register(_Collector(self))
@@ -283,22 +365,21 @@ class Metrics:
         with self._inc_lock:
             series[labels] = series.get(labels, 0) + amount
 
-    def sent(self, subprotocol: str, codec_id: int, raw: int, wire: int) -> None:
-        """One frame sent: `raw` bytes before compression codec `codec_id`, `wire` after (hot path)."""
-        acc = self._sent.get((subprotocol, codec_id))
-        if acc is None:
-            acc = self._sent[(subprotocol, codec_id)] = [0, 0, 0]
-        acc[0] += 1
-        acc[1] += raw
-        acc[2] += wire
+    def attach(self, stats: FrameStats) -> None:
+        """Count an open connection's frames (read at scrape time: nothing is done per frame)."""
+        with self._frames_lock:
+            self._open.add(stats)
 
-    def received(self, subprotocol: str, size: int) -> None:
-        """One frame of `size` bytes received (hot path)."""
-        acc = self._received.get(subprotocol)
-        if acc is None:
-            acc = self._received[subprotocol] = [0, 0]
-        acc[0] += 1
-        acc[1] += size
+    def detach(self, stats: FrameStats) -> None:
+        """The connection closed: fold its frame counters into the totals."""
+        with self._frames_lock:
+            if stats not in self._open:
+                return
+            self._open.discard(stats)
+            total = self._closed_by_label.get(stats.label)
+            if total is None:
+                total = self._closed_by_label[stats.label] = FrameStats(stats.label)
+            _add_frames(total, stats)
 
     def hist(self, name: str, *labels: str) -> _Hist:
         """The histogram child of `name` for these label values (bind it once, observe often)."""
@@ -326,15 +407,24 @@ class Metrics:
 
     def _counters(self) -> dict[str, dict[tuple[str, ...], Any]]:
         values = dict(self._values)
+        by_label: dict[str, FrameStats] = {}
+        with self._frames_lock:
+            for stats in [*self._closed_by_label.values(), *self._open]:
+                total = by_label.get(stats.label)
+                if total is None:
+                    total = by_label[stats.label] = FrameStats(stats.label)
+                _add_frames(total, stats)
         frames: dict[tuple[str, ...], Any] = {}
         raw: dict[tuple[str, ...], Any] = {}
         wire: dict[tuple[str, ...], Any] = {}
-        for (sp, codec_id), (n, r, w) in list(self._sent.items()):
-            key = (sp, _COMPRESSION_NAMES.get(codec_id, str(codec_id)))
-            frames[key], raw[key], wire[key] = n, r, w
+        for label, total in by_label.items():
+            for codec_id, (n, r, w) in enumerate(total.by_codec()):
+                if n:
+                    key = (label, _COMPRESSION_NAMES.get(codec_id, str(codec_id)))
+                    frames[key], raw[key], wire[key] = n, r, w
         values["frames_sent"], values["payload_bytes"], values["wire_bytes"] = frames, raw, wire
-        values["frames_received"] = {(sp,): v[0] for sp, v in list(self._received.items())}
-        values["received_bytes"] = {(sp,): v[1] for sp, v in list(self._received.items())}
+        values["frames_received"] = {(lb,): t.received[0] for lb, t in by_label.items() if t.received[0]}
+        values["received_bytes"] = {(lb,): t.received[1] for lb, t in by_label.items() if t.received[0]}
         return values
 
     # ------------------------------------------------------------------ export
@@ -364,6 +454,12 @@ class Metrics:
                         buckets.append((_le(bound), cumulative))
                     fam.add_metric(labels, buckets, h.sum)
             yield fam
+
+
+def _add_frames(total: FrameStats, stats: FrameStats) -> None:
+    total.sent[:] = [a + b for a, b in zip(total.sent, stats.sent, strict=True)]
+    total.received[0] += stats.received[0]
+    total.received[1] += stats.received[1]
 
 
 def _le(bound: float) -> str:

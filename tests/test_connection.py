@@ -729,8 +729,8 @@ def test_stats_count_frames_and_bytes() -> None:
     pair.chunk(1, b"de")
     stats = pair.conn.stats
     assert stats.frames_in == 2 and stats.frames_out == 3  # Welcome + 2 Deltas
-    assert stats.raw_bytes_out == 5
-    assert stats.bytes_in > 0 and stats.bytes_out > stats.raw_bytes_out
+    assert stats.bytes_in > 0 and stats.bytes_out == stats.payload_bytes_out > 5  # uncompressed: equal
+    assert stats.by_codec()[0][0] == 3 and sum(n for n, _, _ in stats.by_codec()[1:]) == 0
 
 
 # ================================================================================ subprotocol choice

@@ -15,7 +15,16 @@ from lowlat_mw import events as ev
 from lowlat_mw.codec import codec_for
 from lowlat_mw.compression import CompressionSelector
 from lowlat_mw.connection import SendFrame, ServerConnection, StartStream
-from lowlat_mw.metrics import LATENCY_BUCKETS, STAGES, Metrics, Snapshot, StreamTimer, quantile, stage_sum
+from lowlat_mw.metrics import (
+    LATENCY_BUCKETS,
+    STAGES,
+    FrameStats,
+    Metrics,
+    Snapshot,
+    StreamTimer,
+    quantile,
+    stage_sum,
+)
 from lowlat_mw.model import Models
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
@@ -118,9 +127,15 @@ def test_counters_gauges_and_byte_accumulators_export() -> None:
     metrics.connections += 3
     metrics.inc("errors", "model_error")
     metrics.inc("errors", "model_error")
-    metrics.sent("proto", 1, 1000, 300)
-    metrics.sent("proto", 0, 50, 50)
-    metrics.received("json", 42)
+    proto, json_ = FrameStats("proto"), FrameStats("json")
+    proto.count_sent(1, 1000, 300)
+    proto.count_sent(0, 50, 50)
+    json_.received[:] = [1, 42]
+    metrics.attach(proto)
+    metrics.attach(json_)
+    metrics.detach(json_)  # closed: folded into the totals
+    metrics.detach(json_)  # twice is harmless
+    del json_
     samples = scrape(registry)
     assert samples[("lowlat_connections", ())] == 3
     assert samples[("lowlat_errors_total", (("code", "model_error"),))] == 2

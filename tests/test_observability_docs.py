@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lowlat_mw import docs, metrics
-from lowlat_mw.metrics import Metrics
+from lowlat_mw.metrics import FrameStats, Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "observability.md"
@@ -109,8 +109,10 @@ def test_exported_names_match_a_real_scrape() -> None:
             m.inc(spec.name, *labels)
         elif spec.kind == "histogram":
             m.observe(spec.name, 0.001, *labels)
-    m.sent("proto", 1, 100, 40)
-    m.received("proto", 10)
+    stats = FrameStats("proto")
+    stats.count_sent(1, 100, 40)
+    stats.received[:] = [1, 10]
+    m.attach(stats)
     scraped = {s.name for fam in text_string_to_metric_families(generate_latest(registry).decode())
                for s in fam.samples}
     assert scraped == docs.exported_names()

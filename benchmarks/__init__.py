@@ -1,0 +1,34 @@
+"""lowlat-mw benchmarks: ``python -m benchmarks [--quick] [--suite NAME ...] [--output docs/benchmarks.md]``.
+
+Suites measure configurations against each other in one run and write their section of
+docs/benchmarks.md. See :mod:`benchmarks.core` for how to add a suite.
+"""
+
+from __future__ import annotations
+
+from .core import MODES, SUITE_MODULES, Suite, SuiteResult, all_suites, suite, update_section
+
+__all__ = ["MODES", "SUITE_MODULES", "Suite", "SuiteResult", "all_suites", "run_suites", "suite", "update_section"]
+
+
+def run_suites(names: list[str] | None, mode: str, output: str | None) -> list[SuiteResult]:
+    """Run suites `names` (None: all) in `mode`, print them, write their sections into `output`."""
+    from pathlib import Path
+
+    from .core import log
+
+    suites = all_suites()
+    unknown = [n for n in names or () if n not in suites]
+    if unknown:
+        raise SystemExit(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(suites)}")
+    chosen = [suites[n] for n in dict.fromkeys(names)] if names else list(suites.values())
+    results = []
+    for s in chosen:
+        log(f"== suite {s.name} ({mode} mode)")
+        result = s.run(mode)
+        print(f"\n## {result.heading}\n\n{result.text}\n", flush=True)
+        if output:
+            update_section(Path(output), result.heading, result.body)
+            log(f"== wrote section {result.heading!r} of {output}")
+        results.append(result)
+    return results

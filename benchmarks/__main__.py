@@ -1,0 +1,33 @@
+"""Command line: ``python -m benchmarks [--quick] [--suite NAME ...] [--output PATH]``."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import all_suites, run_suites
+
+
+def main(argv: list[str] | None = None) -> int:
+    suites = all_suites()
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run lowlat-mw benchmark suites and write their sections of docs/benchmarks.md.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, every suite together well under 2 minutes (the CI smoke test)")
+    parser.add_argument("--suite", action="append", metavar="NAME", choices=list(suites),
+                        help=f"run only this suite (repeatable; default: all of {', '.join(suites)})")
+    parser.add_argument("--output", default="docs/benchmarks.md", metavar="PATH",
+                        help="markdown file whose suite sections are replaced (default: %(default)s; '' to skip)")
+    parser.add_argument("--list", action="store_true", help="list the suites and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for s in suites.values():
+            print(f"{s.name}: {s.heading}")
+        return 0
+    run_suites(args.suite, "quick" if args.quick else "full", args.output or None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

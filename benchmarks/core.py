@@ -1,0 +1,214 @@
+"""The benchmark harness: suite registry, run modes, machine facts, statistics and docs/benchmarks.md sections.
+
+A suite is a module in this package that decorates one function with :func:`suite`::
+
+    @suite("codec", "Codec: encode and decode per message")
+    def run(mode: str) -> SuiteResult: ...
+
+and is listed in :data:`SUITE_MODULES`. `mode` is ``"full"`` (the numbers in docs/benchmarks.md),
+``"quick"`` (the CI smoke test; every suite together well under 2 minutes) or ``"tiny"`` (unit
+tests: every code path, seconds, numbers meaningless). Suites compare configurations measured in
+the same run, interleaved, and report ratios: absolute numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "MODES",
+    "SUITE_MODULES",
+    "Suite",
+    "SuiteResult",
+    "all_suites",
+    "machine_facts",
+    "markdown_table",
+    "median",
+    "paired_ratios",
+    "quantiles",
+    "rotated",
+    "suite",
+    "update_section",
+]
+
+MODES = ("tiny", "quick", "full")
+
+# Suite modules in report order; a module registers its suite when imported. Issue 7 plans
+# transport, codec, compression, scale and frameworks next to overhead.
+SUITE_MODULES: tuple[str, ...] = ("overhead",)
+
+INTRO = """# Benchmarks
+
+<!-- Sections are written by `python -m benchmarks`; each suite replaces only its own section. -->
+
+Run them from the repository root with the project's virtualenv:
+
+```sh
+.venv/bin/python -m benchmarks                    # every suite, full size (a few minutes per suite)
+.venv/bin/python -m benchmarks --quick            # small sizes: the CI smoke test
+.venv/bin/python -m benchmarks --suite overhead   # one suite (repeat --suite for several)
+```
+
+Each suite writes its section of this file (`--output` picks another file) and prints its tables.
+Results are ratios between configurations measured in one run, interleaved in rounds so that drift
+and background load hit every configuration alike, on the machine named in the section's header.
+Absolute times (µs) are only comparable within one section: they depend on that machine and its load.
+"""
+
+
+@dataclass
+class SuiteResult:
+    """What a suite hands back: its docs section, what to print, and its numbers for checks."""
+
+    name: str
+    heading: str
+    body: str
+    text: str
+    rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Row label -> column -> value (every value a finite number), for tests and tools."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    heading: str
+    run: Callable[[str], SuiteResult]
+
+
+_SUITES: dict[str, Suite] = {}
+
+
+def suite(name: str, heading: str) -> Callable[[Callable[[str], SuiteResult]], Callable[[str], SuiteResult]]:
+    """Register `fn(mode) -> SuiteResult` as suite `name`, writing section ``## heading``."""
+
+    def register(fn: Callable[[str], SuiteResult]) -> Callable[[str], SuiteResult]:
+        if name in _SUITES and _SUITES[name].run is not fn:
+            raise ValueError(f"benchmark suite {name!r} registered twice")
+        _SUITES[name] = Suite(name, heading, fn)
+        return fn
+
+    return register
+
+
+def all_suites() -> dict[str, Suite]:
+    """Every suite, in report order (importing the suite modules registers them)."""
+    for module in SUITE_MODULES:
+        importlib.import_module(f"{__package__}.{module}")
+    return dict(_SUITES)
+
+
+# ================================================================================ statistics
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def quantiles(values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """Linear-interpolated quantiles of `values` (no extra dependency, works for 1 value)."""
+    data = sorted(values)
+    out = []
+    for q in qs:
+        pos = q * (len(data) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(data) - 1)
+        out.append(data[lo] + (data[hi] - data[lo]) * (pos - lo))
+    return out
+
+
+def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """Per-round ratios num[i] / den[i] of two configurations measured in the same rounds."""
+    if len(num) != len(den):
+        raise ValueError("paired samples must come from the same rounds")
+    return [a / b for a, b in zip(num, den, strict=True)]
+
+
+def rotated(items: Sequence[str], shift: int) -> list[str]:
+    """`items` rotated left by `shift` (round r of an interleaved benchmark starts with item r)."""
+    if not items:
+        return []
+    k = shift % len(items)
+    return [*items[k:], *items[:k]]
+
+
+# ================================================================================ reporting
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_facts(mode: str, *, extra: Sequence[str] = ()) -> str:
+    """One markdown line naming the machine, software and time of a run."""
+    cpus = os.cpu_count() or 0
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = cpus
+    try:
+        load = f"load average {os.getloadavg()[0]:.2f} at start"
+    except OSError:
+        load = ""
+    from lowlat_mw import __version__
+
+    when = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        f"{cpus} CPUs" + (f" ({usable} usable)" if usable != cpus else "") + f", {_cpu_model()}",
+        f"{platform.system()} {platform.release()}",
+        f"{platform.python_implementation()} {platform.python_version()}",
+        f"lowlat-mw {__version__}",
+        *extra,
+        f"`{mode}` mode",
+        when,
+    ]
+    if load:
+        parts.append(load)
+    return "Machine: " + "; ".join(parts) + "."
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
+    """A GitHub markdown table; `align` has one of l/r per column (default: first left, rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+_HEADING = re.compile(r"^## ", re.M)
+
+
+def update_section(path: Path, heading: str, body: str) -> None:
+    """Write ``## heading`` + `body` into `path`, replacing that section only (create the file with the intro)."""
+    text = path.read_text(encoding="utf-8") if path.exists() else INTRO
+    starts = [m.start() for m in _HEADING.finditer(text)]
+    intro = text[: starts[0]] if starts else text
+    ends = [*starts[1:], len(text)] if starts else []
+    sections = [text[a:b] for a, b in zip(starts, ends, strict=True)]
+    new = f"## {heading}\n\n{body.strip()}\n"
+    for i, sec in enumerate(sections):
+        if sec.splitlines()[0].strip() == f"## {heading}":
+            sections[i] = new
+            break
+    else:
+        sections.append(new)
+    out = intro.rstrip("\n") + "\n\n" + "\n".join(s.rstrip("\n") + "\n" for s in sections)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out, encoding="utf-8")
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (stdout carries the tables)."""
+    print(msg, file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import importlib.util
 import math
 import os
 import platform
@@ -43,9 +44,8 @@ __all__ = [
 
 MODES = ("tiny", "quick", "full")
 
-# Suite modules in report order; a module registers its suite when imported. Issue 7 plans
-# transport, codec, compression, scale and frameworks next to overhead.
-SUITE_MODULES: tuple[str, ...] = ("overhead",)
+# Suite modules in report order; a module registers its suite when imported.
+SUITE_MODULES: tuple[str, ...] = ("transport", "bare", "frameworks", "codec", "compression", "scale", "overhead")
 
 INTRO = """# Benchmarks
 
@@ -103,7 +103,8 @@ def suite(name: str, heading: str) -> Callable[[Callable[[str], SuiteResult]], C
 def all_suites() -> dict[str, Suite]:
     """Every suite, in report order (importing the suite modules registers them)."""
     for module in SUITE_MODULES:
-        importlib.import_module(f"{__package__}.{module}")
+        if importlib.util.find_spec(f"{__package__}.{module}") is not None:
+            importlib.import_module(f"{__package__}.{module}")
     return dict(_SUITES)
 
 

@@ -30,5 +30,10 @@ def run_suites(names: list[str] | None, mode: str, output: str | None) -> list[S
         if output:
             update_section(Path(output), result.heading, result.body)
             log(f"== wrote section {result.heading!r} of {output}")
+            for name, png in result.plots.items():
+                folder = Path(output).parent / "benchmarks"
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / name).write_bytes(png)
+                log(f"== wrote {folder / name}")
         results.append(result)
     return results

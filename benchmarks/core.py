@@ -76,6 +76,9 @@ class SuiteResult:
     text: str
     rows: dict[str, dict[str, float]] = field(default_factory=dict)
     """Row label -> column -> value (every value a finite number), for tests and tools."""
+    plots: dict[str, bytes] = field(default_factory=dict)
+    """PNG file name -> bytes; written to the folder ``benchmarks/`` next to the output file, so the
+    section links them as ``benchmarks/<name>``."""
 
 
 @dataclass(frozen=True)

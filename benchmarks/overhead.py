@@ -23,11 +23,14 @@ off) serve the Python client in this process, again interleaved in rounds.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import importlib.util
 import math
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -168,7 +171,7 @@ class InProcess:
                 codec.encode(ev.Request(stream_id=i + 1, text="benchmark", params=params))
                 for i in range(size.streams)]
 
-    async def sample(self, cfg: Config, sp_name: str) -> float:
+    async def sample(self, cfg: Config, sp_name: str, *, collect: bool = True) -> float:
         """One session: µs of this thread's CPU time per delta (all of the session runs on it)."""
         size = self.size
         sent = 0
@@ -181,7 +184,8 @@ class InProcess:
             pass
 
         tracer = self.tracers.get(cfg.tracing)
-        gc.collect()
+        if collect:
+            gc.collect()
         start = time.thread_time()
         with _use_tracer(tracer):
             session = AsyncServerSession(model=demo_model, settings=self.settings[cfg.key], send=send, close=close,
@@ -220,6 +224,57 @@ class InProcess:
                 log(f"   in-process round {r - self.size.warmup + 1}/{self.size.rounds}")
         self.tracers.close()
         return samples
+
+
+# ================================================================================ instruction counts
+INSTR_CONFIGS = ("A", "B", "C")
+INSTR_RUNS = (1, 3)  # samples per valgrind run; the difference cancels start-up and imports
+
+
+def instructions_child(key: str, sp_name: str, samples: int) -> None:
+    """Run under valgrind: `samples` in-process samples of configuration `key` (full-mode sizes)."""
+    size = SIZES["full"]
+    cfg = next(c for c in CONFIGS if c.key == key)
+    gc.disable()  # a full collection's cost depends on the heap, not on the configuration
+
+    async def main() -> None:
+        runner = InProcess(size, [cfg])
+        for _ in range(samples):
+            await runner.sample(cfg, sp_name, collect=False)
+
+    factory, _ = _loop_factory()
+    with asyncio.Runner(loop_factory=factory) as r:
+        r.run(main())
+
+
+def _irefs(key: str, sp_name: str, samples: int) -> int:
+    code = f"from benchmarks.overhead import instructions_child; instructions_child({key!r}, {sp_name!r}, {samples})"
+    out = subprocess.run(
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", sys.executable,
+         "-c", code],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+        env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)})
+    match = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+    if out.returncode or not match:
+        raise RuntimeError(f"valgrind run failed ({out.returncode}): {out.stderr[-1500:]}")
+    return int(match.group(1).replace(",", ""))
+
+
+def instructions_per_delta() -> dict[tuple[str, str], float] | None:
+    """Instructions per delta per (config, subprotocol), counted by cachegrind (None without valgrind).
+
+    Deterministic where CPU time is not: the ratio of two counts does not move with machine load.
+    """
+    if shutil.which("valgrind") is None:
+        return None
+    size = SIZES["full"]
+    deltas = size.streams * size.tokens
+    jobs = [(k, sp, n) for k in INSTR_CONFIGS for sp in SUBPROTOCOLS for n in INSTR_RUNS]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(2, os.cpu_count() or 1))) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: _irefs(*job), jobs), strict=True))
+    lo, hi = INSTR_RUNS
+    return {(k, sp): (counts[(k, sp, hi)] - counts[(k, sp, lo)]) / ((hi - lo) * deltas)
+            for k in INSTR_CONFIGS for sp in SUBPROTOCOLS}
 
 
 # ================================================================================ end to end
@@ -346,8 +401,39 @@ def _check(rows: dict[str, dict[str, float]]) -> None:
                 raise RuntimeError(f"overhead row {label!r} column {col!r} is {v!r}")
 
 
+def _instructions_section(instr: dict[tuple[str, str], float] | None, rows: dict[str, dict[str, float]]) -> str:
+    """The cachegrind table (and its rows), or a note that valgrind was not there."""
+    if instr is None:
+        return ("**Instructions per delta**: not measured in this run (needs `valgrind`, full mode only); "
+                "CPU-time ratios above are the only measure.")
+    labels = {"A": "A: everything off", "B": "B: End stage timings only", "C": "C: metrics + stage timings"}
+    table = []
+    for key in INSTR_CONFIGS:
+        cells = [labels[key]]
+        for sp in SUBPROTOCOLS:
+            n, ratio = instr[(key, sp)], instr[(key, sp)] / instr[("A", sp)]
+            rows.setdefault(f"instr {key}", {})[f"{sp}_per_delta"] = n
+            rows[f"instr {key}"][f"{sp}_ratio_vs_A"] = ratio
+            cells += [f"{n:,.0f}", "1 (reference)" if key == "A" else f"{ratio:.3f} ({(ratio - 1) * 100:+.1f}%)"]
+        table.append(cells)
+    cb = {sp: instr[("C", sp)] / instr[("B", sp)] for sp in SUBPROTOCOLS}
+    rows["instr C vs B"] = {f"{sp}_ratio": v for sp, v in cb.items()}
+    table.append(["C vs B: metrics alone"] + [x for sp in SUBPROTOCOLS
+                                              for x in ("", f"{cb[sp]:.3f} ({(cb[sp] - 1) * 100:+.1f}%)")])
+    size = SIZES["full"]
+    return f"""**Instructions per delta** (cachegrind, `valgrind --tool=cachegrind`): the same in-process
+sample ({size.streams} streams x {size.tokens} tokens), run {INSTR_RUNS[0]} and {INSTR_RUNS[1]} times in one
+process each, the difference divided by the extra deltas (start-up and imports cancel out), with the
+garbage collector off. Instruction counts do not move with machine load, so these ratios are the
+noise-free version of the CPU-time ratios above (they do not see cache misses or instruction costs).
+
+{markdown_table(["Configuration", "proto instr/delta", "proto ratio vs A", "json instr/delta", "json ratio vs A"],
+                table)}"""
+
+
 def report(mode: str, size: Size, configs: list[Config], samples: dict[tuple[str, str], list[float]],
-           e2e: dict[tuple[str, str, str], list[float]], loop_name: str) -> SuiteResult:
+           e2e: dict[tuple[str, str, str], list[float]], loop_name: str,
+           instr: dict[tuple[str, str], float] | None = None) -> SuiteResult:
     sps = list(SUBPROTOCOLS)
     rows: dict[str, dict[str, float]] = {}
     table: list[list[str]] = []
@@ -386,6 +472,7 @@ def report(mode: str, size: Size, configs: list[Config], samples: dict[tuple[str
     e2e_table = markdown_table(["Subprotocol", "wall µs/delta, off", "wall µs/delta, on", "wall ratio on/off",
                                 "server CPU µs/delta, off", "server CPU µs/delta, on", "server CPU ratio on/off"],
                                e2e_rows)
+    instr_text = _instructions_section(instr, rows)
     _check(rows)
 
     worst_ca = max(rows["C"][f"{sp}_ratio_vs_A"] for sp in sps) - 1
@@ -400,6 +487,11 @@ def report(mode: str, size: Size, configs: list[Config], samples: dict[tuple[str
             f"subprotocol), {verdict(worst_ca)} the target; metrics alone (C vs B) {worst_cb:+.1%}, "
             f"{verdict(worst_cb)}; end to end, server CPU per delta with the default observability vs off "
             f"{worst_e2e:+.1%}, {verdict(worst_e2e)}.")
+    if instr is not None:
+        i_ca = max(rows["instr C"][f"{sp}_ratio_vs_A"] for sp in sps) - 1
+        i_cb = max(rows["instr C vs B"].values()) - 1
+        line += (f" Counted in instructions (no noise): metrics alone (C vs B) {i_cb:+.1%}, {verdict(i_cb)} the "
+                 f"target; metrics + End stage timings (C vs A) {i_ca:+.1%}, {verdict(i_ca)}.")
     facts = machine_facts(mode, extra=[loop_name])
     deltas = size.streams * size.tokens
     body = f"""{facts}
@@ -430,10 +522,14 @@ after each sample).
 
 {e2e_table}
 
+{instr_text}
+
 {line}
 """
     text = (f"{facts}\n\nIn process ({deltas} deltas/sample, {size.rounds} rounds):\n{in_proc}\n\n"
             f"End to end ({size.e2e_rounds} rounds):\n{e2e_table}\n\n{line}")
+    if instr is not None:
+        text += f"\n\n{instr_text}"
     return SuiteResult(name=NAME, heading=HEADING, body=body, text=text, rows=rows)
 
 
@@ -447,4 +543,8 @@ def run(mode: str) -> SuiteResult:
         samples = runner.run(InProcess(size, configs).run())
         log(f"   end to end: 2 servers x 2 subprotocols x {size.e2e_rounds} rounds")
         e2e = runner.run(_e2e(size))
-    return report(mode, size, configs, samples, e2e, loop_name)
+    instr = None
+    if mode == "full":
+        log("   instructions per delta (cachegrind, if valgrind is installed)")
+        instr = instructions_per_delta()
+    return report(mode, size, configs, samples, e2e, loop_name, instr)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import ssl as ssl_module
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -272,10 +273,14 @@ class AsyncClient:
         resume: bool = True,
         max_pending: int = 100,
         auth: str = "",
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         if mode not in ("proto", "json"):
             raise ValueError("mode must be 'proto' or 'json'")
+        if ssl is not None and not url.startswith("wss://"):
+            raise ValueError("ssl= needs a wss:// URL")
         self.url = url
+        self.ssl = ssl  # TLS context for wss:// (None: the system trust store)
         self.mode = mode
         self.subprotocol = SUBPROTOCOL_PROTO if mode == "proto" else SUBPROTOCOL_JSON
         self.codec = codec_for(self.subprotocol)
@@ -421,6 +426,7 @@ class AsyncClient:
             max_size=self.max_frame_size,
             ping_interval=None,  # the protocol's own heartbeat replaces WebSocket pings
             compression=None,
+            **({"ssl": self.ssl} if self.ssl is not None else {}),  # websockets refuses ssl= for ws://
         )
         try:
             if ws.subprotocol != self.subprotocol and not (self.mode == "json" and ws.subprotocol is None):

@@ -1,11 +1,24 @@
 """A TCP proxy that can cut, stall, delay and throttle connections (for fault-injection tests).
 
 It runs its own event loop in a daemon thread so sync and async tests can both use it.
+
+``delay`` is one-way latency, added in each direction: every chunk read from one side is stamped
+with the time it is due (its arrival + ``delay``) and a separate writer forwards the chunks in
+order, each when it is due. So the link holds up to ``delay`` worth of data in flight as a long
+link does, and the delay does not turn into a bandwidth limit (up to :data:`MAX_IN_FLIGHT` bytes
+may be in flight per direction; beyond that the proxy stops reading, as a full TCP window would).
+A userspace proxy accepts a TCP connection at once, while over a real link ``connect()`` returns
+after one round trip: with ``handshake=True`` (the default) a new connection's first client bytes
+are therefore held for one extra round trip (2 x ``delay``), so a new connection costs what it
+would over the delayed link. ``bandwidth`` (bytes per second per direction) serializes the chunks
+after their delay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import ipaddress
 import random
 import threading
@@ -13,7 +26,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FaultProxy"]
+__all__ = ["MAX_IN_FLIGHT", "FaultProxy"]
+
+MAX_IN_FLIGHT = 16 * 1024 * 1024
+"""Bytes a direction may hold in flight (read, not yet forwarded) while a delay is set."""
+
+_READ_SIZE = 65536
+
+
+class _Pipe:
+    """One direction's chunks in flight, in order: (due time, bytes); b"" marks the end of the stream."""
+
+    def __init__(self) -> None:
+        self.chunks: collections.deque[tuple[float, bytes]] = collections.deque()
+        self.pending = 0                  # bytes read and not yet written + drained
+        self.queued = asyncio.Event()     # set when a chunk is appended
+        self.progress = asyncio.Event()   # set when pending went down or the writer stopped
+        self.writer_done = False
+
+    def push(self, due: float, data: bytes) -> None:
+        self.chunks.append((due, data))
+        self.pending += len(data)
+        self.queued.set()
+
+    def wake(self) -> None:
+        self.queued.set()
+        self.progress.set()
 
 
 class _Link:
@@ -27,11 +65,17 @@ class _Link:
         self.up_bytes = 0
         self.cut_at: int | None = proxy._next_cut()
         self.closed = False
+        self.task: asyncio.Task[Any] | None = None
+        self.pipes: list[_Pipe] = []
+        # Client bytes are not due upstream before the emulated TCP handshake is over.
+        self.ready_at = asyncio.get_running_loop().time() + (2 * proxy.delay if proxy.handshake else 0.0)
 
     def abort(self) -> None:
         if self.closed:
             return
         self.closed = True
+        for pipe in self.pipes:
+            pipe.wake()
         for w in (self.cw, self.uw):
             if w is not None:
                 try:
@@ -52,15 +96,66 @@ class _Link:
             self.abort()
             self.proxy._links.discard(self)
 
+    def _due(self, up: bool) -> float:
+        now = asyncio.get_running_loop().time()
+        if up and now < self.ready_at:
+            now = self.ready_at
+        return now + self.proxy.delay
+
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, up: bool) -> None:
+        """Forward one direction: a reader task stamps chunks, this task writes them when due."""
+        pipe = _Pipe()
+        self.pipes.append(pipe)
+        reading = asyncio.ensure_future(self._read_side(reader, pipe, up=up))
+        try:
+            await self._write_side(writer, pipe, up=up)
+        finally:
+            reading.cancel()
+            await asyncio.wait([reading])
+            if not reading.cancelled():
+                reading.exception()  # retrieved: the link is over either way
+
+    async def _read_side(self, reader: asyncio.StreamReader, pipe: _Pipe, *, up: bool) -> None:
         proxy = self.proxy
         try:
-            while not self.closed:
-                data = await reader.read(65536)
-                if not data:
+            while not self.closed and not pipe.writer_done:
+                data = await reader.read(_READ_SIZE)
+                if not data or self.closed or pipe.writer_done:
                     break
                 while not proxy._flowing.is_set():
                     await proxy._flowing_async.wait()
+                pipe.push(self._due(up), data)
+                # Without a delay, read the next chunk only once this one is forwarded (backpressure
+                # as from a plain relay); with one, keep up to MAX_IN_FLIGHT bytes in the pipe.
+                while pipe.pending > (MAX_IN_FLIGHT if proxy.delay > 0 else 0):
+                    if self.closed or pipe.writer_done:
+                        return
+                    pipe.progress.clear()
+                    await pipe.progress.wait()
+        except (ConnectionError, OSError):
+            pass
+        pipe.push(self._due(up), b"")  # the end of the stream (FIN) crosses the link like data
+
+    async def _write_side(self, writer: asyncio.StreamWriter, pipe: _Pipe, *, up: bool) -> None:
+        proxy = self.proxy
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.closed:
+                if not pipe.chunks:
+                    pipe.queued.clear()
+                    await pipe.queued.wait()
+                    continue
+                due, data = pipe.chunks[0]
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                while not proxy._flowing.is_set():
+                    await proxy._flowing_async.wait()
+                if self.closed:
+                    break
+                pipe.chunks.popleft()
+                if not data:
+                    break
                 if not up and self.cut_at is not None and self.down_bytes + len(data) >= self.cut_at:
                     keep = max(0, self.cut_at - self.down_bytes)
                     if keep:
@@ -69,8 +164,6 @@ class _Link:
                     proxy.cuts += 1
                     self.abort()
                     return
-                if proxy.delay:
-                    await asyncio.sleep(proxy.delay)
                 if proxy.bandwidth:
                     await asyncio.sleep(len(data) / proxy.bandwidth)
                 writer.write(data)
@@ -79,9 +172,13 @@ class _Link:
                     self.up_bytes += len(data)
                 else:
                     self.down_bytes += len(data)
+                pipe.pending -= len(data)
+                pipe.progress.set()
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass
         finally:
+            pipe.writer_done = True
+            pipe.progress.set()
             if not self.closed:
                 try:
                     writer.write_eof()
@@ -90,15 +187,25 @@ class _Link:
 
 
 class FaultProxy:
-    """Forwards 127.0.0.1:port to `target`, with knobs to break the link on purpose."""
+    """Forwards 127.0.0.1:port to `target`, with knobs to break the link on purpose.
 
-    def __init__(self, target: tuple[str, int], *, seed: int | None = None) -> None:
+    `delay`: seconds of one-way latency added in each direction (a round trip gains 2 x delay);
+    `bandwidth`: bytes per second per direction (0: unlimited); `handshake`: make a new
+    connection's first client bytes wait one extra round trip, as a TCP handshake over the
+    delayed link would. `delay` and `bandwidth` may be changed at any time.
+    """
+
+    def __init__(self, target: tuple[str, int], *, seed: int | None = None, delay: float = 0.0,
+                 bandwidth: float = 0.0, handshake: bool = True) -> None:
         host = target[0]
         if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
             raise ValueError("FaultProxy only forwards to loopback addresses")
+        if delay < 0 or bandwidth < 0:
+            raise ValueError("delay and bandwidth must be >= 0")
         self.target = target
-        self.delay = 0.0          # seconds added to each forwarded chunk, both directions
-        self.bandwidth = 0.0      # bytes per second per direction (0 = unlimited)
+        self.delay = float(delay)          # seconds added to each forwarded chunk, in each direction
+        self.bandwidth = float(bandwidth)  # bytes per second per direction (0 = unlimited)
+        self.handshake = handshake         # new connections pay one round trip before their first bytes
         self.cuts = 0             # how many connections were cut by cut_after / cut_randomly
         self.connections = 0
         self.rng = random.Random(seed)
@@ -111,7 +218,11 @@ class FaultProxy:
         self._server: asyncio.AbstractServer | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="lowlat-fault-proxy", daemon=True)
         self._thread.start()
-        self.port = self._call(self._start())
+        try:
+            self.port = self._call(self._start())
+        except BaseException:
+            self._stop_loop()
+            raise
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> FaultProxy:
@@ -138,8 +249,12 @@ class FaultProxy:
     async def _accept(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         self.connections += 1
         link = _Link(self, cr, cw)
+        link.task = asyncio.current_task()
         self._links.add(link)
-        await link.run()
+        try:
+            await link.run()
+        except asyncio.CancelledError:  # close(): end quietly (asyncio logs a cancelled handler task as an error)
+            pass
 
     def close(self) -> None:
         """Stop listening and drop every connection."""
@@ -149,15 +264,26 @@ class FaultProxy:
         async def stop() -> None:
             if self._server is not None:
                 self._server.close()
+            tasks = []
             for link in list(self._links):
                 link.abort()
+                if link.task is not None and not link.task.done():
+                    link.task.cancel()
+                    tasks.append(link.task)
+            if tasks:
+                await asyncio.wait(tasks, timeout=2.0)
 
         try:
             self._call(stop())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop.close()
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                self._loop.close()
 
     @property
     def url_base(self) -> str:

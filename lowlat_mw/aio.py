@@ -228,7 +228,9 @@ class LiveSession:
         driver = self.driver
         now = time.monotonic()
         if driver is not None and driver.conn.open:
-            await driver.run(driver.conn.send_chunk(sid, chunk, now))  # records and frames it
+            actions = driver.conn.send_chunk(sid, chunk, now)  # records and frames it: SendFrames only
+            if actions:
+                await driver._send_frames([a.data for a in actions])
         else:  # no connection: buffer it for the resume (same checks as a live send)
             for piece in _split(normalize_chunk(chunk), self.settings.max_frame_size - 32):
                 self.session.record(sid, piece, now)

@@ -73,8 +73,13 @@ def _unsupported(kind: str) -> RemoteProtocolError:
 
 
 # ================================================================================ Protobuf
+_SMALL_VARINTS = tuple(bytes((i,)) for i in range(0x80))
+
+
 def encode_varint(value: int) -> bytes:
     """A non-negative int as a Protobuf base-128 varint (also snappy's length header)."""
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

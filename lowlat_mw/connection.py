@@ -403,10 +403,21 @@ class ServerConnection:
         stream = session.streams.get(stream_id) if session is not None else None
         if stream is None or not stream.running or self.state is ConnState.CLOSED:
             return []
-        chunk = normalize_chunk(chunk)
+        if type(chunk) is not str or not chunk.isascii():  # plain ASCII text (most tokens) needs no check
+            chunk = normalize_chunk(chunk)
         self.reaper.touch(now)
-        out: list[Action] = []
         limit = self.settings.max_frame_size
+        if len(chunk) * 4 <= limit - 32:  # the common case: far below the frame limit, one Delta
+            seq = stream.seq + 1
+            delta = (ev.Delta(stream_id=stream_id, seq=seq, text=chunk) if isinstance(chunk, str)
+                     else ev.Delta(stream_id=stream_id, seq=seq, data=chunk))
+            data, raw, codec_id = self.codec.encode_frame(delta, self.compressor, stream.timer)
+            size = len(data) if isinstance(data, bytes) else raw
+            if size <= limit:  # else JSON escaping or base64 made it too big: split below
+                session.record(stream_id, chunk, now, delta)  # type: ignore[union-attr]
+                self.stats.count_sent(codec_id, raw, size)
+                return [SendFrame(data)]
+        out: list[Action] = []
         pending = _split(chunk, limit - 32)
         pending.reverse()
         while pending:
@@ -422,7 +433,7 @@ class ServerConnection:
                 halves = _split(piece, max(1, _encoded_len(piece) // 2))
                 pending.extend(reversed(halves))
                 continue
-            session.record(stream_id, piece, now)  # type: ignore[union-attr]
+            session.record(stream_id, piece, now, probe)  # type: ignore[union-attr]
             self.stats.count_sent(codec_id, raw, size)
             out.append(SendFrame(data))
         return out

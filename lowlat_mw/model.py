@@ -164,7 +164,7 @@ def _kind(fn: Callable[..., Any]) -> str:
     return "sync"
 
 
-async def stream_model(
+def stream_model(
     fn: ModelFn, request: ModelRequest, executor: Executor | None = None,
     on_run: Callable[[], None] | None = None,
 ) -> AsyncIterator[Any]:
@@ -173,7 +173,19 @@ async def stream_model(
     Sync code runs on `executor` (default: the loop's default executor). `on_run` is called
     where and when the model's code is about to run (in the worker thread for sync code, once
     per chunk for sync generators), so the wait for a worker can be told apart from model time.
+    An async generator model is returned as it is (no wrapper generator per chunk); close the
+    result with ``aclose()`` either way.
     """
+    if _kind(fn) == "asyncgen":
+        if on_run is not None:
+            on_run()
+        return fn(request)  # type: ignore[no-any-return]
+    return _stream_model(fn, request, executor, on_run)
+
+
+async def _stream_model(
+    fn: ModelFn, request: ModelRequest, executor: Executor | None, on_run: Callable[[], None] | None,
+) -> AsyncIterator[Any]:
     kind = _kind(fn)
     if kind == "asyncgen" or kind == "async":
         if on_run is not None:

@@ -130,22 +130,28 @@ class Session:
         self.streams[sid] = StreamState(stream_id=sid, started_at=now)
         return None
 
-    def record(self, stream_id: int, piece: str | bytes, now: float) -> ev.Delta | None:
-        """Number and buffer one piece of output (already sized to fit a frame)."""
+    def record(self, stream_id: int, piece: str | bytes, now: float, delta: ev.Delta | None = None) -> ev.Delta | None:
+        """Number and buffer one piece of output (already sized to fit a frame).
+
+        `delta`: the Delta the caller already built for this piece (its next seq), to keep.
+        """
         st = self.streams.get(stream_id)
-        if st is None or not st.running:
+        if st is None or st.terminal is not None:
             return None
         if st.first_chunk_at is None:
             st.first_chunk_at = now
         st.seq += 1
-        n = len(piece) if isinstance(piece, bytes) else len(piece.encode("utf-8", "surrogatepass"))
+        ascii_or_bytes = isinstance(piece, bytes) or piece.isascii()
+        n = len(piece) if ascii_or_bytes else len(piece.encode("utf-8", "surrogatepass"))
         st.out_bytes += n
-        delta = (ev.Delta(stream_id=stream_id, seq=st.seq, text=piece) if isinstance(piece, str)
-                 else ev.Delta(stream_id=stream_id, seq=st.seq, data=piece))
+        if delta is None or delta.seq != st.seq:
+            delta = (ev.Delta(stream_id=stream_id, seq=st.seq, text=piece) if isinstance(piece, str)
+                     else ev.Delta(stream_id=stream_id, seq=st.seq, data=piece))
         cost = n + DELTA_OVERHEAD
         st.buffer.append((delta, cost))
         self.buffered += cost
-        self._enforce_buffer_limit(st)
+        if self.buffered > self.settings.resume_buffer_size:
+            self._enforce_buffer_limit(st)
         return delta
 
     def _enforce_buffer_limit(self, current: StreamState) -> None:

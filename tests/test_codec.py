@@ -224,7 +224,7 @@ def _decode_or_protocol_error(codec: Any, data: bytes | str, allowed: Any = ALL)
         assert exc.close_code is None or exc.close_code in tuple(CloseCode)
         return
     assert isinstance(result, ev.Hello | ev.Welcome | ev.Request | ev.Delta | ev.End | ev.Error | ev.Cancel
-                      | ev.Ping | ev.Pong | ev.GoAway)
+                      | ev.Ping | ev.Pong | ev.GoAway | ev.Ack)
 
 
 @FUZZ

@@ -253,7 +253,7 @@ def test_damaged_frame_never_decodes_to_something_else_silently(codec: str, payl
 
 # ============================================================================ selector
 def _spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Count real compression calls per codec."""
+    """Count real compression calls per codec (zstd at level 3, which the selector uses on slow links, as zstd)."""
     calls = dict.fromkeys(CODECS, 0)
     for name in CODECS:
         codec = cmp._REGISTRY[name]
@@ -263,6 +263,12 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             return _orig(data)
 
         monkeypatch.setitem(cmp._REGISTRY, name, dataclasses.replace(codec, compress=counting))
+
+    def counting_level3(data: bytes, _orig: Callable[[bytes], bytes] = cmp._zstd3_compress) -> bytes:
+        calls["zstd"] += 1
+        return _orig(data)
+
+    monkeypatch.setattr(cmp, "_zstd3_compress", counting_level3)
     return calls
 
 
@@ -349,7 +355,9 @@ def test_selector_learns_text_kind_separately(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("mbps", [1.0, 100.0, 1000.0])
 def test_selector_picks_a_codec_for_large_repetitive_text(mbps: float) -> None:
-    sel = CompressionSelector(CODECS, link_mbps=mbps)
+    # clock=None: the priors decide, not this machine's measured speed (at 1 Gbit/s a slow or busy
+    # machine rightly sends raw).
+    sel = CompressionSelector(CODECS, link_mbps=mbps, clock=None)
     for seed in range(5):
         payload = _repetitive(seed, 64 * 1024)
         codec_id, out = sel.compress(payload, TEXT)
@@ -414,6 +422,136 @@ def test_selector_explores_other_codecs_periodically(monkeypatch: pytest.MonkeyP
     for seed in range(200):
         sel.compress(_repetitive(seed, 4096), TEXT)
     assert all(calls[name] > 0 for name in CODECS), calls
+
+
+# ============================================================================ selector: cost model, learning
+class FakeClock:
+    """A clock under which every compression the selector times takes `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.now, self.reads = seconds, 0.0, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:  # the selector reads before and after each compression it times
+            self.now += self.seconds
+        return self.now
+
+
+def test_selector_uses_zstd_level_3_on_a_slow_link() -> None:
+    sel = CompressionSelector(CODECS, link_mbps=1.0, clock=None)
+    used = []
+    for seed in range(40):
+        payload = _repetitive(seed, 64 * 1024)
+        codec_id, out = sel.compress(payload, TEXT)
+        used.append(sel.last_variant)
+        assert decompress(codec_id, out, len(payload)) == payload
+        if sel.last_variant == "zstd-3":  # the same frame format as level 1
+            assert codec_id == CODEC_IDS["zstd"]
+    assert used[-30:].count("zstd-3") >= 25, used
+
+
+def test_selector_does_not_spend_zstd_level_3_on_a_fast_link() -> None:
+    sel = CompressionSelector(CODECS, link_mbps=1000.0, clock=None)
+    used = [sel.compress(_repetitive(seed, 16 * 1024), TEXT) and sel.last_variant for seed in range(64)]
+    assert used[-40:].count("zstd-3") <= 2, used  # probes at most
+
+
+def test_measured_speed_decides_on_a_fast_link() -> None:
+    payloads = [_repetitive(seed, 16 * 1024) for seed in range(60)]
+    slow = CompressionSelector(CODECS, link_mbps=1000.0, clock=FakeClock(1e-3))  # 1 ms per compression
+    fast = CompressionSelector(CODECS, link_mbps=1000.0, clock=FakeClock(1e-7))
+    slow_ids = [slow.compress(p, TEXT)[0] for p in payloads]
+    fast_ids = [fast.compress(p, TEXT)[0] for p in payloads]
+    assert all(codec_id == 0 for codec_id in slow_ids[-40:]), slow_ids  # sending raw is cheaper
+    assert all(codec_id != 0 for codec_id in fast_ids[-40:]), fast_ids
+
+
+def test_min_size_rises_where_no_codec_can_pay() -> None:
+    assert CompressionSelector(CODECS).min_size == 512  # 1 Gbit/s: a codec may pay, we do not know yet
+    assert CompressionSelector(CODECS, link_mbps=1e5).min_size == 65536  # no codec beats 100 Gbit/s, capped
+    sel = CompressionSelector(CODECS, link_mbps=1000.0, clock=FakeClock(1e-3))
+    for seed in range(8):  # the first payload and one per other variant
+        sel.compress(_repetitive(seed, 8192), TEXT)
+    assert sel.min_size > 16384  # learnt: at 1 ms per compression small payloads cannot pay on 1 Gbit/s
+    assert sel.compress(bytes(8192)) == (0, bytes(8192))
+    sel.set_link_speed(1.0)
+    assert sel.min_size == 512  # on 1 Mbit/s it pays again
+    sel.min_size = 2000  # the configured floor can be changed
+    assert sel.min_size == 2000
+
+
+def test_binary_payloads_alone_do_not_raise_min_size() -> None:
+    sel = CompressionSelector(CODECS, min_size=100, link_mbps=1000.0, clock=FakeClock(1e-3))
+    rnd = random.Random(4)
+    for _ in range(20):
+        sel.compress(rnd.randbytes(8192), BINARY)
+    # text never seen: it must still reach the selector (only the CPU floor applies, as on a fresh selector)
+    assert sel.min_size == CompressionSelector(CODECS, min_size=100, link_mbps=1000.0).min_size < 512
+
+
+def test_first_payloads_and_probes_try_other_variants_on_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    for name in CODECS:
+        codec = cmp._REGISTRY[name]
+
+        def sizing(data: bytes, _orig: Callable[[bytes], bytes] = codec.compress) -> bytes:
+            sizes.append(len(data))
+            return _orig(data)
+
+        monkeypatch.setitem(cmp._REGISTRY, name, dataclasses.replace(codec, compress=sizing))
+    level3 = cmp._zstd3_compress
+    monkeypatch.setattr(cmp, "_zstd3_compress", lambda data: sizes.append(len(data)) or level3(data))
+    sel = CompressionSelector(CODECS, link_mbps=10.0, clock=None)
+    for seed in range(100):
+        sel.compress(_repetitive(seed, 100_000), TEXT)
+    samples = [n for n in sizes if n != 100_000]
+    assert sizes.count(100_000) == 100  # every payload compressed once, with the variant chosen
+    assert samples and all(n == 4096 for n in samples)
+    assert len(samples) == 3 + 100 // 32  # the 3 other variants once each, then one probe per 32 payloads
+
+
+def test_ratios_are_learnt_per_size_class() -> None:
+    sel = CompressionSelector(CODECS, clock=None)
+    sel.observe("zstd", TEXT, 1000, 900)  # small payloads compress badly
+    sel.observe("zstd", TEXT, 200_000, 20_000)  # large ones well
+    st = sel._kinds[TEXT]
+    zstd1 = [v.key for v in sel.variants].index("zstd-1")
+    assert sel._expected_ratio(st, zstd1, 0) == pytest.approx(0.9)
+    assert sel._expected_ratio(st, zstd1, 4) == pytest.approx(0.1)
+    lz4 = [v.key for v in sel.variants].index("lz4")
+    assert 0.1 < sel._expected_ratio(st, lz4, 4) < 0.2  # borrowed from zstd in that class, scaled by the priors
+
+
+def test_observe_accepts_variant_names() -> None:
+    sel = CompressionSelector(CODECS, clock=None)
+    sel.observe("zstd-3", TEXT, 1000, 300)
+    assert sel.ratio("zstd-3", TEXT) == pytest.approx(0.3)
+    assert sel.ratio("zstd", TEXT) == sel.ratio("zstd-1", TEXT) != pytest.approx(0.3)  # level 1: still the prior
+
+
+def test_selector_without_clock_is_deterministic() -> None:
+    rnd = random.Random(5)
+    messages = [(_repetitive(rnd.randrange(1000), rnd.randrange(512, 40_000)), TEXT) for _ in range(60)]
+    messages += [(rnd.randbytes(rnd.randrange(512, 9000)), BINARY) for _ in range(20)]
+    rnd.shuffle(messages)
+    runs = []
+    for _ in range(2):
+        sel = CompressionSelector(CODECS, link_mbps=100.0, clock=None)
+        runs.append([(sel.compress(p, k), sel.last_variant, sel.min_size) for p, k in messages])
+    assert runs[0] == runs[1]
+
+
+def test_small_zstd_frame_decompresses_without_allocating_the_limit() -> None:
+    # A frame that declares its size is decompressed into a buffer of that size, not of the limit.
+    frame = compress("zstd", LOREM * 5)
+    tracemalloc.start()
+    try:
+        assert decompress(1, frame, 64 * MiB) == LOREM * 5
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, f"peak allocation {peak} bytes for a {len(LOREM) * 5}-byte payload"
 
 
 # ============================================================================ threads

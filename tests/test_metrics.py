@@ -191,7 +191,8 @@ def test_connection_counts_frames_bytes_handshake_and_errors(subprotocol: str) -
     clock = FakeClock()
     metrics = Metrics()
     label = "proto" if subprotocol == SUBPROTOCOL_PROTO else "json"
-    conn = ServerConnection(Settings(compression_min_size=64), subprotocol=subprotocol, now=10.0, clock=clock,
+    conn = ServerConnection(Settings(compression_min_size=64, link_mbps=10), subprotocol=subprotocol, now=10.0,
+                            clock=clock,
                             metrics=metrics)
     codec = codec_for(subprotocol)
     hello = codec.encode(ev.Hello(client="t", compression=("zstd",) if label == "proto" else ()))
@@ -207,7 +208,7 @@ def test_connection_counts_frames_bytes_handshake_and_errors(subprotocol: str) -
     assert timer is not None and timer.start == start + 0.001
     compression = "zstd" if label == "proto" else "none"
     before = metrics.value("wire_bytes", label, compression), metrics.value("payload_bytes", label, compression)
-    frames = conn.send_chunk(1, "word " * 100, 11.1)  # compressible: zstd in binary mode
+    frames = conn.send_chunk(1, "word " * 2000, 11.1)  # compressible, slow link: zstd in binary mode
     wire = sum(len(f.data) if isinstance(f.data, bytes) else len(f.data.encode()) for f in frames)
     assert metrics.value("wire_bytes", label, compression) - before[0] == wire
     raw = metrics.value("payload_bytes", label, compression) - before[1]

@@ -45,7 +45,9 @@ def _delta_frames(pairs):
 
 
 async def test_raw_client_gets_compressed_frames_for_large_repetitive_chunks(uvicorn_server, starlette_app):
-    srv = uvicorn_server(starlette_app(big_model))
+    # A 10 Mbit/s link: compressing 20 KB of repetitive text pays by a wide margin, whatever the selector
+    # measures of its own speed on a loaded machine.
+    srv = uvicorn_server(starlette_app(big_model, link_mbps=10))
     async with asyncio.timeout(10), raw_connect(srv.url, [PROTO]) as conn:
         welcome = await hello(conn, compression=available_codecs())
         assert welcome.compression, "server agreed to no codec"

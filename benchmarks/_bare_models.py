@@ -1,0 +1,34 @@
+"""Models the bare and frameworks benchmarks serve (``LOWLAT_MODEL=benchmarks._bare_models:MODELS``).
+
+``tokens`` streams ``params["n"]`` copies of :data:`TOKEN` with no delay (it yields to the event
+loop every 64 tokens, as the bare stream endpoint does, so other connections are served);
+``echo`` returns the request's text as one chunk (one Delta, then the End).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+__all__ = ["MODELS", "TOKEN", "YIELD_EVERY", "echo", "tokens"]
+
+TOKEN = " token"  # one small model token: what the bare stream endpoint sends per frame too
+YIELD_EVERY = 64
+
+
+async def tokens(req: Any) -> AsyncIterator[str]:
+    """`params["n"]` tokens, no delay."""
+    n = int(req.params.get("n", 1))
+    for i in range(n):
+        yield TOKEN
+        if i % YIELD_EVERY == YIELD_EVERY - 1:
+            await asyncio.sleep(0)
+
+
+async def echo(req: Any) -> str:
+    """The request's text, as one delta."""
+    return req.text or ""
+
+
+MODELS = {"tokens": tokens, "echo": echo}

@@ -5,14 +5,20 @@
     python3 dev.py test   # create .venv, install with test extras, run ruff and the whole test suite
 
 Extra arguments after the command go to `lowlat-mw serve` or pytest.
+
+`test` also makes sure Debian's chromium and chromium-driver are there for the browser tests
+(tests/browser): run as root on a Debian-like system it installs them with apt-get when missing.
+Elsewhere (or with SKIP_BROWSER_INSTALL=1) those tests are skipped, and the run says why.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -43,6 +49,42 @@ def setup(extras: str) -> None:
     stamp.write_text(digest)
 
 
+def ensure_chromium() -> None:
+    """Install Debian's chromium + chromium-driver for tests/browser when missing (root with apt-get only)."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    skip = "the browser tests (tests/browser) will be skipped"
+    if os.environ.get("SKIP_BROWSER_INSTALL"):
+        print(f"+ SKIP_BROWSER_INSTALL is set: chromium is not installed, {skip}", flush=True)
+        return
+    apt = shutil.which("apt-get")
+    if apt is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        print(f"+ chromium is not installed and installing it needs root and apt-get: {skip}", flush=True)
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = [apt, "install", "-y", "-qq", "--no-install-recommends", "chromium", "chromium-driver"]
+    print("+ apt-get " + " ".join(install[1:]) + "   (Debian's headless browser for tests/browser)", flush=True)
+    start = time.monotonic()
+
+    def attempt(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+    try:
+        result = attempt(install, 900)
+        if result.returncode != 0:  # no or stale package lists: refresh them once and retry
+            print("+ apt-get update", flush=True)
+            attempt([apt, "update", "-qq"], 300)
+            result = attempt(install, 900)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"+ installing chromium failed ({exc}): {skip}", flush=True)
+        return
+    if result.returncode != 0 or not (shutil.which("chromium") and shutil.which("chromedriver")):
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+        print(f"+ installing chromium failed (exit {result.returncode}): {skip}\n{tail}", flush=True)
+        return
+    print(f"+ chromium and chromium-driver installed in {time.monotonic() - start:.0f} s", flush=True)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "setup"):
         print(__doc__)
@@ -53,6 +95,7 @@ def main(argv: list[str]) -> int:
         args = rest or ["--host", "127.0.0.1", "--port", os.environ.get("PORT", "8000")]
         os.execv(BIN / "lowlat-mw", [str(BIN / "lowlat-mw"), "serve", *args])
     if command == "test":
+        ensure_chromium()
         _run(BIN / "ruff", "check", ".")
         result = subprocess.run([str(PY), "-m", "pytest", *(rest or ["-q"])], cwd=ROOT)
         return result.returncode

@@ -21,6 +21,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.http import HttpRequest, HttpResponse
 
+from lowlat_mw import static_files as static
 from lowlat_mw.aio import AsyncServerSession
 from lowlat_mw.asgi import asgi_session, check_scope, client_address, refuse
 from lowlat_mw.errors import SettingsError, app_close_code
@@ -30,7 +31,7 @@ from lowlat_mw.model import Models, ModelSpec
 from lowlat_mw.session import MemorySessionStore
 from lowlat_mw.settings import Settings
 
-__all__ = ["LowLatConsumer", "django_settings_dict", "metrics_view"]
+__all__ = ["LowLatConsumer", "client_urlpatterns", "client_view", "django_settings_dict", "metrics_view"]
 
 _cache: dict[str, Any] = {}
 _generation = [0]  # bumped when settings.LOWLAT_MW changes
@@ -165,3 +166,32 @@ def metrics_view(request: HttpRequest, registry: Any = None) -> HttpResponse:
 
     return HttpResponse(generate_latest(registry if registry is not None else REGISTRY),
                         content_type=CONTENT_TYPE_LATEST)
+
+
+def client_view(request: HttpRequest, name: str = "", ws_path: str = "/ws") -> HttpResponse:
+    """Django view serving the browser client's file `name` ("" or "demo.html": the demo page).
+
+    Use :func:`client_urlpatterns` rather than routing it by hand. `ws_path` is the path of the
+    WebSocket route the demo page connects to (in Channels it is set by the routing, not settings).
+    """
+    base = request.path[: len(request.path) - len(name)].rstrip("/")
+    page = name in ("", static.DEMO_PAGE)
+    found = static.asset(static.DEMO_PAGE, ws_path=ws_path, client_path=base) if page else static.asset(name)
+    answer = static.respond(found, request.method or "GET", request.headers.get("If-None-Match"))
+    response = HttpResponse(answer.body, status=answer.status)
+    for key, value in answer.headers:
+        response[key] = value
+    return response
+
+
+def client_urlpatterns(prefix: str = "lowlat/", ws_path: str = "/ws") -> list[Any]:
+    """URL patterns serving the browser client under `prefix`: ``urlpatterns += client_urlpatterns()``.
+
+    ``/lowlat/`` is the demo page (connecting to `ws_path`), ``/lowlat/lowlat.js`` the client module.
+    """
+    from django.urls import path
+
+    prefix = prefix.strip("/") + "/"
+    kwargs = {"ws_path": ws_path}
+    return [path(prefix, client_view, kwargs=kwargs, name="lowlat_mw_client_demo"),
+            path(prefix + "<path:name>", client_view, kwargs=kwargs, name="lowlat_mw_client")]

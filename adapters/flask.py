@@ -21,6 +21,7 @@ from typing import Any
 from flask import Flask, Response, request
 from simple_websocket import ConnectionClosed, Server
 
+from lowlat_mw import static_files as static
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.limits import ConnectionLimiter
 from lowlat_mw.metrics import Metrics
@@ -86,6 +87,17 @@ class LowLat:
         app.add_url_rule(self.settings.path, "lowlat_mw", self._view, websocket=True)
         if self.settings.metrics_path:
             app.add_url_rule(self.settings.metrics_path, "lowlat_mw_metrics", self._metrics_view)
+        if self.settings.client_path:  # the browser client and demo page (docs/browser.md)
+            prefix = self.settings.client_path.rstrip("/")
+            app.add_url_rule(prefix + "/", "lowlat_mw_client_demo", self._client_view, methods=["GET", "HEAD"])
+            app.add_url_rule(prefix + "/<path:name>", "lowlat_mw_client", self._client_view, methods=["GET", "HEAD"])
+
+    def _client_view(self, name: str = "") -> Response:
+        assert self.settings is not None
+        found = static.lookup(f"{self.settings.client_path.rstrip('/')}/{name}", self.settings)
+        # werkzeug leaves the body out of HEAD responses itself
+        answer = static.respond(found, "GET", request.headers.get("If-None-Match"))
+        return Response(answer.body, status=answer.status, headers=list(answer.headers))
 
     def _metrics_view(self) -> Response:
         if self.metrics is None:

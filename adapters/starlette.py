@@ -5,7 +5,8 @@
     app = Starlette(routes=[lowlat_route("/ws", generate)])
 
 Every scope that is not a WebSocket at `path` (or, with ``metrics_path`` set, an HTTP request for
-it: a Prometheus scrape) passes through to the wrapped app untouched.
+it: a Prometheus scrape; with ``client_path`` set, an HTTP request for one of the browser client's
+files under it, docs/browser.md) passes through to the wrapped app untouched.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lowlat_mw import static_files as static
 from lowlat_mw.asgi import LowLatASGI
 from lowlat_mw.model import ModelSpec
 from lowlat_mw.settings import Settings
@@ -36,6 +38,7 @@ class LowLatMiddleware:
         self.endpoint = LowLatASGI(model, settings=settings, registry=registry, **options)
         self.path = self.endpoint.settings.path
         self.metrics_path = self.endpoint.settings.metrics_path
+        self.client_path = self.endpoint.settings.client_path
 
     async def drain(self, grace: float = 30.0) -> None:
         """Graceful shutdown of the WebSocket side (see ``LowLatASGI.drain``)."""
@@ -48,6 +51,9 @@ class LowLatMiddleware:
             await self.endpoint(scope, receive, send)
         elif scope["type"] == "http" and self.metrics_path and scope["path"] == self.metrics_path:
             await self.endpoint.serve_metrics(scope, receive, send)
+        elif scope["type"] == "http" and self.client_path and (
+                response := static.asgi_respond(scope, self.endpoint.settings)) is not None:
+            await static.send_asgi(response, send)
         else:
             await self.app(scope, receive, send)
 

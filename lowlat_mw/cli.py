@@ -5,7 +5,9 @@
     lowlat-mw serve --stats-interval 10        # and a one-line latency summary on stderr every 10 s
     lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
 
-``serve`` answers Prometheus scrapes at /metrics (``--metrics-path ""`` turns that off).
+``serve`` shows the demo page at / (a browser client streaming from the model; its files are
+served under /lowlat, ``--client-path ""`` turns both off) and answers Prometheus scrapes at
+/metrics (``--metrics-path ""`` turns that off).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 (subprotocols <code>lowlat.v1.proto</code>, <code>lowlat.v1.json</code>).</p>
 <p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>{metrics}"""
 DEFAULT_METRICS_PATH = "/metrics"
+DEFAULT_CLIENT_PATH = "/lowlat"
 
 
 def _parse_set(pairs: list[str]) -> dict[str, Any]:
@@ -44,11 +47,16 @@ def _parse_set(pairs: list[str]) -> dict[str, Any]:
 
 
 def build_app(model: Any = None, **options: Any) -> Any:
-    """A Starlette app serving `model` (default: the demo model) with `options` as settings."""
+    """A Starlette app serving `model` (default: the demo model) with `options` as settings.
+
+    With ``client_path`` set, ``/`` is the browser demo page (lowlat_mw/static/demo.html);
+    otherwise a short text page.
+    """
     from starlette.applications import Starlette
-    from starlette.responses import HTMLResponse
+    from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 
+    from . import static_files as static
     from .adapters.starlette import LowLatMiddleware
     from .demo import demo_model
 
@@ -58,7 +66,10 @@ def build_app(model: Any = None, **options: Any) -> Any:
         mp = settings.metrics_path
         metrics = f'\n<p>Prometheus metrics: <a href="{mp}"><code>{mp}</code></a></p>'
 
-    async def home(request: Any) -> HTMLResponse:
+    async def home(request: Any) -> Response:
+        if settings.client_path:
+            answer = static.respond(static.demo_page(settings), request.method, request.headers.get("if-none-match"))
+            return Response(answer.body, status_code=answer.status, headers=dict(answer.headers))
         return HTMLResponse(_HOME_PAGE.format(path=settings.path, metrics=metrics))
 
     app = Starlette(routes=[Route("/", home)])
@@ -99,7 +110,8 @@ class StatsPrinter:
 
 
 def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Settings from --set, --path and --metrics-path (default /metrics unless configured elsewhere)."""
+    """Settings from --set, --path, --metrics-path and --client-path (default /metrics and /lowlat unless
+    configured elsewhere)."""
     options = _parse_set(args.set)
     if args.path:
         options["path"] = args.path
@@ -108,6 +120,13 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
     elif "metrics_path" not in options and f"{ENV_PREFIX}METRICS_PATH" not in os.environ:
         if Settings.load(options).path != DEFAULT_METRICS_PATH:
             options["metrics_path"] = DEFAULT_METRICS_PATH
+    client_path = getattr(args, "client_path", None)
+    if client_path is not None:
+        options["client_path"] = client_path
+    elif "client_path" not in options and f"{ENV_PREFIX}CLIENT_PATH" not in os.environ:
+        loaded = Settings.load(options)
+        if DEFAULT_CLIENT_PATH not in (loaded.path, loaded.metrics_path):
+            options["client_path"] = DEFAULT_CLIENT_PATH
     return options
 
 
@@ -124,6 +143,8 @@ def _serve(args: argparse.Namespace) -> int:
     app = build_app(args.model, settings=settings)
     print(f"lowlat-mw serving {args.model or 'the demo model'} on ws://{args.host}:{args.port}{settings.path}",
           flush=True)
+    if settings.client_path:
+        print(f"lowlat-mw demo page at http://{args.host}:{args.port}/", flush=True)
     if settings.metrics and settings.metrics_path:
         print(f"lowlat-mw metrics at http://{args.host}:{args.port}{settings.metrics_path}", flush=True)
     stats = StatsPrinter(Metrics.for_registry(), args.stats_interval) if args.stats_interval else None
@@ -180,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds running streams may finish on shutdown before clients are moved")
     serve.add_argument("--metrics-path", default=None,
                        help=f"HTTP path of the Prometheus metrics (default {DEFAULT_METRICS_PATH}; \"\" = off)")
+    serve.add_argument("--client-path", default=None,
+                       help=f"HTTP path prefix of the browser client's files; / is then the demo page "
+                            f"(default {DEFAULT_CLIENT_PATH}; \"\" = off)")
     serve.add_argument("--stats-interval", type=float, default=0.0, metavar="SECONDS",
                        help="print a one-line summary (connections, streams, first-delta p50/p99) to stderr "
                             "every SECONDS (default 0: off)")

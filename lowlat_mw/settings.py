@@ -90,6 +90,9 @@ class Settings:
     """Record Prometheus metrics (lowlat_* in the registry given to the adapter, default the global one)."""
     metrics_path: str = ""
     """HTTP path where the Starlette middleware and Flask extension serve the metrics ("" = don't serve)."""
+    client_path: str = ""
+    """HTTP path prefix where the Starlette middleware and Flask extension serve the browser client
+    (lowlat.js) and the demo page, e.g. "/lowlat" ("" = don't serve; docs/browser.md)."""
     stage_timings: bool = True
     """Send each stream's per-stage server timings in End.timings_ms (docs/observability.md)."""
     tracing: bool = True
@@ -135,6 +138,10 @@ class Settings:
         if self.metrics_path and (not self.metrics_path.startswith("/") or self.metrics_path == self.path):
             raise SettingsError(f"setting 'metrics_path' must start with '/' and differ from 'path', "
                                 f"got {self.metrics_path!r}")
+        if self.client_path and (not self.client_path.startswith("/") or self.client_path.rstrip("/") in (
+                "", self.path, self.metrics_path)):
+            raise SettingsError(f"setting 'client_path' must start with '/', not be '/' and differ from 'path' and "
+                                f"'metrics_path', got {self.client_path!r}")
 
     # ----------------------------------------------------------------- loaders
     @classmethod

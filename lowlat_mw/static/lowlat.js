@@ -1,0 +1,1075 @@
+// lowlat.js: the browser client of the lowlat-mw wire protocol v1 (docs/protocol.md).
+//
+// A dependency-free ES module. Usage (docs/browser.md has the whole API):
+//
+//   import { LowLatClient } from "/lowlat/lowlat.js";
+//   const client = new LowLatClient();                 // ws(s)://<this host>/ws, JSON text frames
+//   for await (const chunk of client.stream("hello")) output.append(chunk);
+//
+// It behaves like the Python client (lowlat_mw/client.py): one WebSocket multiplexing many
+// streams, answers to the server's Pings and Pings of its own when the link is quiet, reconnects
+// with exponential backoff and full jitter, resumes open streams after a drop (Hello with
+// resume_token and last_seq, Acks as the application consumes) and reports close codes and
+// server errors as Error subclasses.
+
+export const VERSION = "0.1.0";
+export const SUBPROTOCOL_JSON = "lowlat.v1.json";
+export const SUBPROTOCOL_PROTO = "lowlat.v1.proto";
+const CLIENT_NAME = `lowlat-mw-js/${VERSION}`;
+
+// ----------------------------------------------------------------------------- close codes
+/** What each close code means (docs/protocol.md section 12). */
+export const CLOSE_CODES = Object.freeze({
+  1000: "normal closure",
+  1001: "going away",
+  1002: "protocol error",
+  1003: "unsupported data",
+  1005: "no status",
+  1006: "connection lost",
+  1007: "invalid payload",
+  1008: "policy violation (unauthorized)",
+  1009: "message too big",
+  1011: "internal server error",
+  1012: "service restart",
+  1013: "try again later",
+  1014: "bad gateway",
+  4000: "idle timeout",
+  4001: "heartbeat timeout",
+  4002: "server draining",
+  4003: "slow consumer",
+  4004: "handshake timeout",
+  4005: "session expired",
+});
+const RECONNECT_CODES = new Set([1001, 1005, 1006, 1011, 1012, 1013, 1014, 4000, 4001, 4002, 4003, 4004, 4005]);
+
+/** 4101-4199 are aliases of 1001-1099 (sent by servers that only allow 1000 and 3000-4999). */
+export function canonicalCloseCode(code) {
+  return typeof code === "number" && code > 4100 && code < 4200 ? code - 3100 : code;
+}
+
+/** Whether a client should reconnect (with backoff) after close `code`. */
+export function closeCodeReconnects(code) {
+  const c = canonicalCloseCode(code);
+  return c === undefined || c === null || RECONNECT_CODES.has(c);
+}
+
+// ----------------------------------------------------------------------------- errors
+/** Base class of every error this client raises on purpose. */
+export class LowLatError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "LowLatError";
+  }
+}
+
+/** The server ended a stream (or refused a message) with an Error: `code` is its JSON name. */
+export class StreamError extends LowLatError {
+  constructor({ code = "unspecified", message = "", stream_id = 0, retryable = false } = {}) {
+    super(`${code}: ${message}`);
+    this.name = "StreamError";
+    this.code = code;
+    this.serverMessage = message;
+    this.streamId = stream_id;
+    this.retryable = retryable;
+  }
+}
+
+/** A stream cut by a drop could not be resumed (the session expired, or its output is gone). */
+export class ResumeFailedError extends StreamError {
+  constructor(fields) {
+    super(fields);
+    this.name = "ResumeFailedError";
+  }
+}
+
+/** The connection closed with a code after which the client does not reconnect (or was closed by you). */
+export class ConnectionClosedError extends LowLatError {
+  constructor(code, reason = "", options) {
+    const canonical = canonicalCloseCode(code);
+    const meaning = CLOSE_CODES[canonical] || "unknown close code";
+    super(`connection closed (${code ?? "no code"}: ${meaning})${reason ? `: ${reason}` : ""}`, options);
+    this.name = "ConnectionClosedError";
+    this.code = canonical;
+    this.rawCode = code;
+    this.reason = reason;
+    this.meaning = meaning;
+    this.reconnect = closeCodeReconnects(code);
+  }
+}
+
+/** Every connection attempt failed. A browser cannot tell why a WebSocket handshake failed: the
+ * server may be down, or it refused the handshake with HTTP 403 (an Origin it does not allow, or
+ * no subprotocol it serves). */
+export class ReconnectFailedError extends LowLatError {
+  constructor(url, attempts, cause) {
+    super(`could not connect to ${url} after ${attempts} attempt${attempts === 1 ? "" : "s"}` +
+          " (server down, or the handshake was refused: a cross-origin page the server does not allow?)",
+          { cause });
+    this.name = "ReconnectFailedError";
+    this.attempts = attempts;
+  }
+}
+
+// ----------------------------------------------------------------------------- backoff
+/** Delay before retry n (0-based) is uniform in [0, min(cap, base * factor**n)] seconds (full jitter). */
+export class Backoff {
+  constructor({ base = 1, factor = 2, cap = 30, retries = 5, jitter = true, random = Math.random } = {}) {
+    if (base < 0 || factor < 1 || cap < 0 || retries < 0) {
+      throw new RangeError("backoff needs base >= 0, factor >= 1, cap >= 0, retries >= 0");
+    }
+    Object.assign(this, { base, factor, cap, retries, jitter, random });
+  }
+
+  ceiling(attempt) {
+    return Math.min(this.cap, this.base * this.factor ** Math.min(attempt, 64));
+  }
+
+  /** Seconds to wait before retry number `attempt`. */
+  delay(attempt) {
+    const ceiling = this.ceiling(attempt);
+    return this.jitter ? this.random() * ceiling : ceiling;
+  }
+}
+
+// ----------------------------------------------------------------------------- codecs
+const ERROR_CODES = ["unspecified", "bad_request", "model_error", "too_many_streams", "stream_id_in_use",
+  "protocol_error", "invalid_payload", "message_too_big", "unsupported_compression", "unsupported_message",
+  "resume_failed", "rate_limited", "unauthorized", "internal", "draining", "unknown_model"];
+const utf8 = new TextEncoder();
+const utf8Decoder = new TextDecoder("utf-8", { fatal: true });
+
+/** UTF-8 size of a string, without encoding it. */
+export function utf8Length(s) {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) { n += 4; i++; } else n += 3;
+  }
+  return n;
+}
+
+function toBase64(bytes) {
+  let s = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+function fromBase64(text) {
+  const s = atob(text);
+  const out = new Uint8Array(s.length);
+  for (let i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
+  return out;
+}
+
+/** JSON text frames (`lowlat.v1.json`): messages are the protocol's JSON objects; `data` is a Uint8Array. */
+export const jsonCodec = Object.freeze({
+  subprotocol: SUBPROTOCOL_JSON,
+  binary: false,
+  encode(msg) {
+    if (msg.data instanceof Uint8Array) msg = { ...msg, data: toBase64(msg.data) };
+    return JSON.stringify(msg);
+  },
+  decode(frame) {
+    if (typeof frame !== "string") throw new LowLatError("binary frame on a JSON connection");
+    const msg = JSON.parse(frame);
+    if (msg === null || typeof msg !== "object" || typeof msg.type !== "string") {
+      throw new LowLatError("frame is not a protocol message");
+    }
+    if (msg.type === "delta" && typeof msg.data === "string") msg.data = fromBase64(msg.data);
+    return msg;
+  },
+});
+
+// Protobuf (`lowlat.v1.proto`): a hand-written encoder/decoder for the schema's few messages
+// (lowlat_mw/proto/lowlat_v1.proto), uncompressed (the client offers no codec, so the server sends
+// header 0x10 only). Numbers above 2**53 are not expected anywhere in v1.
+class Writer {
+  constructor() { this.bytes = []; }
+  varint(n) {
+    n = Math.max(0, Math.floor(n));
+    while (n > 0x7f) { this.bytes.push((n % 128) | 0x80); n = Math.floor(n / 128); }
+    this.bytes.push(n);
+    return this;
+  }
+  tag(field, wire) { return this.varint(field * 8 + wire); }
+  uint(field, n) { return n ? this.tag(field, 0).varint(n) : this; }
+  bool(field, b) { return b ? this.tag(field, 0).varint(1) : this; }
+  raw(field, bytes) {
+    this.tag(field, 2).varint(bytes.length);
+    for (let i = 0; i < bytes.length; i++) this.bytes.push(bytes[i]);
+    return this;
+  }
+  str(field, s, always = false) { return s || always ? this.raw(field, utf8.encode(s || "")) : this; }
+  double(field, x) {
+    const b = new Uint8Array(8);
+    new DataView(b.buffer).setFloat64(0, x, true);
+    this.tag(field, 1);
+    for (const v of b) this.bytes.push(v);
+    return this;
+  }
+  msg(field, build) { const w = new Writer(); build(w); return this.raw(field, w.bytes); }
+  finish() { return Uint8Array.from(this.bytes); }
+}
+
+function writeValue(w, v) {
+  if (v === null || v === undefined) w.tag(1, 0).varint(0);
+  else if (typeof v === "number") w.double(2, v);
+  else if (typeof v === "string") w.str(3, v, true);
+  else if (typeof v === "boolean") w.tag(4, 0).varint(v ? 1 : 0);
+  else if (Array.isArray(v)) w.msg(6, (l) => v.forEach((item) => l.msg(1, (x) => writeValue(x, item))));
+  else if (typeof v === "object") w.msg(5, (s) => writeStruct(s, v));
+  else throw new TypeError(`params cannot hold a ${typeof v}`);
+}
+
+function writeStruct(w, obj) {
+  for (const [key, value] of Object.entries(obj)) {
+    w.msg(1, (e) => { e.str(1, key, true); e.msg(2, (x) => writeValue(x, value)); });
+  }
+}
+
+const ENCODERS = {
+  hello: [1, (w, m) => {
+    w.str(1, m.client);
+    (m.compression || []).forEach((c) => w.str(2, c, true));
+    w.str(3, m.resume_token);
+    for (const [sid, seq] of Object.entries(m.last_seq || {})) {
+      w.msg(4, (e) => { e.tag(1, 0).varint(Number(sid)); e.tag(2, 0).varint(seq); });
+    }
+    w.uint(5, m.flow_window).str(6, m.auth);
+  }],
+  request: [3, (w, m) => {
+    w.uint(1, m.stream_id).str(2, m.model);
+    if (m.text !== undefined && m.text !== null) w.str(3, m.text, true);
+    if (m.data instanceof Uint8Array) w.raw(4, m.data);
+    if (m.messages) {
+      w.msg(5, (l) => m.messages.forEach((c) => l.msg(1, (x) => x.str(1, c.role).str(2, c.content))));
+    }
+    if (m.params && Object.keys(m.params).length) w.msg(6, (s) => writeStruct(s, m.params));
+  }],
+  cancel: [7, (w, m) => w.uint(1, m.stream_id)],
+  ping: [8, (w, m) => w.uint(1, m.id)],
+  pong: [9, (w, m) => w.uint(1, m.id)],
+  ack: [11, (w, m) => w.uint(1, m.stream_id).uint(2, m.seq).bool(3, m.done)],
+  error: [6, (w, m) => w.uint(1, m.stream_id).uint(2, Math.max(0, ERROR_CODES.indexOf(m.code)))
+    .str(3, m.message).bool(4, m.retryable)],
+};
+
+function readVarint(buf, pos) {
+  let value = 0;
+  let scale = 1;
+  for (let i = 0; i < 10; i++) {
+    if (pos.i >= buf.length) throw new LowLatError("truncated varint");
+    const b = buf[pos.i++];
+    value += (b & 0x7f) * scale;
+    if (b < 0x80) return value;
+    scale *= 128;
+  }
+  throw new LowLatError("varint too long");
+}
+
+/** Calls fn(field, wireType, value) for each field of the message in `buf`; value is a number
+ * (varint), a Uint8Array (length-delimited) or a DataView of 8 bytes (fixed64). */
+function readFields(buf, fn) {
+  const pos = { i: 0 };
+  while (pos.i < buf.length) {
+    const key = readVarint(buf, pos);
+    const field = Math.floor(key / 8);
+    const wire = key % 8;
+    let value;
+    if (wire === 0) value = readVarint(buf, pos);
+    else if (wire === 1) {
+      if (pos.i + 8 > buf.length) throw new LowLatError("truncated fixed64");
+      value = new DataView(buf.buffer, buf.byteOffset + pos.i, 8);
+      pos.i += 8;
+    } else if (wire === 2) {
+      const n = readVarint(buf, pos);
+      if (pos.i + n > buf.length) throw new LowLatError("truncated field");
+      value = buf.subarray(pos.i, pos.i + n);
+      pos.i += n;
+    } else if (wire === 5) {
+      pos.i += 4;
+      continue;
+    } else throw new LowLatError(`unsupported wire type ${wire}`);
+    fn(field, wire, value);
+  }
+}
+
+const str = (v) => utf8Decoder.decode(v);
+
+function readMap(buf, readValue) {
+  let key = "";
+  let value;
+  readFields(buf, (f, wire, v) => {
+    if (f === 1) key = wire === 2 ? str(v) : v;
+    else if (f === 2) value = readValue(v, wire);
+  });
+  return [key, value];
+}
+
+const DECODERS = {
+  2: ["welcome", (m, f, wire, v) => {
+    const names = [null, "session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size",
+      "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms",
+      "flow_window"];
+    const name = names[f];
+    if (!name) return;
+    if (f === 3) m.compression.push(str(v));
+    else if (f === 10) m.resumed = Boolean(v);
+    else m[name] = wire === 2 ? str(v) : v;
+  }, () => ({ session_id: "", resume_token: "", compression: [], max_frame_size: 0, max_decompressed_size: 0,
+    max_streams: 0, heartbeat_interval_ms: 0, idle_timeout_ms: 0, server: "", resumed: false,
+    resume_window_ms: 0, flow_window: 0 })],
+  4: ["delta", (m, f, wire, v) => {
+    if (f === 1) m.stream_id = v;
+    else if (f === 2) m.seq = v;
+    else if (f === 3) m.text = str(v);
+    else if (f === 4) m.data = v.slice();
+  }, () => ({ stream_id: 0, seq: 0 })],
+  5: ["end", (m, f, wire, v) => {
+    if (f === 1) m.stream_id = v;
+    else if (f === 2) m.last_seq = v;
+    else if (f === 3) m.finish_reason = str(v);
+    else if (f === 4) {
+      const [k, x] = readMap(v, (d, w) => (w === 1 ? d.getFloat64(0, true) : 0));
+      m.timings_ms[k] = x ?? 0;
+    } else if (f === 5) {
+      const [k, x] = readMap(v, (n) => n);
+      m.usage[k] = x ?? 0;
+    }
+  }, () => ({ stream_id: 0, last_seq: 0, finish_reason: "", timings_ms: {}, usage: {} })],
+  6: ["error", (m, f, wire, v) => {
+    if (f === 1) m.stream_id = v;
+    else if (f === 2) m.code = ERROR_CODES[v] || "unspecified";
+    else if (f === 3) m.message = str(v);
+    else if (f === 4) m.retryable = Boolean(v);
+  }, () => ({ stream_id: 0, code: "unspecified", message: "", retryable: false })],
+  8: ["ping", (m, f, wire, v) => { if (f === 1) m.id = v; }, () => ({ id: 0 })],
+  9: ["pong", (m, f, wire, v) => { if (f === 1) m.id = v; }, () => ({ id: 0 })],
+  10: ["goaway", (m, f, wire, v) => {
+    if (f === 1) m.reason = str(v);
+    else if (f === 2) m.reconnect_after_ms = v;
+  }, () => ({ reason: "", reconnect_after_ms: 0 })],
+};
+
+/** Binary frames (`lowlat.v1.proto`): header byte 0x10 + a Protobuf Envelope, never compressed. */
+export const protoCodec = Object.freeze({
+  subprotocol: SUBPROTOCOL_PROTO,
+  binary: true,
+  encode(msg) {
+    const enc = ENCODERS[msg.type];
+    if (!enc) throw new LowLatError(`cannot encode a ${msg.type} message`);
+    const w = new Writer();
+    w.bytes.push(0x10);
+    w.msg(enc[0], (inner) => enc[1](inner, msg));
+    return w.finish();
+  },
+  decode(frame) {
+    if (typeof frame === "string") throw new LowLatError("text frame on a Protobuf connection");
+    const buf = new Uint8Array(frame);
+    if (!buf.length || buf[0] >> 4 !== 1) throw new LowLatError("not a version 1 frame");
+    if ((buf[0] & 0x0f) !== 0) throw new LowLatError(`compressed frame (codec ${buf[0] & 0x0f}) was not negotiated`);
+    let msg = { type: "unknown" };
+    readFields(buf.subarray(1), (field, wire, value) => {
+      const dec = DECODERS[field];
+      if (!dec || wire !== 2) return;
+      const m = { type: dec[0], ...dec[2]() };
+      readFields(value, (f, w, v) => dec[1](m, f, w, v));
+      msg = m;
+    });
+    return msg;
+  },
+});
+
+// ----------------------------------------------------------------------------- streams
+/**
+ * One streamed reply. Iterate it (`for await (const chunk of stream)`: strings, or Uint8Array for
+ * binary output) or pass callbacks to `client.stream()`. `stream.done` resolves with the server's
+ * End (`finish_reason` "stop" or "cancelled", `usage`, `timings_ms`) or rejects with the error.
+ */
+export class Stream {
+  constructor(client, request, callbacks) {
+    this.client = client;
+    this.id = request.stream_id;
+    this.request = request;
+    this.callbacks = callbacks;
+    this.status = "pending"; // pending | streaming | done | failed
+    this.end = null;
+    this.error = null;
+    this.receivedSeq = 0; // seq of the last Delta received: a resume asks for what follows
+    this.deliveredSeq = 0; // seq of the last Delta handed to the application
+    this.startedAt = null; // performance.now() when the Request was sent
+    this.firstDeltaAt = null;
+    this.finishedAt = null;
+    this.deltas = 0;
+    this.rawBytes = 0; // UTF-8 / binary size of the chunks received
+    this.wireBytes = 0; // size on the wire of this stream's frames (Deltas and End)
+    this.resends = 0;
+    this._sent = false;
+    this._unacked = 0;
+    this._buffer = [];
+    this._waiter = null;
+    this._terminal = null;
+    this.done = new Promise((resolve, reject) => { this._resolve = resolve; this._reject = reject; });
+    this.done.catch(() => {}); // a stream consumed by iteration need not await `done`
+  }
+
+  /** Milliseconds from sending the Request to the first Delta (null before it). */
+  get timeToFirstDelta() {
+    return this.firstDeltaAt === null || this.startedAt === null ? null : this.firstDeltaAt - this.startedAt;
+  }
+
+  /** Deltas per second from the first Delta on (null before the second one). */
+  get deltasPerSecond() {
+    if (this.firstDeltaAt === null || this.deltas < 2) return null;
+    const last = this.finishedAt ?? performance.now();
+    return last > this.firstDeltaAt ? ((this.deltas - 1) * 1000) / (last - this.firstDeltaAt) : null;
+  }
+
+  get finished() {
+    return this.status === "done" || this.status === "failed";
+  }
+
+  /** Ask the server to stop this stream; it then ends with End(finish_reason "cancelled"). */
+  cancel() {
+    this.client._cancel(this);
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+
+  async next() {
+    for (;;) {
+      if (this._buffer.length) {
+        const delta = this._buffer.shift();
+        this._delivered(delta);
+        return { value: delta.text ?? delta.data, done: false };
+      }
+      if (this._terminal) {
+        const t = this._terminal;
+        this._terminal = { consumed: true, error: t.error };
+        if (!t.consumed) this.client._consumedEnd(this);
+        if (t.error && !t.consumed) throw t.error;
+        return { value: undefined, done: true };
+      }
+      await new Promise((resolve) => { this._waiter = resolve; });
+    }
+  }
+
+  /** Called when a for-await loop is left early: cancels the stream on the server. */
+  async return() {
+    if (!this.finished) this.cancel();
+    this._buffer.length = 0;
+    this._terminal = { consumed: true, error: null };
+    return { value: undefined, done: true };
+  }
+
+  /** The whole reply as a string (binary chunks are decoded as UTF-8). */
+  async text() {
+    let out = "";
+    const decoder = new TextDecoder();
+    for await (const chunk of this) out += typeof chunk === "string" ? chunk : decoder.decode(chunk, { stream: true });
+    return out + decoder.decode();
+  }
+
+  _wake() {
+    const w = this._waiter;
+    this._waiter = null;
+    if (w) w();
+  }
+
+  _delivered(delta) {
+    this.deliveredSeq = delta.seq;
+    this.client._consumedDelta(this, delta);
+  }
+
+  _push(delta) {
+    if (this.callbacks.onDelta) {
+      try {
+        this.callbacks.onDelta(delta.text ?? delta.data, delta);
+      } finally {
+        this._delivered(delta);
+      }
+    } else {
+      this._buffer.push(delta);
+      this._wake();
+    }
+  }
+
+  _finish(end, error) {
+    if (this.finished) return;
+    this.finishedAt = performance.now();
+    this.status = error ? "failed" : "done";
+    this.end = end;
+    this.error = error;
+    if (error) this._reject(error);
+    else this._resolve(end);
+    if (this.callbacks.onDelta || this.callbacks.onEnd || this.callbacks.onError) {
+      this._terminal = { consumed: true, error };
+      if (end) this.client._consumedEnd(this);
+      if (error && this.callbacks.onError) this.callbacks.onError(error);
+      else if (end && this.callbacks.onEnd) this.callbacks.onEnd(end);
+    } else {
+      this._terminal = { consumed: false, error };
+    }
+    this._wake();
+  }
+}
+
+// ----------------------------------------------------------------------------- client
+function defaultUrl(path = "/ws") {
+  if (typeof location === "undefined") throw new LowLatError("give the client a URL (no page location here)");
+  return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${path}`;
+}
+
+/** ws:// and wss:// URLs as given; a path ("/ws") or http(s):// URL is turned into the page's ws(s) URL. */
+function resolveUrl(url, path) {
+  if (!url) return defaultUrl(path);
+  const text = String(url);
+  if (text.startsWith("/")) return defaultUrl(text);
+  return text.replace(/^http(s?):/, "ws$1:");
+}
+
+function frameSize(frame) {
+  return typeof frame === "string" ? utf8Length(frame) : frame.byteLength;
+}
+
+function wsHeaderSize(payload, masked) {
+  return (payload < 126 ? 2 : payload < 65536 ? 4 : 10) + (masked ? 4 : 0);
+}
+
+/**
+ * A lowlat-mw connection carrying many concurrent streams; reconnects and resumes by itself.
+ *
+ * Events (it is an EventTarget; `client.on(type, fn)` returns an unsubscribe function):
+ * - "statechange": detail {state, previous, resumed, code, reason, attempt, delay, error}
+ * - "welcome": detail = the server's Welcome
+ * - "goaway": detail = the GoAway message;  "servererror": detail = an Error on stream 0
+ * - "message" / "send": detail {msg, bytes} for every frame received / sent (for inspection)
+ *
+ * States: "idle" (no connection; the next request opens one), "connecting", "connected",
+ * "reconnecting" (after a drop, with backoff; streams are kept and resumed), "closed" (final: you
+ * called close(), or the server closed with a code after which clients must not reconnect).
+ */
+export class LowLatClient extends EventTarget {
+  constructor(url, options = {}) {
+    super();
+    if (url && typeof url === "object" && !(url instanceof URL)) { options = url; url = undefined; }
+    this.url = resolveUrl(url, options.path);
+    const mode = options.mode || "json";
+    if (!options.codec && mode !== "json" && mode !== "proto") throw new RangeError('mode must be "json" or "proto"');
+    this.codec = options.codec || (mode === "proto" ? protoCodec : jsonCodec);
+    this.mode = this.codec.binary ? "proto" : "json";
+    this.backoff = options.backoff instanceof Backoff ? options.backoff : new Backoff(options.backoff || {});
+    this.resumeEnabled = options.resume !== false;
+    this.flowWindow = options.flowWindow ?? 1024 * 1024;
+    this.openTimeout = options.openTimeout ?? 10000;
+    this.heartbeatTimeout = options.heartbeatTimeout ?? 10000;
+    this.heartbeatInterval = options.heartbeatInterval ?? null; // ms; default: Welcome.heartbeat_interval_ms
+    this.keepAlive = Boolean(options.keepAlive);
+    this.auth = options.auth || "";
+    this.clientName = options.clientName || CLIENT_NAME;
+    this.WebSocket = options.WebSocket || globalThis.WebSocket;
+
+    this.state = "idle";
+    this.resumed = false; // whether the current connection continues a dropped session
+    this.welcome = null;
+    this.goaway = null;
+    this.lastClose = null; // {code, reason} of the last closed connection
+    this.lastError = null; // the last Error on stream 0
+    this.finalError = null;
+    this.connections = 0;
+    this.resumes = 0;
+    this.rtt = null; // ms, from the last Pong
+    this.stats = { framesIn: 0, framesOut: 0, bytesIn: 0, bytesOut: 0, wireIn: 0, wireOut: 0 };
+    this.streams = new Map(); // sent and not finished: listed in a resume
+    this._queue = []; // streams waiting for a connection
+    this._ids = 1;
+    this._pingIds = 2 ** 31;
+    this._pings = new Map();
+    this._ws = null;
+    this._connecting = null;
+    this._userClosed = false;
+    this._heartbeatTimer = null;
+    this._wakeSleep = null;
+    this._onOnline = () => { if (this._wakeSleep) this._wakeSleep(); };
+    if (typeof addEventListener === "function") addEventListener("online", this._onOnline);
+  }
+
+  /** Subscribe to an event; returns the function that unsubscribes. */
+  on(type, fn) {
+    const listener = (event) => fn(event.detail, event);
+    this.addEventListener(type, listener);
+    return () => this.removeEventListener(type, listener);
+  }
+
+  _emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+
+  _setState(state, extra = {}) {
+    const previous = this.state;
+    this.state = state;
+    if (state !== previous || extra.resumed !== undefined || extra.attempt !== undefined) {
+      this._emit("statechange", { state, previous, resumed: this.resumed, ...extra });
+    }
+  }
+
+  /** True while a WebSocket is open and welcomed. */
+  get connected() {
+    return this.state === "connected" && this._ws !== null;
+  }
+
+  /** Connect now (with backoff retries) unless connected; resolves once the server's Welcome arrived. */
+  connect() {
+    if (this._userClosed) return Promise.reject(new LowLatError("client is closed"));
+    if (this.finalError) return Promise.reject(this.finalError);
+    if (this.connected) return Promise.resolve(this.welcome);
+    return this._beginConnect(false);
+  }
+
+  /**
+   * Start a stream. `input` is the prompt text, or an object {text | messages | data, model, params}.
+   * Options: model, params, and callbacks onDelta(chunk, delta), onEnd(end), onError(error)
+   * (without callbacks, iterate the returned Stream).
+   */
+  stream(input, options = {}) {
+    if (this._userClosed) throw new LowLatError("client is closed");
+    if (input && typeof input === "object" && !(input instanceof Uint8Array)) {
+      options = { ...input, ...options };
+      input = undefined;
+    }
+    const request = { type: "request", stream_id: this._ids++, model: options.model || "" };
+    if (typeof input === "string") request.text = input;
+    else if (input instanceof Uint8Array) request.data = input;
+    if (options.text !== undefined) request.text = options.text;
+    if (options.data !== undefined) request.data = options.data;
+    if (options.messages !== undefined) request.messages = options.messages;
+    request.params = options.params || {};
+    const { onDelta, onEnd, onError } = options;
+    const stream = new Stream(this, request, { onDelta, onEnd, onError });
+    if (this.finalError) {
+      stream._finish(null, this.finalError);
+      return stream;
+    }
+    this._start(stream);
+    if (options.signal) {
+      if (options.signal.aborted) stream.cancel();
+      else options.signal.addEventListener("abort", () => stream.cancel(), { once: true });
+    }
+    return stream;
+  }
+
+  /** Run a request and return the whole reply as text. */
+  complete(input, options = {}) {
+    return this.stream(input, options).text();
+  }
+
+  /** Send a protocol Ping and resolve with the round-trip time to its Pong in milliseconds. */
+  async ping(timeout = 5000) {
+    if (!this.connected) await this.connect();
+    const id = this._pingIds++ >>> 0;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => { this._pings.delete(id); reject(new LowLatError("no Pong in time")); }, timeout);
+      this._pings.set(id, { sent: performance.now(), resolve, timer });
+      this._send({ type: "ping", id });
+    });
+  }
+
+  /** Close the connection for good; streams still running fail with ConnectionClosedError(1000). */
+  close(code = 1000, reason = "") {
+    if (this._userClosed) return;
+    this._userClosed = true;
+    if (typeof removeEventListener === "function") removeEventListener("online", this._onOnline);
+    if (this._wakeSleep) this._wakeSleep();
+    const ws = this._ws;
+    this._detach();
+    if (ws) {
+      try { ws.close(code, reason); } catch { /* already closing */ }
+    }
+    this._failAll(new ConnectionClosedError(code, reason || "closed by the client"));
+    this._setState("closed", { code, reason });
+  }
+
+  // --------------------------------------------------------------------------- connecting
+  _sleep(ms) {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      const self = this;
+      function done() { clearTimeout(timer); if (self._wakeSleep === done) self._wakeSleep = null; resolve(); }
+      this._wakeSleep = done;
+    });
+  }
+
+  /** Start connecting unless a connect is running; `resume`: after a drop ("reconnecting"). */
+  _beginConnect(resume, waitMs = 0) {
+    if (this._connecting) return this._connecting;
+    const p = (async () => {
+      if (waitMs) await this._sleep(waitMs);
+      return this._connectWithRetries(resume);
+    })();
+    this._connecting = p;
+    p.then(() => {}, () => {}).then(() => { if (this._connecting === p) this._connecting = null; });
+    return p;
+  }
+
+  async _connectWithRetries(resume) {
+    let attempt = 0;
+    let error = null;
+    try {
+      for (;;) {
+        if (this._userClosed) throw new LowLatError("client is closed");
+        this._setState(resume ? "reconnecting" : "connecting", { attempt });
+        try {
+          const welcome = await this._openOnce();
+          this._flushQueue();
+          return welcome;
+        } catch (exc) {
+          error = exc;
+          if (exc instanceof ConnectionClosedError && !exc.reconnect) throw exc;
+          if (exc instanceof StreamError) throw exc;
+        }
+        if (attempt >= this.backoff.retries) throw new ReconnectFailedError(this.url, attempt + 1, error);
+        const delay = this.backoff.delay(attempt) * 1000;
+        this._setState(resume ? "reconnecting" : "connecting", { attempt: attempt + 1, delay, error });
+        await this._sleep(delay);
+        attempt++;
+      }
+    } catch (exc) {
+      if (!this._userClosed) {
+        const final = exc instanceof ConnectionClosedError || exc instanceof StreamError;
+        if (final) {
+          this.finalError = exc instanceof ConnectionClosedError ? exc
+            : new ConnectionClosedError(1008, exc.message, { cause: exc });
+        }
+        this._failAll(final ? this.finalError : exc);
+        this._setState(final ? "closed" : "idle", { error: exc });
+      }
+      throw exc;
+    }
+  }
+
+  /** One connection attempt: open, Hello (resuming the open streams if any), Welcome. */
+  _openOnce() {
+    const resume = Boolean(this.resumeEnabled && this.streams.size > 0 && this.welcome && this.welcome.resume_token);
+    return new Promise((resolve, reject) => {
+      let ws;
+      try {
+        ws = new this.WebSocket(this.url, this.codec.binary ? [SUBPROTOCOL_PROTO] : [SUBPROTOCOL_JSON]);
+      } catch (exc) {
+        reject(exc);
+        return;
+      }
+      ws.binaryType = "arraybuffer";
+      let settled = false;
+      const fail = (exc) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        ws.onopen = ws.onmessage = ws.onclose = ws.onerror = null;
+        try { ws.close(); } catch { /* not open */ }
+        reject(exc);
+      };
+      const timer = setTimeout(() => fail(new LowLatError("timed out opening the connection")), this.openTimeout);
+      ws.onerror = () => {}; // the close event that follows says what happened
+      ws.onclose = (event) => fail(new ConnectionClosedError(event.code, event.reason || "connection failed"));
+      ws.onopen = () => {
+        const chosen = ws.protocol || SUBPROTOCOL_JSON;
+        if (chosen !== this.codec.subprotocol) {
+          fail(new ConnectionClosedError(1002, `server chose subprotocol ${chosen}`));
+          return;
+        }
+        const hello = { type: "hello", client: this.clientName, compression: [], flow_window: this.flowWindow,
+          auth: this.auth, resume_token: "", last_seq: {} };
+        if (resume) {
+          hello.resume_token = this.welcome.resume_token;
+          for (const [sid, s] of this.streams) hello.last_seq[sid] = s.receivedSeq;
+        }
+        this._sendOn(ws, hello);
+      };
+      ws.onmessage = (event) => {
+        let msg;
+        try {
+          msg = this.codec.decode(event.data);
+        } catch (exc) {
+          fail(new ConnectionClosedError(1007, String(exc.message || exc)));
+          return;
+        }
+        this._countIn(event.data);
+        if (msg.type === "error") {
+          fail(new StreamError(msg));
+          return;
+        }
+        if (msg.type !== "welcome") {
+          fail(new ConnectionClosedError(1002, `expected welcome, got ${msg.type}`));
+          return;
+        }
+        if (this._userClosed) {
+          fail(new LowLatError("client is closed"));
+          return;
+        }
+        settled = true;
+        clearTimeout(timer);
+        this._attach(ws, msg, resume);
+        resolve(msg);
+      };
+    });
+  }
+
+  _attach(ws, welcome, resume) {
+    const hadToken = this.welcome && this.welcome.resume_token;
+    this._ws = ws;
+    this.welcome = welcome;
+    this.goaway = null;
+    this.connections++;
+    this.resumed = Boolean(welcome.resumed);
+    if (this.resumed) this.resumes++;
+    ws.onmessage = (event) => this._onMessage(ws, event);
+    ws.onclose = (event) => this._onClose(ws, event.code, event.reason);
+    ws.onerror = () => {};
+    this._lastReceived = performance.now();
+    this._pingOutstanding = null;
+    const interval = this.heartbeatInterval ?? (welcome.heartbeat_interval_ms || 30000);
+    const every = Math.max(100, Math.min(1000, interval / 2));
+    this._heartbeatTimer = setInterval(() => this._heartbeat(ws, interval), every);
+    this._emit("welcome", welcome);
+    this._setState("connected", { resumed: this.resumed, resume: Boolean(resume && hadToken) });
+  }
+
+  _detach() {
+    clearInterval(this._heartbeatTimer);
+    this._heartbeatTimer = null;
+    const ws = this._ws;
+    this._ws = null;
+    if (ws) ws.onmessage = ws.onclose = ws.onerror = null;
+  }
+
+  // --------------------------------------------------------------------------- I/O
+  _countIn(frame) {
+    const n = frameSize(frame);
+    this.stats.framesIn++;
+    this.stats.bytesIn += n;
+    this.stats.wireIn += n + wsHeaderSize(n, false);
+    return n + wsHeaderSize(n, false);
+  }
+
+  _sendOn(ws, msg) {
+    const frame = this.codec.encode(msg);
+    ws.send(frame);
+    const n = frameSize(frame);
+    this.stats.framesOut++;
+    this.stats.bytesOut += n;
+    this.stats.wireOut += n + wsHeaderSize(n, true);
+    this._emit("send", { msg, bytes: n });
+  }
+
+  /** Send on the open connection; false if there is none (the message is dropped). */
+  _send(msg) {
+    const ws = this._ws;
+    if (!ws || ws.readyState !== 1) return false;
+    this._sendOn(ws, msg);
+    return true;
+  }
+
+  _heartbeat(ws, interval) {
+    if (ws !== this._ws) return;
+    const now = performance.now();
+    const out = this._pingOutstanding;
+    if (out && out.at <= this._lastReceived) this._pingOutstanding = null;
+    if (this._pingOutstanding) {
+      if (now - this._pingOutstanding.at > this.heartbeatTimeout) {
+        // The server stopped answering: give the connection up and reconnect.
+        this._detach();
+        try { ws.close(4001, "server did not answer"); } catch { /* closing */ }
+        this._onClose(ws, 4001, "server did not answer", true);
+      }
+      return;
+    }
+    if (now - this._lastReceived >= interval) {
+      const id = this._pingIds++ >>> 0;
+      this._pingOutstanding = { id, at: now };
+      this._pings.set(id, { sent: now, resolve: null, timer: null });
+      this._send({ type: "ping", id });
+    }
+  }
+
+  _onMessage(ws, event) {
+    if (ws !== this._ws) return;
+    let msg;
+    try {
+      msg = this.codec.decode(event.data);
+    } catch (exc) {
+      this._detach();
+      try { ws.close(1007, "undecodable frame"); } catch { /* closing */ }
+      this._onClose(ws, 1007, String(exc.message || exc), true);
+      return;
+    }
+    const wire = this._countIn(event.data);
+    this._lastReceived = performance.now();
+    this._emit("message", { msg, bytes: wire });
+    switch (msg.type) {
+      case "delta": {
+        const s = this.streams.get(msg.stream_id);
+        if (!s) return;
+        s.wireBytes += wire;
+        if (msg.seq <= s.receivedSeq) return; // replayed after a resume: already have it
+        if (msg.seq !== s.receivedSeq + 1) {
+          this.streams.delete(s.id);
+          s._finish(null, new LowLatError(`stream ${s.id}: got seq ${msg.seq} after ${s.receivedSeq}`));
+          return;
+        }
+        s.receivedSeq = msg.seq;
+        s.deltas++;
+        s.rawBytes += msg.text !== undefined ? utf8Length(msg.text) : (msg.data ? msg.data.length : 0);
+        if (s.firstDeltaAt === null) s.firstDeltaAt = performance.now();
+        s.status = "streaming";
+        s._push(msg);
+        return;
+      }
+      case "end":
+      case "error": {
+        if (!msg.stream_id) {
+          if (msg.type === "error") { this.lastError = msg; this._emit("servererror", msg); }
+          return;
+        }
+        const s = this.streams.get(msg.stream_id);
+        if (!s) return;
+        s.wireBytes += wire;
+        this.streams.delete(s.id);
+        if (msg.type === "end") { s._finish(msg, null); return; }
+        if (msg.code === "resume_failed" && msg.retryable && s.receivedSeq === 0
+            && s.resends < Math.max(1, this.backoff.retries)) {
+          s.resends++; // the server never saw this Request (lost in the drop): send it again
+          this._start(s);
+          return;
+        }
+        if (msg.code === "draining" && msg.retryable && s.receivedSeq === 0 && !s._drainResent) {
+          s._drainResent = true; // the server is going away: resend on the next connection
+          s._sent = false;
+          this._queue.push(s);
+          return;
+        }
+        s._finish(null, msg.code === "resume_failed" ? new ResumeFailedError(msg) : new StreamError(msg));
+        return;
+      }
+      case "ping":
+        this._send({ type: "pong", id: msg.id });
+        return;
+      case "pong": {
+        const p = this._pings.get(msg.id);
+        if (!p) return;
+        this._pings.delete(msg.id);
+        this.rtt = performance.now() - p.sent;
+        if (p.timer) clearTimeout(p.timer);
+        if (p.resolve) p.resolve(this.rtt);
+        return;
+      }
+      case "goaway":
+        this.goaway = msg;
+        this._emit("goaway", msg);
+        return;
+      default:
+        return; // unknown kinds are ignored (forward compatible)
+    }
+  }
+
+  _onClose(ws, code, reason, local = false) {
+    if (ws !== this._ws && !local) return;
+    this._detach();
+    this.lastClose = { code, reason };
+    for (const [id, p] of this._pings) {
+      if (p.timer) clearTimeout(p.timer);
+      this._pings.delete(id);
+    }
+    if (this._userClosed) return;
+    if (!closeCodeReconnects(code)) {
+      this.finalError = new ConnectionClosedError(code, reason);
+      this._failAll(this.finalError);
+      this._setState("closed", { code, reason });
+      return;
+    }
+    const goaway = this.goaway;
+    this.goaway = null;
+    const canResume = this.resumeEnabled && this.streams.size > 0 && this.welcome && this.welcome.resume_token;
+    if (!canResume) {
+      for (const s of [...this.streams.values()]) {
+        this.streams.delete(s.id);
+        s._finish(null, new ConnectionClosedError(code, reason || "connection lost during the stream"));
+      }
+    }
+    const eager = canResume || this._queue.length > 0 || (this.keepAlive && canonicalCloseCode(code) !== 4000);
+    this._setState(eager ? "reconnecting" : "idle", { code, reason });
+    if (eager) this._beginConnect(true, goaway ? goaway.reconnect_after_ms : 0).catch(() => {});
+  }
+
+  // --------------------------------------------------------------------------- streams
+  _start(stream) {
+    if (this.connected && !this.goaway) {
+      this._sendRequest(stream);
+      return;
+    }
+    this._queue.push(stream);
+    if (!this._connecting && !this.goaway) this.connect().catch(() => {});
+  }
+
+  _sendRequest(stream) {
+    stream._sent = true;
+    this.streams.set(stream.id, stream);
+    stream.startedAt ??= performance.now();
+    this._send(stream.request); // if the connection just died, the resume lists the stream
+  }
+
+  _flushQueue() {
+    const queue = this._queue.splice(0);
+    for (const s of queue) if (!s.finished) this._sendRequest(s);
+  }
+
+  _failAll(error) {
+    const all = [...this.streams.values(), ...this._queue.splice(0)];
+    this.streams.clear();
+    for (const s of all) s._finish(null, error);
+  }
+
+  _cancel(stream) {
+    if (stream.finished) return;
+    const queued = this._queue.indexOf(stream);
+    if (queued >= 0) {
+      this._queue.splice(queued, 1);
+      stream._finish({ type: "end", stream_id: stream.id, last_seq: 0, finish_reason: "cancelled", timings_ms: {},
+        usage: {} }, null);
+      return;
+    }
+    const sent = stream._sent && this._send({ type: "cancel", stream_id: stream.id });
+    if (stream._sent && !sent && this.streams.get(stream.id) === stream) {
+      // No connection (reconnecting): the next resume leaves this stream out, which cancels it.
+      this.streams.delete(stream.id);
+      stream._finish({ type: "end", stream_id: stream.id, last_seq: stream.receivedSeq, finish_reason: "cancelled",
+        timings_ms: {}, usage: {} }, null);
+    }
+  }
+
+  _consumedDelta(stream, delta) {
+    const window = this.welcome ? this.welcome.flow_window : 0;
+    if (!window) return;
+    stream._unacked += (delta.text !== undefined ? utf8Length(delta.text) : delta.data.length) + 64;
+    if (stream._unacked >= window / 4
+        && this._send({ type: "ack", stream_id: stream.id, seq: delta.seq, done: false })) {
+      stream._unacked = 0;
+    }
+  }
+
+  _consumedEnd(stream) {
+    if (this.welcome && this.welcome.flow_window) {
+      this._send({ type: "ack", stream_id: stream.id, seq: stream.receivedSeq, done: true });
+    }
+  }
+}
+
+/** `new LowLatClient(url, options)` and connect it; resolves with the client once welcomed. */
+export async function connect(url, options) {
+  const client = new LowLatClient(url, options);
+  await client.connect();
+  return client;
+}

@@ -466,13 +466,17 @@ class ServerConnection:
         return [self._send(err)]
 
     # ------------------------------------------------------------------ time and teardown
+    def _running_count(self) -> int:
+        """Running streams, counted without building a dict (the timers ask on every heartbeat)."""
+        return self.session.running_count() if self.session is not None else 0
+
     def next_deadline(self) -> float:
         """When :meth:`tick` next has something to do (inf when closed)."""
         if self.state is ConnState.CLOSED:
             return math.inf
         if self.state is ConnState.AWAIT_HELLO:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
-        running = len(self.streams)
+        running = self._running_count()
         lifetime = (self.opened_at + self.settings.max_session_lifetime
                     if self.settings.max_session_lifetime and not running else math.inf)
         return min(self.heartbeat.deadline(), self.reaper.deadline(running), lifetime)
@@ -490,10 +494,11 @@ class ServerConnection:
         hb = self.heartbeat.poll(now)
         if hb is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
-        if self.reaper.expired(now, len(self.streams)):
+        running = self._running_count()
+        if self.reaper.expired(now, running):
             return self._close(CloseCode.IDLE_TIMEOUT, "idle")
         lifetime = self.settings.max_session_lifetime
-        if lifetime and not self.streams and now >= self.opened_at + lifetime:
+        if lifetime and not running and now >= self.opened_at + lifetime:
             return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
         if hb is HeartbeatAction.SEND_PING:
             return [self._send(ev.Ping(id=self.heartbeat.ping_id))]

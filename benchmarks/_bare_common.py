@@ -24,6 +24,8 @@ from lowlat_mw import events as ev
 from lowlat_mw.codec import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
+from .core import http_get
+
 ROOT = Path(__file__).resolve().parents[1]
 SUBPROTOCOLS = {"proto": SUBPROTOCOL_PROTO, "json": SUBPROTOCOL_JSON}
 OPEN_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take several seconds to start
@@ -153,25 +155,6 @@ def python_argv(*args: str) -> list[str]:
 
 
 # ================================================================================ HTTP
-async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """(status, body) of GET http://127.0.0.1:port/path (HTTP/1.1, connection closed)."""
-    async with asyncio.timeout(timeout):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
-            data = await reader.read()
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-    head, _, body = data.partition(b"\r\n\r\n")
-    try:
-        status = int(head.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        status = 0
-    return status, body
-
-
 async def wait_http_ready(child: Child, path: str, timeout: float = OPEN_TIMEOUT) -> float:
     """Poll GET `path` until it answers 200; seconds it took. Raises with the child's output."""
     start = time.monotonic()

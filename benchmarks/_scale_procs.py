@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .core import http_get
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,18 +70,9 @@ class Server:
 
     async def get(self, path: str, timeout: float = 30.0) -> dict[str, Any]:
         """GET `path` on the server's control routes; the JSON body."""
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            try:
-                writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-                data = await reader.read()
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-        head, _, body = data.partition(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"GET {path} on the {self.kind} server answered {head[:60]!r}")
+        status, body = await http_get(self.port, path, timeout)
+        if status != 200:
+            raise RuntimeError(f"GET {path} on the {self.kind} server answered {status}: {body[:60]!r}")
         return json.loads(body)
 
     async def ready(self, timeout: float = 60.0) -> None:

@@ -43,7 +43,6 @@ from typing import Any
 from ._bare_common import (
     Child,
     RawClient,
-    http_get,
     kept_on_failure,
     listening_socket,
     log_dir,
@@ -54,7 +53,18 @@ from ._bare_common import (
     wait_http_ready,
 )
 from ._bare_models import TOKEN
-from .core import SuiteResult, log, machine_facts, markdown_table, median, paired_ratios, quantiles, rotated, suite
+from .core import (
+    SuiteResult,
+    http_get,
+    log,
+    machine_facts,
+    markdown_table,
+    median,
+    paired_ratios,
+    quantiles,
+    rotated,
+    suite,
+)
 
 NAME = "bare"
 HEADING = "Overhead vs a bare WebSocket"

@@ -13,6 +13,8 @@ the same run, interleaved, and report ratios: absolute numbers depend on the mac
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as _dt
 import importlib
 import importlib.util
@@ -32,6 +34,7 @@ __all__ = [
     "Suite",
     "SuiteResult",
     "all_suites",
+    "http_get",
     "machine_facts",
     "markdown_table",
     "median",
@@ -216,3 +219,23 @@ def update_section(path: Path, heading: str, body: str) -> None:
 def log(msg: str) -> None:
     """Progress on stderr (stdout carries the tables)."""
     print(msg, file=sys.stderr, flush=True)
+
+
+# ================================================================================ HTTP
+async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """(status, body) of GET http://127.0.0.1:port/path (HTTP/1.1, connection closed)."""
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+            data = await reader.read()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    head, _, body = data.partition(b"\r\n\r\n")
+    try:
+        status = int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        status = 0
+    return status, body

@@ -48,7 +48,18 @@ from lowlat_mw.demo import demo_model
 from lowlat_mw.metrics import Metrics
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
-from .core import SuiteResult, log, machine_facts, markdown_table, median, paired_ratios, quantiles, rotated, suite
+from .core import (
+    SuiteResult,
+    http_get,
+    log,
+    machine_facts,
+    markdown_table,
+    median,
+    paired_ratios,
+    quantiles,
+    rotated,
+    suite,
+)
 
 NAME = "overhead"
 HEADING = "Overhead: metrics and stage timings"
@@ -309,17 +320,9 @@ class _Server:
 
 async def _server_cpu(port: int) -> float:
     """The server process's CPU seconds so far (its GET /cpu)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /cpu HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        data = await reader.read()
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-    head, _, body = data.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
-        raise RuntimeError(f"GET /cpu on port {port} answered {head[:40]!r}")
+    status, body = await http_get(port, "/cpu", timeout=30.0)
+    if status != 200:
+        raise RuntimeError(f"GET /cpu on port {port} answered {status}: {body[:40]!r}")
     return float(body)
 
 

@@ -407,24 +407,12 @@ class ServerConnection:
             chunk = normalize_chunk(chunk)
         self.reaper.touch(now)
         limit = self.settings.max_frame_size
-        if len(chunk) * 4 <= limit - 32:  # the common case: far below the frame limit, one Delta
-            seq = stream.seq + 1
-            delta = (ev.Delta(stream_id=stream_id, seq=seq, text=chunk) if isinstance(chunk, str)
-                     else ev.Delta(stream_id=stream_id, seq=seq, data=chunk))
-            data, raw, codec_id = self.codec.encode_frame(delta, self.compressor, stream.timer)
-            size = len(data) if isinstance(data, bytes) else raw
-            if size <= limit:  # else JSON escaping or base64 made it too big: split below
-                session.record(stream_id, chunk, now, delta)  # type: ignore[union-attr]
-                self.stats.count_sent(codec_id, raw, size)
-                return [SendFrame(data)]
+        # The common case, far below the frame limit, is one piece without splitting.
+        pending = [chunk] if len(chunk) * 4 <= limit - 32 else _split(chunk, limit - 32)[::-1]
         out: list[Action] = []
-        pending = _split(chunk, limit - 32)
-        pending.reverse()
         while pending:
             piece = pending.pop()
-            seq = stream.seq + 1
-            probe = (ev.Delta(stream_id=stream_id, seq=seq, text=piece) if isinstance(piece, str)
-                     else ev.Delta(stream_id=stream_id, seq=seq, data=piece))
+            probe = ev.Delta.of(stream_id, stream.seq + 1, piece)
             data, raw, codec_id = self.codec.encode_frame(probe, self.compressor, stream.timer)
             # A text frame's size is its UTF-8 length (len(str) counts characters).
             size = len(data) if isinstance(data, bytes) else raw

@@ -111,6 +111,13 @@ class Delta:
         """The chunk, text or bytes."""
         return self.text if self.text is not None else self.data  # type: ignore[return-value]
 
+    @classmethod
+    def of(cls, stream_id: int, seq: int, chunk: str | bytes) -> Delta:
+        """The Delta carrying `chunk` as text (str) or data (bytes)."""
+        if isinstance(chunk, str):
+            return cls(stream_id=stream_id, seq=seq, text=chunk)
+        return cls(stream_id=stream_id, seq=seq, data=chunk)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class End:

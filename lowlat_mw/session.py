@@ -145,8 +145,7 @@ class Session:
         n = len(piece) if ascii_or_bytes else len(piece.encode("utf-8", "surrogatepass"))
         st.out_bytes += n
         if delta is None or delta.seq != st.seq:
-            delta = (ev.Delta(stream_id=stream_id, seq=st.seq, text=piece) if isinstance(piece, str)
-                     else ev.Delta(stream_id=stream_id, seq=st.seq, data=piece))
+            delta = ev.Delta.of(stream_id, st.seq, piece)
         cost = n + DELTA_OVERHEAD
         st.buffer.append((delta, cost))
         self.buffered += cost

@@ -227,15 +227,17 @@ class LiveSession:
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         driver = self.driver
         now = time.monotonic()
-        if driver is not None and driver.conn.open:
-            actions = driver.conn.send_chunk(sid, chunk, now)  # records and frames it: SendFrames only
-            if actions:
-                await driver._send_frames([a.data for a in actions])
-        else:  # no connection: buffer it for the resume (same checks as a live send)
-            for piece in _split(normalize_chunk(chunk), self.settings.max_frame_size - 32):
-                self.session.record(sid, piece, now)
-        if timer is not None:
-            timer.sent()
+        try:
+            if driver is not None and driver.conn.open:
+                actions = driver.conn.send_chunk(sid, chunk, now)  # records and frames it: SendFrames only
+                if actions:
+                    await driver._send_frames([a.data for a in actions])
+            else:  # no connection: buffer it for the resume (same checks as a live send)
+                for piece in _split(normalize_chunk(chunk), self.settings.max_frame_size - 32):
+                    self.session.record(sid, piece, now)
+        finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
+            if timer is not None:
+                timer.sent()
         if self.session.blocked:
             try:
                 await self._wait_window()

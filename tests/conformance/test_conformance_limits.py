@@ -764,7 +764,7 @@ async def test_attacker_does_not_delay_a_well_behaved_client(plain, conformance_
 async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) -> None:
     rng = random.Random(1)
     stats = {"garbage_closed_1007": 0, "bombs_closed_1009": 0, "flood_requests": 0, "flood_rate_limited": 0,
-             "flood_connections": 0, "churn_connections": 0, "other_errors": 0}
+             "flood_connections": 0, "churn_connections": 0, "other_errors": 0, "other_codes": []}
     bombs = [bomb("zstd")[0], bomb("lz4")[0], bomb("snappy-declared")[0]]
     # undecodable for sure: an invalid Protobuf wire type (1007), or a frame version that does not exist (1002)
     garbage = [bytes([0x10, 0x0F, *(rng.randrange(256) for _ in range(rng.randrange(8, 300)))]) for _ in range(25)]
@@ -787,8 +787,11 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
                 await hello(ws)
                 await send_quietly(ws, rng.choice(garbage))
                 code = await until_closed(ws)
-            key = "garbage_closed_1007" if code in (1007, 1002) else "other_errors"
-            stats[key] += 1
+            if code in (1007, 1002):
+                stats["garbage_closed_1007"] += 1
+            else:
+                stats["other_errors"] += 1
+                stats["other_codes"].append(f"garbage:{code}")
 
     async def bomber() -> None:
         i = 0
@@ -797,7 +800,11 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
                 await hello(ws, ("zstd", "lz4", "snappy"))
                 await send_quietly(ws, bombs[i % len(bombs)])
                 code = await until_closed(ws)
-            stats["bombs_closed_1009" if code == 1009 else "other_errors"] += 1
+            if code == 1009:
+                stats["bombs_closed_1009"] += 1
+            else:
+                stats["other_errors"] += 1
+                stats["other_codes"].append(f"bomb {i % len(bombs)}:{code}")
             i += 1
 
     async def flooder() -> None:

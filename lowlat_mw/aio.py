@@ -304,6 +304,11 @@ class AsyncServerSession:
         self.live: LiveSession | None = None
         self._timer_tasks: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()
+        # The send in progress (the task holding the lock) and when it began: on_timer closes the
+        # connection when one stays blocked for slow_consumer_timeout, without a loop timer per frame.
+        self._sender: asyncio.Task[Any] | None = None
+        self._send_since = math.inf
+        self._stuck_task: asyncio.Task[Any] | None = None  # the sender on_timer cancelled
         self._scheduled = math.inf
         self._closing = False
         self._close_sent = False
@@ -393,12 +398,17 @@ class AsyncServerSession:
 
     def on_timer(self, now: float) -> float:
         """Called by the scheduler when a deadline is due."""
+        sender = self._sender
+        stuck_at = self._send_since + self.settings.slow_consumer_timeout
+        if sender is not None and self._stuck_task is None and now >= stuck_at:
+            self._stuck_task = sender
+            sender.cancel()  # _send_frames turns this into the slow-consumer close
         actions = self.conn.tick(now)
         if actions:
             task = asyncio.get_running_loop().create_task(self.run(actions))
             self._timer_tasks.add(task)
             task.add_done_callback(self._timer_tasks.discard)
-        self._scheduled = self.conn.next_deadline()
+        self._scheduled = self._next_deadline()
         return self._scheduled
 
     async def drain(self, grace: float, reconnect_after_ms: int = 0) -> None:
@@ -418,9 +428,15 @@ class AsyncServerSession:
         await self.run(self.conn.close(code, reason))
 
     # ------------------------------------------------------------------ internals
+    def _next_deadline(self) -> float:
+        when = self.conn.next_deadline()
+        if self._sender is not None and self._stuck_task is None:
+            when = min(when, self._send_since + self.settings.slow_consumer_timeout)
+        return when
+
     def reschedule(self) -> None:
         """Move this connection's timer earlier if its deadline moved earlier."""
-        when = self.conn.next_deadline()
+        when = self._next_deadline()
         if when < self._scheduled or (when == math.inf and self._scheduled != math.inf):
             self._scheduled = when
             self.scheduler.schedule(self, when)
@@ -513,12 +529,31 @@ class AsyncServerSession:
         if self._closing:
             return
         try:
-            async with self._send_lock, asyncio.timeout(self.settings.slow_consumer_timeout):
-                for data in frames:
-                    await self._send(data)
+            async with self._send_lock:
+                if self._closing:  # closed while this waited for the lock
+                    return
+                # No loop timer per send (asyncio.timeout costs a TimerHandle each time): the
+                # connection's own timer checks _send_since. Its next deadline is normally the
+                # heartbeat's; if none is due before this send's, arm one, so a stuck send is
+                # caught between 1x and 1.5x slow_consumer_timeout after it began.
+                self._sender = asyncio.current_task()
+                self._send_since = since = time.monotonic()
+                timeout = self.settings.slow_consumer_timeout
+                if self._scheduled > since + 1.5 * timeout:
+                    self._scheduled = since + timeout
+                    self.scheduler.schedule(self, self._scheduled)
+                try:
+                    for data in frames:
+                        await self._send(data)
+                finally:
+                    self._sender = None
         except asyncio.CancelledError:
-            raise
-        except TimeoutError:
+            task = asyncio.current_task()
+            if task is None or task is not self._stuck_task:
+                raise
+            self._stuck_task = None
+            if task.uncancel() > 0:  # also cancelled for another reason
+                raise
             log.warning("send blocked for %.0f s: closing slow consumer", self.settings.slow_consumer_timeout)
             self.conn.close(CloseCode.SLOW_CONSUMER, "send blocked")
             await self._close_with(CloseCode.SLOW_CONSUMER, "send blocked", locked=False)

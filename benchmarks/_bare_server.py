@@ -99,6 +99,8 @@ def make_app() -> Any:
             Middleware(LowLatMiddleware, model=MODELS, path="/ws", registry=CollectorRegistry(), rate_limit=0),
             Middleware(LowLatMiddleware, model=MODELS, path="/ws-lean", registry=CollectorRegistry(), rate_limit=0,
                        **lean),
+            Middleware(LowLatMiddleware, model=MODELS, path="/ws-merge", registry=CollectorRegistry(), rate_limit=0,
+                       merge_deltas=True),
         ],
     )
 

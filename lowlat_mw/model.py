@@ -34,6 +34,7 @@ __all__ = [
     "SessionInfo",
     "load_callable",
     "shared_executor",
+    "step_now",
     "stream_model",
 ]
 
@@ -198,6 +199,61 @@ async def _stream_model(
         result = await asyncio.get_running_loop().run_in_executor(executor, call, request)
     async for chunk in _from_result(result, executor, on_run if kind != "asyncgen" and kind != "async" else None):
         yield chunk
+
+
+READY, WAIT, DONE = 0, 1, 2  # what step_now found
+
+
+def step_now(agen: AsyncIterator[Any]) -> tuple[int, Any]:
+    """Advance `agen` as far as it goes without waiting for the event loop.
+
+    Returns ``(READY, chunk)`` when it produced a chunk without suspending, ``(DONE, None)`` when it
+    ended, and ``(WAIT, awaitable)`` when it is waiting for something (I/O, a timer, a thread): await
+    the awaitable (in the same task) for its next chunk; it raises StopAsyncIteration at the end.
+    This is how merging tells a model that yields back to back from one that pauses between chunks.
+    Exceptions of the model propagate.
+    """
+    aw = agen.__anext__()
+    try:
+        pending = aw.send(None)  # type: ignore[attr-defined]
+    except StopIteration as stop:
+        return READY, stop.value
+    except StopAsyncIteration:
+        return DONE, None
+    return WAIT, _Resume(aw, pending)
+
+
+class _Resume:
+    """Awaits a coroutine that was already stepped once and is suspended on `pending`.
+
+    The running task waits on `pending` (the future, or None for a bare yield) as if the coroutine
+    itself had yielded it, then resumes the coroutine; cancellation is thrown into the coroutine,
+    so the model sees it exactly as it would under a plain ``await``.
+    """
+
+    __slots__ = ("coro", "pending")
+
+    def __init__(self, coro: Any, pending: Any) -> None:
+        self.coro, self.pending = coro, pending
+
+    def __await__(self) -> Any:
+        coro, pending = self.coro, self.pending
+        while True:
+            try:
+                yield pending
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # cancellation (or another throw) goes to the model
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            try:
+                pending = coro.send(None)
+            except StopIteration as stop:
+                return stop.value
 
 
 def _announced(fn: Callable[[Any], Any], on_run: Callable[[], None]) -> Callable[[Any], Any]:

@@ -97,11 +97,17 @@ class Settings:
     """Send each stream's per-stage server timings in End.timings_ms (docs/observability.md)."""
     tracing: bool = True
     """OpenTelemetry spans for handshakes and streams, when opentelemetry-api is installed."""
+    merge_deltas: bool = False
+    """Merge text chunks an async-generator model yields back to back, without waiting in between,
+    into one Delta (at most merge_max_delay late); a model that waits between chunks still gets one
+    Delta per chunk. Fewer, larger frames for fast token producers (docs/protocol.md 8.2)."""
+    merge_max_delay: float = 0.0005
+    """Longest time (seconds) a chunk waits for more to merge with, when merge_deltas is on."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
                      "idle_timeout", "handshake_timeout", "link_mbps", "resume_window",
-                     "slow_consumer_timeout"):
+                     "slow_consumer_timeout", "merge_max_delay"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"setting {name!r} must be > 0, got {getattr(self, name)!r}")
         for name in ("heartbeat_interval", "idle_timeout", "resume_window"):

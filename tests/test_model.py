@@ -19,7 +19,18 @@ from typing import Any
 import pytest
 
 from lowlat_mw.events import ChatMessage
-from lowlat_mw.model import ModelRequest, Models, SessionInfo, load_callable, shared_executor, stream_model
+from lowlat_mw.model import (
+    DONE,
+    READY,
+    WAIT,
+    ModelRequest,
+    Models,
+    SessionInfo,
+    load_callable,
+    shared_executor,
+    step_now,
+    stream_model,
+)
 
 SESSION = SessionInfo(session_id="sess")
 REQ = ModelRequest(stream_id=1, model="m", text="hi", session=SESSION)
@@ -485,3 +496,77 @@ def test_models_from_path_and_errors() -> None:
 def test_shared_executor_is_one_pool_per_size() -> None:
     assert shared_executor(3) is shared_executor(3)
     assert shared_executor(3) is not shared_executor(4)
+
+
+# ------------------------------------------------------------------ step_now (merge_deltas)
+async def test_step_now_tells_ready_chunks_from_waiting_ones_and_the_end() -> None:
+    async def model() -> AsyncIterator[str]:
+        yield "a"
+        yield "b"
+        await asyncio.sleep(0.001)
+        yield "c"
+        await asyncio.sleep(0)  # a bare yield to the loop is a wait too
+        yield "d"
+
+    agen = model()
+    seen = []
+    while True:
+        kind, value = step_now(agen)
+        if kind == WAIT:
+            try:
+                value = await value
+            except StopAsyncIteration:
+                break
+        elif kind == DONE:
+            break
+        seen.append(("ready" if kind == READY else "waited", value))
+    assert seen == [("ready", "a"), ("ready", "b"), ("waited", "c"), ("waited", "d")]
+    assert step_now(agen) == (DONE, None)
+
+
+async def test_step_now_passes_model_errors_and_cancellation_through() -> None:
+    closed = []
+
+    async def failing() -> AsyncIterator[str]:
+        yield "a"
+        raise ValueError("boom")
+
+    agen = failing()
+    assert step_now(agen) == (READY, "a")
+    with pytest.raises(ValueError, match="boom"):
+        step_now(agen)
+
+    async def slow() -> AsyncIterator[str]:
+        try:
+            yield "a"
+            await asyncio.sleep(30)
+            yield "never"
+        finally:
+            closed.append(True)
+
+    agen = slow()
+    assert step_now(agen) == (READY, "a")
+    kind, rest = step_now(agen)
+    assert kind == WAIT
+
+    async def consume() -> Any:
+        return await rest
+
+    task = asyncio.get_running_loop().create_task(consume())
+    await asyncio.sleep(0.01)
+    task.cancel()  # thrown into the model, which runs its finally
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed == [True]
+
+
+async def test_step_now_a_waiting_step_ends_with_stop_async_iteration() -> None:
+    async def model() -> AsyncIterator[str]:
+        await asyncio.sleep(0)
+        if False:
+            yield ""
+
+    kind, rest = step_now(model())
+    assert kind == WAIT
+    with pytest.raises(StopAsyncIteration):
+        await rest

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lowlat_mw.timers import AsyncScheduler, DeadlineQueue, ThreadScheduler
+from lowlat_mw.timers import MAX_SLACK, AsyncScheduler, DeadlineQueue, ThreadScheduler, fire_time
 
 INF = math.inf
 
@@ -287,6 +287,43 @@ async def test_async_scheduler_past_deadline_fires_soon() -> None:
     sched.schedule(Target("past", log, on_fire=done.set), time.monotonic() - 5)
     await _wait(done, 0.5)
     assert len(log) == 1
+
+
+def test_fire_time_is_never_early_and_late_by_at_most_a_64th_of_the_wait() -> None:
+    now = 1000.0
+    for wait in (0.0, 0.01, 0.064, 0.1, 0.5, 1.0, 9.99, 10.0, 30.0, 120.0, 600.0):
+        for jitter in (0.0, 0.0001234, 0.3333):
+            when = now + wait + jitter
+            fire = fire_time(when, now)
+            assert when <= fire <= when + min(MAX_SLACK, (when - now) / 64) + 1e-9, (wait, jitter, fire - when)
+    assert fire_time(now + 0.05, now) == now + 0.05  # short waits are exact
+    # deadlines close together (a heartbeat of connections opened a few ms apart) share one wake-up
+    assert len({fire_time(now + 30 + i * 0.003, now) for i in range(50)}) <= 2
+
+
+async def test_async_scheduler_deadlines_close_together_share_a_wake_up() -> None:
+    loop = asyncio.get_running_loop()
+    sched = AsyncScheduler(loop)
+    log: list[tuple[str, float]] = []
+    done = asyncio.Event()
+    fires = 0
+    real_fire = sched._fire
+
+    def counting_fire() -> None:
+        nonlocal fires
+        fires += 1
+        real_fire()
+
+    sched._fire = counting_fire  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    n = 100
+    deadlines = {f"t{i}": t0 + 0.7 + i * 0.0005 for i in range(n)}  # 100 deadlines within 50 ms, 0.7 s ahead
+    for name, when in deadlines.items():
+        sched.schedule(Target(name, log, on_fire=lambda: len(log) == n and done.set()), when)
+    await _wait(done, 3.0)
+    assert fires <= 8, fires  # exact deadlines would take about 100 wake-ups
+    for name, fired_at in log:
+        assert deadlines[name] <= fired_at < deadlines[name] + 0.7 / 64 + 0.05  # never early; late by the slack
 
 
 async def test_async_scheduler_current_is_one_per_loop() -> None:

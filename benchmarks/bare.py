@@ -551,43 +551,36 @@ def _analysis(rows: dict[str, dict[str, float]], profiles: dict[str, Profile]) -
         calls = (f"\nThe profile counts {lp.calls / lp.units:.0f} function calls per delta against "
                  f"{bp.calls / bp.units:.0f} for the bare stream, and {lr.calls / lr.units:.0f} per round trip "
                  f"against {br.calls / br.units:.0f}.")
+    merged = rows["stream proto-merge"]
     return f"""**Why the targets are missed.** The server is the bottleneck: with the raw client it spends
 {srv:.1f} µs of CPU per delta against {bare_srv:.1f} µs for the bare stream, and {rt_srv:.0f} µs per round trip
-against {rt_bare:.0f} µs for the echo.{calls} Per delta, the chunk passes two wrapper async generators
-(`stream_model` and `_from_result` in lowlat_mw/model.py) on its way to `LiveSession._emit`;
-`ServerConnection.send_chunk` builds a probe `ev.Delta`, runs `normalize_chunk` and `_split`, encodes it
-(four `encode_varint` calls) and `Session.record` then builds a second `ev.Delta` and measures the chunk's
-UTF-8 length again; `AsyncServerSession.run` dispatches the one-frame action list, and `_send_frames` takes
-a lock and arms and cancels an `asyncio.timeout` (a loop timer) for every frame before `send_frame` builds
-the ASGI message for uvicorn. Because the server is slow, its frames reach the client one at a time, so
-the client pays a full wake-up (epoll, `websockets` frame parsing, an `asyncio.Queue` hop and a task
-switch to the consumer, a Protobuf decode into message objects, heartbeat and Ack bookkeeping) per delta:
-{cli:.1f} µs of client CPU per delta against {bare_cli:.1f} µs for the bare client, which receives its
-frames in batches. Per round trip the server decodes the Request, sets up the stream (session state, a
-stage timer, metrics histograms, a tracing span, a `ModelRequest`, `inspect`-based detection of the model's
-kind), starts a task (the model runs one event-loop turn later), sends the Delta, then the End with its
-stage timings, observes about ten histograms and handles the client's Ack.
+against {rt_bare:.0f} µs for the echo.{calls} The bare stream's cost is almost all uvicorn's own per-frame
+send; lowlat-mw adds, per Delta, the protocol's work: `ServerConnection.send_chunk` numbers the chunk,
+builds and encodes one `ev.Delta` (`codec.encode_delta_fast`), `Session.record` keeps it for resume and
+flow control, `StreamTimer` laps the stage timings and `LiveSession._emit` hands the frame to
+`_send_frames` (a lock per send, so frames of concurrent streams never interleave). Because the server
+is slower per frame, its frames reach the client one at a time, so the client pays a full wake-up
+(epoll, `websockets` frame parsing, an `asyncio.Queue` hop and a task switch to the consumer, a Protobuf
+decode, Ack bookkeeping) per delta: {cli:.1f} µs of client CPU per delta against {bare_cli:.1f} µs for the bare
+client, which receives its frames in batches. Per round trip the server decodes the Request, sets up the
+stream (session state, a stage timer, metrics histograms, a tracing span, a `ModelRequest`), starts a
+task (the model runs one event-loop turn later), sends the Delta, then the End with its stage timings,
+observes about ten histograms and handles the client's Ack.
 
-**What would fix it.** A patch to the server's per-delta path (proposed alongside this benchmark, not
-applied; the unit, integration and conformance delivery tests pass with it): (1) no `asyncio.timeout`
-per frame in `AsyncServerSession._send_frames`: the connection's existing scheduler timer catches a send
-stuck longer than `slow_consumer_timeout` (within 1.5x of it) and cancels it, as the timeout did; (2) one
-`ev.Delta` per chunk, built once in `send_chunk` and handed to `Session.record`, with no split, and no
-Unicode check for ASCII text, for chunks far below the frame limit; (3) a table for single-byte varints
-in `codec.encode_varint`; (4) `LiveSession._emit` sending its frames without the generic `run()`
-dispatch; (5) async-generator models iterated directly, without the two wrapper generators. Measured
-interleaved against the unpatched server on the development machine (raw proto client, machine shared),
-it cut the server's CPU per delta by about 45% (54 -> 30 µs) and raised deltas/s about 1.7x; a rougher
-prototype that also skipped the send lock when uncontended reached -60%. That is still 3-4x the bare
-stream, most of whose cost is uvicorn's own per-frame send, so 0.7x also needs fewer frames per token:
-an opt-in setting that merges the chunks a model yields within one event-loop turn into one Delta
-(docs/protocol.md 8.2 lets the server choose delta boundaries, though the README promises one Delta per
-chunk today), and a cheaper client read path (a hand-written Delta decoder mirroring
-`encode_delta_fast`; a deque and one waiter instead of an `asyncio.Queue` per stream). The patch barely
-moves the round trip (about -10% server CPU): the per-request path needs its own work. Caching the
-model's kind per callable (`model._kind` calls `inspect` on every request), binding metrics and creating
-the span only when enabled and sampled, and starting the model eagerly (Python 3.12's eager task factory)
-would shorten the path to the first Delta.
+**What was done, and what is left.** Applied after profiling this suite (each measured interleaved
+against the previous server): no `asyncio.timeout` per send (the connection's own timer catches a send
+stuck for `slow_consumer_timeout`), one `ev.Delta` per chunk built once, no Unicode check for ASCII
+text, a table for one-byte varints, frames sent without the generic action dispatch, and async-generator
+models iterated without wrapper generators: together about -45% server CPU per delta. One frame per
+token still costs 3-4x the bare stream, so the remaining lever is fewer frames per token: the opt-in
+setting `merge_deltas` sends the tokens a model yields back to back as one Delta (the stream's first
+token still leaves alone, a model that waits between tokens still gets one Delta per token). With it the
+AsyncClient receives {merged["deltas_per_s"]:,.0f} tokens/s, {merged["ratio"]:.2f}x the bare stream, at
+{merged["server_cpu_us_per_delta"]:.1f} µs of server CPU per token. It is off by default because the README
+promises one Delta per yielded chunk. Not done: a cheaper client read path (a hand-written Delta decoder
+mirroring `encode_delta_fast`; a deque and one waiter instead of an `asyncio.Queue` per stream) and the
+per-request path (starting the model eagerly, as Python 3.12's eager task factory would; binding metrics
+and creating the tracing span only when enabled and sampled).
 """
 
 

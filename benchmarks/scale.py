@@ -477,36 +477,32 @@ def _bottlenecks(size: Size, rows: dict[str, dict[str, float]], top: int, fast_l
 (one Ping sent, one Pong received) cost {per_hb} of server CPU; with {size.fast:g} s heartbeats on {fast_level:,}
 connections {lof.get('us_per_ping', 0):.0f} µs, where uvicorn's own WebSocket ping cost
 {ping.get('us_per_ping', 0):.0f} µs. CPU % = connections x cost per heartbeat / interval, so 2% of a core
-for {TARGET_IDLE:,} connections every {DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat. The cost grows as
-the rate falls, because then every heartbeat wakes the process twice on its own: the scheduler arms the loop
-timer for the exact earliest deadline, so connections opened at different moments never share a
-wake-up. Per Ping, the middleware also creates one Task to send it, and `_send_frames` arms an
-`asyncio.timeout` (another loop timer) and takes a Lock; per Pong, uvicorn queues an ASGI message and
-wakes the connection's `_serve` task, which decodes it, recomputes the deadline (`next_deadline` builds
-a dict of the running streams, three times per heartbeat) and yields with `asyncio.sleep(0)`; and
-with the default interval (30 s, longer than the 10 s `heartbeat_timeout`) the connection's timer
-fires once more, for nothing, at Ping + 10 s, because a Pong only ever moves the timer earlier.
-Prototyped as patches of a benchmark server while this suite was written (same machine, shared;
-2026-11-30; not in the code): (1) round the scheduler's deadlines up to 50 ms and send every Ping due
-in one wake-up from one task; (2) no `asyncio.timeout` per send (a send-started time checked by the
-timer instead); (3) count running streams without building a dict; (4) let a Pong move the timer
-later; (5) yield in `_serve` every 16 messages. With 2,000 connections and 30 s heartbeats: 437 µs per
-heartbeat, 122 µs with (1), 94 µs with (1)-(5) and 1 s of slack (uvicorn's own ping: 94 µs in that
-run); with 10,000 connections: 329, 230 and 155 µs. Even 155 µs is 5% of a core for 10,000 connections every 30 s:
-meeting 2% also needs fewer heartbeats on idle connections, e.g. a connection with no stream running
-stretched to `heartbeat_max_interval` (120 s): 83 heartbeats/s x 155 µs = 1.3% (a change of
-docs/protocol.md 9.1, where a quiet client is pinged every 30 s).
+for {TARGET_IDLE:,} connections every {DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat. Per Ping the
+middleware creates one Task to send it and takes the connection's send Lock; per Pong, uvicorn queues an
+ASGI message and wakes the connection's `_serve` task, which decodes it, recomputes the deadline and
+yields with `asyncio.sleep(0)`; and with the default interval (30 s, longer than the 10 s
+`heartbeat_timeout`) the connection's timer fires once more, for nothing, at Ping + 10 s, because a Pong
+only ever moves the timer earlier. Applied after profiling this suite: the scheduler wakes on a
+power-of-two grid (late by at most 1/64 of the wait, 0.25 s at most; `lowlat_mw.timers.fire_time`), so
+the heartbeats of connections opened at different moments share wake-ups instead of each waking the
+process; no `asyncio.timeout` (a loop timer) per send; running streams counted without building a
+dict. Prototyped, not applied: sending every Ping due in one wake-up from one task (a stuck send to one
+client must not hold up the others' Pings, which needs a task per blocked send), letting a Pong move the
+timer later and yielding in `_serve` every 16 messages; in a patched server with 10,000 connections
+those took a heartbeat from 329 to 155 µs. Even 155 µs is 5% of a core for 10,000 connections every
+30 s: meeting 2% also needs fewer heartbeats on idle connections, e.g. a connection with no stream
+running stretched to `heartbeat_max_interval` (120 s): 83 heartbeats/s x 155 µs = 1.3%. That would change
+the product's heartbeat (30 s when idle, docs/protocol.md 9.1), so it is not done.
 
 *Streams:* the middleware spent {s_await['server_cpu_us_per_delta']:.0f} µs of server CPU per delta against
 {b_await['server_cpu_us_per_delta']:.0f} µs for the bare endpoint ({ratio:.1f}x, per-request work included). With
 {size.streams:,} requests at once, a request's first delta waits until the event loop has gone round the other
 ready tasks, so TTFD p99 grows with streams x cost per delta. Without a socket (an AsyncServerSession
 driven in process, free send) the middleware's own work is about 40-50 µs per delta on this machine;
-the rest is the ASGI send through uvicorn and the extra task switches. In a profile the largest items
-are the per-send `asyncio.timeout` and Lock in `_send_frames` (without the timeout: -23% CPU per delta
-and TTFD p99 460 -> 393 ms at 1,000 clients, in a patched server), then per-chunk wrappers
-(`stream_model`/`_from_result`, `normalize_chunk`, `_split`, `StreamTimer`) and the replay-buffer
-`record`. A tight-loop model makes each stream run to its End before the next one starts: TTFD then
+the rest is the ASGI send through uvicorn and the extra task switches. The per-send `asyncio.timeout`
+(-23% CPU per delta once removed), per-chunk wrapper generators and a second `ev.Delta` per chunk were
+the largest items in the profile and are gone; the send Lock, `StreamTimer` and the replay-buffer
+`record` remain. A tight-loop model makes each stream run to its End before the next one starts: TTFD then
 grows with whole replies, for the bare endpoint too; such a model must await between tokens (or the
 middleware could yield to the loop after a stream's first delta)."""
 

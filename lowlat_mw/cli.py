@@ -181,6 +181,18 @@ def _chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """`lowlat-mw bench ...` = `python -m benchmarks ...`: the suites live in the source tree, not the wheel."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        from benchmarks.__main__ import main as bench_main
+    except ImportError as exc:
+        raise ImportError("the benchmarks are not installed with the package: run `lowlat-mw bench` from the "
+                          f"root of a lowlat-mw source checkout ({exc})") from exc
+    return bench_main(args.rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lowlat-mw`` console script."""
     parser = argparse.ArgumentParser(prog="lowlat-mw", description=__doc__,
@@ -219,7 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--retries", type=int, default=5, help="reconnect attempts before giving up")
     chat.set_defaults(func=_chat)
 
-    args = parser.parse_args(argv)
+    bench = sub.add_parser("bench", add_help=False,
+                           help="run the benchmark suites (source checkout; options of python -m benchmarks)")
+    bench.set_defaults(func=_bench, rest=[])
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # everything after it belongs to the benchmarks' own parser
+        args = argparse.Namespace(func=_bench, rest=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except (SettingsError, ImportError, TypeError, ValueError) as exc:

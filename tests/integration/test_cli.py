@@ -194,3 +194,21 @@ def test_serve_metrics_path_options(monkeypatch):
     # refused before anything is served
     assert main(["serve", "--stats-interval", "1", "--set", "metrics=false"]) == 2
     assert main(["serve", "--stats-interval", "-1"]) == 2
+
+
+def test_bench_runs_the_benchmarks_entry_point(capsys, monkeypatch, tmp_path):
+    """`lowlat-mw bench ARGS` is `python -m benchmarks ARGS` from a checkout, and says so elsewhere."""
+    from lowlat_mw.cli import main
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    assert main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out
+    for suite in ("transport", "bare", "frameworks", "codec", "compression", "scale", "overhead"):
+        assert f"{suite}: " in listed
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != repo])
+    for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["bench", "--list"]) == 2
+    assert "source checkout" in capsys.readouterr().err

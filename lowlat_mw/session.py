@@ -61,6 +61,7 @@ class Session:
         self.session_id = session_id or secrets.token_urlsafe(12)
         self._secret = secrets.token_urlsafe(24)
         self.streams: dict[int, StreamState] = {}
+        self._running = 0  # streams without a terminal (asked on every timer tick: counted, not scanned)
         self.buffered = 0
         self.flow_window = 0
         self.attached = True
@@ -111,7 +112,7 @@ class Session:
 
     def running_count(self) -> int:
         """How many streams are running."""
-        return sum(1 for st in self.streams.values() if st.terminal is None)
+        return self._running
 
     # ------------------------------------------------------------------ streams
     def start(self, req: ev.Request, now: float) -> ev.Error | None:
@@ -128,6 +129,7 @@ class Session:
             self._forget(sid)
         self._awaited.discard(sid)
         self.streams[sid] = StreamState(stream_id=sid, started_at=now)
+        self._running += 1
         return None
 
     def record(self, stream_id: int, piece: str | bytes, now: float, delta: ev.Delta | None = None) -> ev.Delta | None:
@@ -186,6 +188,7 @@ class Session:
             timings.update(timings_ms)
         st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
                              usage={"deltas": st.seq, "output_bytes": st.out_bytes})
+        self._running -= 1
         self._finished_add(stream_id)
         return st.terminal
 
@@ -196,6 +199,7 @@ class Session:
         if st is None or not st.running:
             return None
         st.terminal = ev.Error(stream_id=stream_id, code=code, message=message, retryable=retryable)
+        self._running -= 1
         self._finished_add(stream_id)
         return st.terminal
 
@@ -208,6 +212,8 @@ class Session:
         st = self.streams.pop(sid, None)
         if st is not None:
             self.buffered -= sum(cost for _, cost in st.buffer)
+            if st.terminal is None:
+                self._running -= 1
         try:
             self._finished.remove(sid)
         except ValueError:
@@ -274,6 +280,7 @@ class Session:
                 events.append(err)
                 if st.running:
                     st.terminal = err
+                    self._running -= 1
                     st.cancelling = True
                     cancels.append(sid)
                 self._forget(sid)

@@ -478,6 +478,10 @@ class SessionMachine(RuleBasedStateMachine):
                 assert sid not in self.s.streams
 
     @invariant()
+    def running_count_is_the_number_of_streams_without_a_terminal(self) -> None:
+        assert self.s.running_count() == sum(1 for st in self.s.streams.values() if st.terminal is None)
+
+    @invariant()
     def buffered_is_the_sum_of_buffer_costs(self) -> None:
         assert self.s.buffered == buffer_cost(self.s)
         assert self.s.buffered <= self.s.settings.resume_buffer_size

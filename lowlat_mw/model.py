@@ -19,6 +19,7 @@ import asyncio
 import importlib
 import inspect
 import threading
+import types
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -151,6 +152,13 @@ async def _from_result(result: Any, executor: Executor | None,
 
 
 def _kind(fn: Callable[..., Any]) -> str:
+    if type(fn) is types.FunctionType:  # a plain function (the common case, asked per request): its flags
+        flags = fn.__code__.co_flags
+        if flags & inspect.CO_ASYNC_GENERATOR:
+            return "asyncgen"
+        if flags & inspect.CO_COROUTINE:
+            return "async"
+        return "gen" if flags & inspect.CO_GENERATOR else "sync"
     target = fn
     if not inspect.isfunction(fn) and not inspect.ismethod(fn) and not hasattr(fn, "func"):
         call = type(fn).__dict__.get("__call__") or getattr(type(fn), "__call__", None)  # noqa: B004

@@ -54,11 +54,12 @@ INTRO = """# Benchmarks
 
 <!-- Sections are written by `python -m benchmarks`; each suite replaces only its own section. -->
 
-Run them from the repository root with the project's virtualenv:
+Run them from the repository root with the project's virtualenv (`.venv/bin/lowlat-mw bench` takes
+the same options):
 
 ```sh
 .venv/bin/python -m benchmarks                    # every suite, full size (a few minutes per suite)
-.venv/bin/python -m benchmarks --quick            # small sizes: the CI smoke test
+.venv/bin/python -m benchmarks --quick            # small sizes, all suites in under 2 minutes (CI runs it)
 .venv/bin/python -m benchmarks --suite overhead   # one suite (repeat --suite for several)
 ```
 

@@ -88,3 +88,28 @@ def test_command_line_lists_suites() -> None:
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "--suite", "nope"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_quick_mode_runs_every_suite_from_the_command_line(tmp_path: Path) -> None:
+    """The CI smoke test of the issue: `lowlat-mw bench --quick` runs every suite and writes every section.
+
+    Only that it runs is checked (the numbers of a quick run on a busy CI machine mean little); its
+    wall time is printed, the target being under 2 minutes on a quiet machine.
+    """
+    import time
+
+    from benchmarks import all_suites
+
+    out = tmp_path / "benchmarks.md"
+    started = time.monotonic()
+    run = subprocess.run([str(Path(sys.executable).with_name("lowlat-mw")), "bench", "--quick", "--output", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=540)
+    took = time.monotonic() - started
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    text = out.read_text()
+    for suite in all_suites().values():
+        assert text.count(f"## {suite.heading}") == 1, suite.name
+    assert "`quick` mode" in text
+    print(f"benchmarks --quick: every suite in {took:.0f} s")

@@ -73,6 +73,9 @@ class BoundedHTTPFactory(HTTPFactory):
         def expire() -> None:
             # Twisted wraps the HTTPChannel (for HTTP/2 negotiation): the transport is the channel's
             transport = getattr(getattr(protocol, "_channel", protocol), "transport", None)
+            if transport is None and not state["in"]:  # not connected yet: look again shortly
+                reactor.callLater(0.05, expire)
+                return
             if not state["in"] and transport is not None and transport.connected:
                 transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
                 transport.loseConnection()

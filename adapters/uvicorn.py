@@ -28,7 +28,7 @@ from lowlat_mw.errors import SettingsError
 from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT
 from lowlat_mw.settings import Settings
 
-__all__ = ["H11Protocol", "HttpToolsProtocol"]
+__all__ = ["H11Protocol", "Http", "HttpToolsProtocol"]
 
 _timeout: list[float] = []
 
@@ -94,3 +94,6 @@ class HttpToolsProtocol(_HandshakeBound, _HttpToolsProtocol):
 
 class H11Protocol(_HandshakeBound, _H11Protocol):
     """uvicorn's h11 protocol with a bounded handshake (h11 bounds the header size itself as well)."""
+
+
+Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.adapters.uvicorn:Http

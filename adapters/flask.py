@@ -27,6 +27,7 @@ from lowlat_mw.limits import ConnectionLimiter
 from lowlat_mw.metrics import Metrics
 from lowlat_mw.model import Models, ModelSpec, SessionInfo
 from lowlat_mw.security import check_handshake
+from lowlat_mw.serving import transport_limit
 from lowlat_mw.session import MemorySessionStore
 from lowlat_mw.settings import ENV_PREFIX, Settings
 from lowlat_mw.threads import ThreadedSession
@@ -122,10 +123,13 @@ class LowLat:
             self._refused("forbidden")
             return Response("forbidden\n", status=403)
         ws = Server(
-            env,
+            # Without the client's Sec-WebSocket-Extensions, simple-websocket does not accept permessage-deflate,
+            # which it would inflate with no bound on the output (4 KiB read -> up to 4 MiB, before its size check).
+            {k: v for k, v in env.items() if k != "HTTP_SEC_WEBSOCKET_EXTENSIONS"},
             subprotocols=[subprotocol] if subprotocol else None,
-            # +1 so a frame one byte over our limit still reaches the core's own Error + 1009.
-            max_message_size=settings.max_frame_size + 1,
+            # Just above our limit, so a message a little too big still reaches the core's own Error + 1009,
+            # and a bigger one is closed with 1009 by simple-websocket before it is buffered whole.
+            max_message_size=transport_limit(settings),
             ping_interval=None,  # the protocol's application-level heartbeat replaces it
         )
 

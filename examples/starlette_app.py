@@ -1,6 +1,8 @@
 """Starlette app serving a streaming model over lowlat-mw at ws://127.0.0.1:8000/ws.
 
-Run:  uvicorn examples.starlette_app:app --host 127.0.0.1 --port 8000 --ws websockets-sansio
+Run:  uvicorn examples.starlette_app:app --port 8000 --ws websockets-sansio --http lowlat_mw.adapters.uvicorn:Http
+      (--http bounds the handshake; in production add the size, ping and deflate options of
+      docs/security.md "Transport": --ws-max-size 1049600 --ws-ping-interval 0 --ws-per-message-deflate false)
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
 Metrics: curl http://127.0.0.1:8000/metrics  (Prometheus text: lowlat_* series)
 The scrape is unauthenticated: in production serve it where only Prometheus reaches (docs/observability.md).

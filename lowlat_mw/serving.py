@@ -7,23 +7,68 @@ up to `drain_grace` seconds, close 4002 so clients reconnect), and only then let
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .settings import Settings
 
-__all__ = ["run", "uvicorn_options"]
+__all__ = ["HANDSHAKE_HEADER_LIMIT", "daphne_args", "gunicorn_args", "run", "transport_limit", "uvicorn_args",
+           "uvicorn_options"]
+
+# Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
+HANDSHAKE_HEADER_LIMIT = 16 * 1024
+UVICORN_HTTP = "lowlat_mw.adapters.uvicorn:HttpToolsProtocol"
+GUNICORN_WORKER = "lowlat_mw.adapters.gunicorn.ThreadWorker"
 
 
-def uvicorn_options(settings: Settings | None = None) -> dict[str, Any]:
-    """uvicorn keyword arguments that match lowlat-mw's settings."""
+def transport_limit(settings: Settings) -> int:
+    """The hosting server's own message size limit (after any permessage-deflate): just above
+    ``max_frame_size``, so a message a little too big gets our Error + 1009 and anything bigger is
+    refused by the server (also with 1009) before it is buffered whole."""
+    return settings.max_frame_size + 1024
+
+
+def uvicorn_options(settings: Settings | None = None, ws: str = "websockets-sansio") -> dict[str, Any]:
+    """uvicorn keyword arguments that match lowlat-mw's settings (docs/security.md, "Transport")."""
     settings = settings or Settings.load()
     return {
-        "ws": "websockets-sansio",
+        "ws": ws,
+        # request line + headers within handshake_timeout and HANDSHAKE_HEADER_LIMIT (adapters/uvicorn.py)
+        "http": UVICORN_HTTP,
         # Our own limit answers first (Error frame + 1009); the server's is a backstop just above it.
-        "ws_max_size": settings.max_frame_size + 1024,
+        "ws_max_size": transport_limit(settings),
         "ws_ping_interval": None,  # the protocol's application-level heartbeat replaces it
+        # Off: the protocol negotiates its own bounded compression; wsproto would inflate without a bound.
         "ws_per_message_deflate": False,
     }
+
+
+def uvicorn_args(settings: Settings | None = None, ws: str = "websockets-sansio") -> list[str]:
+    """The same as uvicorn command-line options."""
+    opts = uvicorn_options(settings, ws)
+    return ["--ws", opts["ws"], "--http", opts["http"], "--ws-max-size", str(opts["ws_max_size"]),
+            "--ws-ping-interval", "0", "--ws-per-message-deflate", "false"]
+
+
+def daphne_args(settings: Settings | None = None) -> list[str]:
+    """daphne options for ``python -m lowlat_mw.adapters.daphne`` (daphne with lowlat-mw's transport fixes).
+
+    Size limits just above ``max_frame_size`` (message and frame), the WebSocket opening handshake
+    within ``handshake_timeout`` (whole seconds, rounded up), no protocol-level pings (the
+    application heartbeat replaces them). permessage-deflate stays off (daphne never accepts it).
+    """
+    settings = settings or Settings.load()
+    limit = str(transport_limit(settings))
+    return ["--websocket-max-message-size", limit, "--websocket-max-frame-size", limit,
+            "--websocket_connect_timeout", str(max(1, math.ceil(settings.handshake_timeout))),
+            "--ping-interval", str(10 ** 6)]
+
+
+def gunicorn_args(settings: Settings | None = None) -> list[str]:
+    """gunicorn options: the worker that bounds the handshake, request-header limits under 16 KiB."""
+    del settings  # the worker reads handshake_timeout from the Flask app's LowLat extension
+    return ["-k", GUNICORN_WORKER, "--limit-request-line", "4094", "--limit-request-fields", "64",
+            "--limit-request-field_size", "8190"]
 
 
 def run(app: Any, *, drain_grace: float = 30.0, settings: Settings | None = None, **uvicorn_kwargs: Any) -> None:

@@ -19,6 +19,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lowlat_mw.errors import SettingsError
+from lowlat_mw.serving import daphne_args, gunicorn_args, uvicorn_args
+from lowlat_mw.settings import Settings
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VENV_BIN = Path(sys.prefix) / "bin"
@@ -45,16 +49,30 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port")
 
 
-def server_argv(framework: str, port: int, app: str | None = None, extra: Sequence[str] = ()) -> list[str]:
-    """The command line that serves `framework`'s example (or `app`) on 127.0.0.1:`port`."""
+def transport_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """The settings a server started with `env` runs with (defaults if they are invalid: startup tests)."""
+    try:
+        return Settings.load(env={k: v for k, v in (env or {}).items() if k.startswith("LOWLAT_")})
+    except SettingsError:
+        return Settings()
+
+
+def server_argv(framework: str, port: int, app: str | None = None, extra: Sequence[str] = (),
+                env: Mapping[str, str] | None = None, ws: str = "websockets-sansio") -> list[str]:
+    """The command line that serves `framework`'s example (or `app`) on 127.0.0.1:`port`.
+
+    Each server gets the transport options that match the settings in `env` (lowlat_mw.serving,
+    docs/security.md "Transport"), as the examples' "Run:" lines do.
+    """
+    settings = transport_settings(env)
     if framework in ("starlette", "fastapi"):
         return [str(VENV_BIN / "uvicorn"), app or f"examples.{framework}_app:app", "--host", "127.0.0.1",
-                "--port", str(port), "--ws", "websockets-sansio", *extra]
+                "--port", str(port), *uvicorn_args(settings, ws), *extra]
     if framework == "django":
-        return [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *extra,
-                app or "examples.django_project.asgi:application"]
+        return [str(VENV_BIN / "python"), "-m", "lowlat_mw.adapters.daphne", "-b", "127.0.0.1", "-p", str(port),
+                *daphne_args(settings), *extra, app or "examples.django_project.asgi:application"]
     if framework == "flask":
-        return [str(VENV_BIN / "gunicorn"), "-k", "gthread", "--threads", "300", "-b", f"127.0.0.1:{port}",
+        return [str(VENV_BIN / "gunicorn"), *gunicorn_args(settings), "--threads", "300", "-b", f"127.0.0.1:{port}",
                 *extra, app or "examples.flask_app:app"]
     raise ValueError(framework)
 
@@ -230,8 +248,8 @@ def running_server(name: str, framework: str, conformance_dir: Path, extra: Mapp
     """
     import pytest
 
-    srv = start_ready(name, framework, lambda p: server_argv(framework, p),
-                      base_env(conformance_dir, extra), conformance_dir / "logs")
+    env = base_env(conformance_dir, extra)
+    srv = start_ready(name, framework, lambda p: server_argv(framework, p, env=env), env, conformance_dir / "logs")
     startup_times.setdefault(name, []).append(srv.ready_after or 0.0)
     try:
         yield srv

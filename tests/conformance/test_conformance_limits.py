@@ -97,8 +97,9 @@ def servers(fw: str, conformance_dir: Path) -> Iterator[Callable[[str], ServerPr
 
     def get(config: str) -> ServerProcess:
         if config not in started:
-            started[config] = start_ready(f"limits-{config}-{fw}", fw, lambda p: server_argv(fw, p),
-                                          base_env(conformance_dir, CONFIGS[config]), conformance_dir / "logs")
+            env = base_env(conformance_dir, CONFIGS[config])
+            started[config] = start_ready(f"limits-{config}-{fw}", fw, lambda p: server_argv(fw, p, env=env), env,
+                                          conformance_dir / "logs")
         srv = started[config]
         if not srv.alive():
             pytest.fail(f"{srv.name} is not running (exit code {srv.proc.returncode})\n{srv.output()}")

@@ -57,9 +57,9 @@ def _launch_bad(launch, conformance_dir, framework: str, source: str, extra_args
         env_extra["DJANGO_SETTINGS_MODULE"] = "bad_django_settings"
     else:
         app = BAD_APPS[framework]
+    env = base_env(conformance_dir, env_extra)
     return launch(f"bad-{framework}-{source}{'-'.join(('', *extra_args))}", framework,
-                  lambda p: server_argv(framework, p, app=app, extra=extra_args),
-                  base_env(conformance_dir, env_extra), ready=False)
+                  lambda p: server_argv(framework, p, app=app, extra=extra_args, env=env), env, ready=False)
 
 
 @pytest.mark.parametrize("source", ["config", "env"])

@@ -1,0 +1,72 @@
+"""gunicorn's gthread worker with a bounded opening handshake: ``gunicorn -k lowlat_mw.adapters.gunicorn.ThreadWorker``.
+
+gthread waits 5 s (not configurable) for a new connection's first byte in one of its threads, and
+then reads the request with a blocking socket and no deadline: a client that drips its request a
+byte at a time holds a thread (of ``--threads``) for as long as it likes. This worker closes every
+connection whose first request is not complete within ``handshake_timeout`` (the setting of the
+app's ``LowLat`` extension, else ``LOWLAT_HANDSHAKE_TIMEOUT`` or the default of 10 s) by shutting
+its socket down, which ends the thread's read at once. Everything else is gthread's.
+
+Request headers are bounded by gunicorn itself (``--limit-request-line``, ``--limit-request-fields``,
+``--limit-request-field_size``: HTTP 431 / 400 past them).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
+
+from lowlat_mw.errors import SettingsError
+from lowlat_mw.settings import Settings
+
+__all__ = ["ThreadWorker"]
+
+
+class ThreadWorker(_ThreadWorker):
+    """gthread, closing connections whose first request is not in within the handshake timeout."""
+
+    def init_process(self) -> None:
+        self._lowlat_lock = threading.Lock()
+        self._lowlat_pending: dict[int, tuple[float, Any]] = {}  # id(conn) -> (deadline, conn)
+        self._lowlat_timeout = 10.0
+        super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        ext = getattr(self.wsgi, "extensions", {}).get("lowlat_mw")
+        settings = getattr(ext, "settings", None)
+        try:
+            self._lowlat_timeout = (settings or Settings.load()).handshake_timeout
+        except SettingsError:  # the app reports the bad setting itself; bound the handshake all the same
+            self._lowlat_timeout = Settings().handshake_timeout
+        threading.Thread(target=self._lowlat_watch, name="lowlat-mw-handshakes", daemon=True).start()
+
+    def enqueue_req(self, conn: Any) -> None:
+        if not getattr(conn, "_lowlat_seen", False):  # a new connection (not a kept-alive or deferred one)
+            conn._lowlat_seen = True
+            with self._lowlat_lock:
+                self._lowlat_pending[id(conn)] = (time.monotonic() + self._lowlat_timeout, conn)
+        super().enqueue_req(conn)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        with self._lowlat_lock:
+            self._lowlat_pending.pop(id(conn), None)
+        return super().handle_request(req, conn)
+
+    def _lowlat_watch(self) -> None:
+        while self.alive:
+            time.sleep(0.05)
+            now = time.monotonic()
+            with self._lowlat_lock:
+                late = [conn for deadline, conn in self._lowlat_pending.values() if deadline <= now]
+                for conn in late:
+                    del self._lowlat_pending[id(conn)]
+            for conn in late:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)  # the reading thread sees EOF and closes it
+                except OSError:
+                    pass  # already closed

@@ -1,0 +1,99 @@
+"""uvicorn's HTTP protocols with a bound on the opening handshake (``--http lowlat_mw.adapters.uvicorn:...``).
+
+uvicorn has no limit on how long a client may take to send its request headers (a socket that
+connects and says nothing, or drips its request a byte at a time, is held forever), and with its
+default ``httptools`` parser no limit on their size (a WebSocket upgrade with megabytes of headers
+is buffered whole). These subclasses add both, and change nothing once a request's headers are in:
+
+* the request line and headers must arrive within ``handshake_timeout`` (the setting, from
+  ``LOWLAT_HANDSHAKE_TIMEOUT`` or its default of 10 s), or the server answers 408 and closes;
+* they may take at most ``HANDSHAKE_HEADER_LIMIT`` bytes (16 KiB, as daphne's and h11's own
+  limit), or the server answers 431 and closes.
+
+    uvicorn myapp:app --ws websockets-sansio --http lowlat_mw.adapters.uvicorn:HttpToolsProtocol ...
+
+``lowlat-mw serve`` and ``lowlat_mw.serving.run`` use it by default (``lowlat_mw.serving.uvicorn_args``
+gives the whole command line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
+
+from lowlat_mw.errors import SettingsError
+from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT
+from lowlat_mw.settings import Settings
+
+__all__ = ["H11Protocol", "Http", "HttpToolsProtocol"]
+
+_timeout: list[float] = []
+
+
+def _handshake_timeout() -> float:
+    if not _timeout:
+        try:
+            _timeout.append(Settings.load().handshake_timeout)
+        except SettingsError:  # the app reports the bad setting itself; bound the handshake all the same
+            _timeout.append(Settings().handshake_timeout)
+    return _timeout[0]
+
+
+class _HandshakeBound:
+    """Mixin: a deadline and a byte budget for the first request's line and headers."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    cycle: Any
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[misc]
+        self._lowlat_received = 0
+        self._lowlat_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            _handshake_timeout(), self._lowlat_refuse, b"408 Request Timeout")
+
+    def data_received(self, data: bytes) -> None:
+        if self._lowlat_timer is None:
+            super().data_received(data)  # type: ignore[misc]
+            return
+        self._lowlat_received += len(data)
+        if self._lowlat_received > HANDSHAKE_HEADER_LIMIT and not self._lowlat_headers_in():
+            self._lowlat_refuse(b"431 Request Header Fields Too Large")
+            return
+        super().data_received(data)  # type: ignore[misc]
+        if self._lowlat_headers_in():
+            self._lowlat_done()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lowlat_done()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _lowlat_headers_in(self) -> bool:
+        """The first request's headers are parsed: a response cycle runs, or the connection was upgraded."""
+        return self.cycle is not None or self.transport.get_protocol() is not self
+
+    def _lowlat_done(self) -> None:
+        if self._lowlat_timer is not None:
+            self._lowlat_timer.cancel()
+            self._lowlat_timer = None
+
+    def _lowlat_refuse(self, status: bytes) -> None:
+        self._lowlat_done()
+        if self.transport.is_closing() or self._lowlat_headers_in():
+            return
+        self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        self.transport.close()
+
+
+class HttpToolsProtocol(_HandshakeBound, _HttpToolsProtocol):
+    """uvicorn's httptools protocol (its default) with a bounded handshake."""
+
+
+class H11Protocol(_HandshakeBound, _H11Protocol):
+    """uvicorn's h11 protocol with a bounded handshake (h11 bounds the header size itself as well)."""
+
+
+Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.adapters.uvicorn:Http

@@ -1,0 +1,477 @@
+"""Transport-level hardening, through every example app in its real server (docs/security.md, "Transport").
+
+What the hosting server does before lowlat-mw sees a byte: permessage-deflate bombs, fragment floods,
+slow and oversized opening handshakes. Each server runs the way ``server_argv`` (and the examples'
+"Run:" lines) start it, with the options ``lowlat_mw.serving`` derives from the settings, here the
+defaults (``max_frame_size`` 1 MiB) and a 1 s ``handshake_timeout``. Variants: the four examples,
+Starlette under uvicorn's wsproto implementation, and Starlette with uvicorn's permessage-deflate
+turned on (websockets bounds inflation by ``--ws-max-size``), the one server where it is safe on.
+
+Raw sockets only: a hand-built client can send what a WebSocket library never would. Peak memory is
+the serving process's VmHWM (``PeakRSS`` of test_conformance_limits.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import statistics
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conformance_servers import ServerProcess, base_env, server_argv, start_ready, transport_settings
+from conformance_support import PROTO, KnownBug, measure, raw_connect
+from test_conformance_limits import PeakRSS, serving_pid
+
+from lowlat_mw import events as ev
+from lowlat_mw.codec import ProtoCodec
+from lowlat_mw.errors import canonical_close_code
+from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT, transport_limit
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+# Known gaps, measured (strict: a fix turns them into failures to remove here).
+FRAGMENT_XFAIL = (
+    "KNOWN GAP (uvicorn websockets-sansio, daphne): the server keeps every fragment of a message as its own bytes "
+    "object until the last one arrives (uvicorn's WebSocketProtocol.frames list; autobahn's frame list), ~120 B "
+    "per 1-byte fragment: 100,000 one-byte fragments cost 12-19 MiB of peak RSS, over the 2 MiB bound; wsproto "
+    "and simple-websocket append to one buffer and stay under it"
+)
+WSPROTO_RSV1_XFAIL = (
+    "KNOWN GAP (uvicorn wsproto): a frame with RSV1 set on a connection without permessage-deflate ends the TCP "
+    "connection without a close frame (the client sees 1006, not 1002); nothing is inflated (peak RSS +0 MiB)"
+)
+DEFLATE_MEMORY_XFAIL = (
+    "KNOWN GAP (uvicorn websockets-sansio with --ws-per-message-deflate true, off by default): websockets stops "
+    "inflating at --ws-max-size and closes with 1009, but holds the compressed frame (~255 KB), the inflated "
+    "1 MiB and its zlib state at once: peak RSS +2.5 MiB, over 2x the limit (2 MiB)"
+)
+FLASK_HANDSHAKE_XFAIL = (
+    "KNOWN GAP (gunicorn gthread): with 200 slow sockets each holding a thread, a normal client's handshake "
+    "waits for the GIL behind them: p99 ~200 ms (bound 100 ms); the slow sockets are closed by 1.0-1.6 s"
+)
+
+KiB, MiB = 1024, 1024 * 1024
+HANDSHAKE_TIMEOUT = 1.0
+ENV = {"LOWLAT_HANDSHAKE_TIMEOUT": str(HANDSHAKE_TIMEOUT)}
+SETTINGS = transport_settings(ENV)
+LIMIT = SETTINGS.max_frame_size  # 1 MiB: the default
+MEMORY_BOUND = 2 * LIMIT  # peak RSS growth allowed while refusing (the issue's "less than 2x the limit")
+
+# variant -> (framework, uvicorn --ws, extra server args, permessage-deflate negotiated)
+VARIANTS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
+    "starlette": ("starlette", "websockets-sansio", (), False),
+    "fastapi": ("fastapi", "websockets-sansio", (), False),
+    "wsproto": ("starlette", "wsproto", (), False),
+    "deflate": ("starlette", "websockets-sansio", ("--ws-per-message-deflate", "true"), True),
+    "django": ("django", "", (), False),
+    "flask": ("flask", "", (), False),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def srv(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
+    name = request.param
+    framework, ws, extra, _ = VARIANTS[name]
+    env = base_env(conformance_dir, ENV)
+    kwargs = {"ws": ws} if ws else {}
+    server = start_ready(f"transport-{name}", framework,
+                         lambda p: server_argv(framework, p, extra=extra, env=env, **kwargs), env,
+                         conformance_dir / "logs")
+    server.variant = name  # type: ignore[attr-defined]
+    yield server
+    died = server.proc.poll()
+    server.stop()
+    if died is not None:
+        pytest.fail(f"{server.name} died during the tests (code {died})\n{server.output()}")
+
+
+# ================================================================================ a raw WebSocket client
+def _upgrade_request(port: int, *, extensions: str | None = None, pad: int = 0) -> bytes:
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = ["GET /ws HTTP/1.1", f"Host: 127.0.0.1:{port}", "Upgrade: websocket", "Connection: Upgrade",
+             f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13", f"Sec-WebSocket-Protocol: {PROTO}"]
+    if extensions:
+        lines.append(f"Sec-WebSocket-Extensions: {extensions}")
+    if pad:
+        lines.append("X-Padding: " + "a" * pad)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def frame(opcode: int, payload: bytes, *, fin: bool = True, rsv1: bool = False) -> bytes:
+    """A masked client frame."""
+    head = bytes([(0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode])
+    n = len(payload)
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 1 << 16:
+        head += bytes([0x80 | 126]) + struct.pack("!H", n)
+    else:
+        head += bytes([0x80 | 127]) + struct.pack("!Q", n)
+    mask = os.urandom(4)
+    if payload:
+        m = int.from_bytes(mask * (n // 4 + 1), "little") & ((1 << (8 * n)) - 1)
+        payload = (int.from_bytes(payload, "little") ^ m).to_bytes(n, "little")
+    return head + mask + payload
+
+
+class RawWS:
+    """A blocking raw WebSocket connection (frames by hand; the server's frames parsed by hand)."""
+
+    def __init__(self, port: int, *, extensions: str | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.sendall(_upgrade_request(port, extensions=extensions))
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            assert chunk, f"closed during the handshake: {self.buf!r}"
+            self.buf += chunk
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        self.headers = head.decode("latin-1").lower()
+        assert head.startswith(b"HTTP/1.1 101"), head
+        self.inflater = zlib.decompressobj(-15)  # the server's frames, if it accepted permessage-deflate
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("EOF")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def recv_frame(self) -> tuple[int, bytes]:
+        b0, b1 = self._read(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack("!H", self._read(2))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", self._read(8))[0]
+        payload = self._read(n)
+        if b0 & 0x40:
+            payload = self.inflater.decompress(payload + b"\x00\x00\xff\xff")
+        return b0 & 0x0F, payload
+
+    def send_event(self, event: ev.Event) -> None:
+        self.sock.sendall(frame(2, ProtoCodec().encode(event)))
+
+    def recv_event(self) -> ev.Event:
+        while True:
+            opcode, payload = self.recv_frame()
+            if opcode == 2:
+                return ProtoCodec().decode(payload, limit=64 * MiB, allowed=())
+            if opcode == 8:
+                raise ConnectionError(f"closed {struct.unpack('!H', payload[:2])[0] if payload else None}")
+
+    def until_closed(self, timeout: float = 10.0) -> int | None:
+        """The server's close code (None: the connection ended without a close frame)."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                opcode, payload = self.recv_frame()
+                if opcode == 8:
+                    return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
+        except (ConnectionError, OSError):
+            return None
+
+    def hello(self) -> None:
+        self.send_event(ev.Hello(client="conformance-transport"))
+        assert isinstance(self.recv_event(), ev.Welcome)
+
+
+def request_of_size(size: int, sid: int = 1) -> bytes:
+    """A Request frame (our 1-byte header + Protobuf) of exactly `size` bytes."""
+    base = len(ProtoCodec().encode(ev.Request(stream_id=sid, model="sync", text="")))
+    for pad in range(size - base - 8, size - base + 1):
+        data = ProtoCodec().encode(ev.Request(stream_id=sid, model="sync", text="x" * pad))
+        if len(data) == size:
+            return data
+    raise AssertionError(size)
+
+
+def served(ws: RawWS, sid: int = 1) -> bool:
+    """The Request `sid` was answered with a Delta and an End."""
+    seen = []
+    while True:
+        event = ws.recv_event()
+        if isinstance(event, ev.Ping):
+            ws.send_event(event.response())
+            continue
+        seen.append(type(event).__name__)
+        if isinstance(event, ev.End | ev.Error):
+            return seen[0] == "Delta" and seen[-1] == "End"
+
+
+def deflated(data: bytes) -> bytes:
+    """permessage-deflate payload (RFC 7692: raw deflate, final 4 bytes 00 00 ff ff removed)."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return (c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH))[:-4]
+
+
+_BOMB: list[bytes] = []
+
+
+def deflate_bomb() -> bytes:
+    """A 256 MiB Request (zeros inside its text) deflated to ~250 KB."""
+    if not _BOMB:
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+        head = ProtoCodec().encode(ev.Request(stream_id=1, model="sync", text=""))
+        out = [c.compress(head)]
+        zeros = bytes(MiB)
+        out += [c.compress(zeros) for _ in range(256)]
+        _BOMB.append((b"".join(out) + c.flush(zlib.Z_SYNC_FLUSH))[:-4])
+    return _BOMB[0]
+
+
+def peak(srv: ServerProcess, action: Callable[[], object]) -> tuple[object, PeakRSS]:
+    with PeakRSS(serving_pid(srv)) as rss:
+        result = action()
+    return result, rss
+
+
+def record(srv: ServerProcess, case: str, outcome: str, rss: PeakRSS) -> None:
+    measure(f"transport {case} {srv.variant}",  # type: ignore[attr-defined]
+            f"{outcome}; server peak RSS +{rss.growth / MiB:.2f} MiB (bound {MEMORY_BOUND / MiB:.0f} MiB, "
+            f"{rss.method})")
+
+
+def warm(srv: ServerProcess) -> None:
+    """One served request of the biggest size first, so one-off allocations are not counted."""
+    ws = RawWS(srv.port)
+    try:
+        ws.hello()
+        ws.sock.sendall(frame(2, request_of_size(LIMIT)))
+        assert served(ws)
+    finally:
+        ws.close()
+
+
+# ================================================================================ permessage-deflate
+def test_deflate_negotiated_only_where_bounded(srv):
+    ws = RawWS(srv.port, extensions="permessage-deflate; client_max_window_bits")
+    try:
+        negotiated = "permessage-deflate" in ws.headers
+    finally:
+        ws.close()
+    assert negotiated is VARIANTS[srv.variant][3], ws.headers
+
+
+def test_deflate_bomb_is_refused_with_bounded_memory(srv, request):
+    """A ~250 KB compressed frame inflating to 256 MiB: 1009 where deflate is on, 1002 (RSV1 not
+    negotiated) where it is off; either way nothing is inflated past the limit."""
+    warm(srv)
+    on = VARIANTS[srv.variant][3]
+    if srv.variant == "wsproto":
+        request.applymarker(pytest.mark.xfail(strict=True, raises=KnownBug, reason=WSPROTO_RSV1_XFAIL))
+    if srv.variant == "deflate":
+        request.applymarker(pytest.mark.xfail(strict=False, raises=KnownBug, reason=DEFLATE_MEMORY_XFAIL))
+    ws = RawWS(srv.port, extensions="permessage-deflate" if on else None)
+    try:
+        ws.hello()
+        bomb = frame(2, deflate_bomb(), rsv1=True)
+
+        def attack() -> int | None:
+            try:
+                ws.sock.sendall(bomb)
+            except OSError:
+                pass
+            return ws.until_closed()
+
+        code, rss = peak(srv, attack)
+    finally:
+        ws.close()
+    record(srv, "deflate-bomb", f"{len(bomb):,} B frame inflating to 256 MiB closed {code}", rss)
+    if srv.variant == "deflate":
+        assert canonical_close_code(code) == 1009, code
+        assert rss.growth < 4 * LIMIT, rss.growth  # bounded by the limit, not by the 256 MiB it would inflate to
+        if rss.growth >= MEMORY_BOUND:
+            raise KnownBug(f"peak RSS +{rss.growth / MiB:.1f} MiB")
+    assert rss.growth < MEMORY_BOUND, rss.growth
+    if srv.variant == "wsproto" and code is None:
+        raise KnownBug("connection dropped without a close frame")
+    assert canonical_close_code(code) == (1009 if on else 1002), code
+    assert rss.growth < MEMORY_BOUND, rss.growth
+
+
+def test_deflated_message_at_the_limit_is_accepted(srv):
+    on = VARIANTS[srv.variant][3]
+    data = request_of_size(LIMIT)
+    ws = RawWS(srv.port, extensions="permessage-deflate" if on else None)
+    try:
+        ws.hello()
+        ws.sock.sendall(frame(2, deflated(data), rsv1=True) if on else frame(2, data))
+        assert served(ws)
+    finally:
+        ws.close()
+
+
+def test_deflated_message_just_over_the_limit_is_refused_with_1009(srv):
+    on = VARIANTS[srv.variant][3]
+    data = request_of_size(transport_limit(SETTINGS) + 1)
+    ws = RawWS(srv.port, extensions="permessage-deflate" if on else None)
+    try:
+        ws.hello()
+        ws.sock.sendall(frame(2, deflated(data), rsv1=True) if on else frame(2, data))
+        code = ws.until_closed()
+    finally:
+        ws.close()
+    assert canonical_close_code(code) == 1009, code
+
+
+# ================================================================================ fragments
+FRAGMENTS = 100_000
+
+
+def test_message_in_100000_one_byte_fragments(srv, request):
+    """A 100,000-byte Request in 100,000 one-byte frames: within max_frame_size, so it is served, in
+    bounded time, and the server's memory grows by less than 2x the limit while reassembling it."""
+    if srv.variant in ("starlette", "fastapi", "deflate", "django"):
+        request.applymarker(pytest.mark.xfail(strict=True, raises=KnownBug, reason=FRAGMENT_XFAIL))
+    warm(srv)
+    data = request_of_size(FRAGMENTS)
+    wire = b"".join([frame(2, data[:1], fin=False), *(frame(0, data[i:i + 1], fin=False)
+                                                     for i in range(1, FRAGMENTS - 1)), frame(0, data[-1:])])
+    ws = RawWS(srv.port)
+    try:
+        ws.hello()
+        start = time.monotonic()
+
+        def send() -> bool:
+            ws.sock.sendall(wire)
+            return served(ws)
+
+        ok, rss = peak(srv, send)
+        elapsed = time.monotonic() - start
+    finally:
+        ws.close()
+    record(srv, "100000-fragments", f"{len(wire):,} B on the wire, served={ok} after {elapsed:.2f} s", rss)
+    assert ok
+    assert elapsed < 20, elapsed
+    if rss.growth >= MEMORY_BOUND:
+        raise KnownBug(f"peak RSS +{rss.growth / MiB:.1f} MiB")
+
+
+def test_fragmented_message_over_the_limit_is_refused_with_1009(srv):
+    warm(srv)
+    chunk = bytes(64 * KiB)
+    n = 2 * LIMIT // len(chunk)  # 2 MiB in 64 KiB fragments
+    wire = b"".join([frame(2, b"\x10" + chunk[1:], fin=False), *(frame(0, chunk, fin=False) for _ in range(n - 2)),
+                     frame(0, chunk)])
+    ws = RawWS(srv.port)
+    try:
+        ws.hello()
+
+        def attack() -> int | None:
+            try:
+                ws.sock.sendall(wire)
+            except OSError:
+                pass
+            return ws.until_closed()
+
+        code, rss = peak(srv, attack)
+    finally:
+        ws.close()
+    record(srv, "fragmented-over-limit", f"2 MiB in {n} fragments closed {code}", rss)
+    assert canonical_close_code(code) == 1009, code
+    assert rss.growth < MEMORY_BOUND, rss.growth
+
+
+# ================================================================================ handshakes
+SLOW_SOCKETS = 200
+
+
+async def _slow_socket(port: int, drip: bool) -> float:
+    """Seconds until the server closed a connection that sends nothing (or drips its request)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = time.monotonic()
+    request = _upgrade_request(port)
+
+    async def dripper() -> None:
+        for i in range(len(request)):
+            try:
+                writer.write(request[i:i + 1])
+                await writer.drain()
+            except OSError:
+                return
+            await asyncio.sleep(1.0)
+
+    task = asyncio.create_task(dripper()) if drip else None
+    try:
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT + 10):
+            while await reader.read(4096):
+                pass
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        elapsed = time.monotonic() - start
+        if task is not None:
+            task.cancel()
+        writer.close()
+    return elapsed
+
+
+async def test_silent_and_dripping_sockets_are_closed_within_the_handshake_timeout(srv, request):
+    if srv.framework == "flask":
+        request.applymarker(pytest.mark.xfail(strict=False, raises=KnownBug, reason=FLASK_HANDSHAKE_XFAIL))
+    async def normal_handshakes() -> list[float]:
+        times = []
+        await asyncio.sleep(0.2)  # the slow sockets are all connected
+        end = time.monotonic() + HANDSHAKE_TIMEOUT + 0.5
+        while time.monotonic() < end:
+            start = time.monotonic()
+            async with raw_connect(srv.url, [PROTO]):
+                times.append(time.monotonic() - start)
+            await asyncio.sleep(0.02)
+        return times
+
+    slow = [_slow_socket(srv.port, drip=i % 2 == 1) for i in range(SLOW_SOCKETS)]
+    *closed, normal = await asyncio.gather(*slow, normal_handshakes())
+    silent, drip = closed[0::2], closed[1::2]
+    p99 = statistics.quantiles(normal, n=100, method="inclusive")[98]
+    measure(f"transport slow-handshake {srv.variant}",
+            f"{len(silent)} silent closed after max {max(silent):.2f} s, {len(drip)} dripping after max "
+            f"{max(drip):.2f} s (handshake_timeout {HANDSHAKE_TIMEOUT} s); normal handshake p99 {p99 * 1000:.1f} ms "
+            f"over {len(normal)}")
+    # slack: 200 sockets accepted at once on a loaded 2-core machine, and the shims' timer granularity
+    assert max(silent) < HANDSHAKE_TIMEOUT + 1.0 and max(drip) < HANDSHAKE_TIMEOUT + 1.0, (silent, drip)
+    if srv.framework == "flask" and p99 >= 0.100:
+        raise KnownBug(f"normal handshake p99 {p99 * 1000:.0f} ms")
+    assert p99 < 0.100, normal
+
+
+@pytest.mark.parametrize("pad", [64 * KiB, MiB])
+def test_oversized_handshake_headers_are_refused(srv, pad):
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    try:
+        try:
+            sock.sendall(_upgrade_request(srv.port, pad=pad))
+        except OSError:
+            pass
+        try:
+            answer = sock.recv(200)
+        except OSError:
+            answer = b""
+    finally:
+        sock.close()
+    status = answer.split(b"\r\n", 1)[0].decode("latin-1") or "closed without a response"
+    measure(f"transport header-{pad // KiB}KiB {srv.variant}", status)
+    assert not answer.startswith(b"HTTP/1.1 101"), answer
+    assert answer == b"" or answer[9:10] == b"4", answer
+
+
+def test_headers_within_the_limit_are_accepted(srv):
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    try:
+        sock.sendall(_upgrade_request(srv.port, pad=HANDSHAKE_HEADER_LIMIT // 2 - 512))
+        assert sock.recv(200).startswith(b"HTTP/1.1 101")
+    finally:
+        sock.close()

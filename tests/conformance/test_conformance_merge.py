@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 def merging(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
     """The framework's example with merge_deltas on (set the way a deployment would: environment)."""
     fw = request.param
-    srv = start_ready(f"merge-{fw}", fw, lambda p: server_argv(fw, p),
-                      base_env(conformance_dir, {"LOWLAT_MERGE_DELTAS": "1"}), conformance_dir / "logs")
+    env = base_env(conformance_dir, {"LOWLAT_MERGE_DELTAS": "1"})
+    srv = start_ready(f"merge-{fw}", fw, lambda p: server_argv(fw, p, env=env), env, conformance_dir / "logs")
     yield srv
     alive = srv.alive()
     srv.stop()

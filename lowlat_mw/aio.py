@@ -165,7 +165,7 @@ class LiveSession:
             metrics.streams += 1
             if timer is not None:
                 timer.ttfd = metrics.hist("time_to_first_delta_seconds", label)
-                timer.gaps = metrics.hist("inter_delta_seconds", label)
+                timer.bind_gaps(metrics.hist("inter_delta_seconds", label))
         span = tracing.start_stream(self.tracer, req, session.session_id, label, timer) if self.tracer else None
         try:
             if fn is None:
@@ -224,6 +224,7 @@ class LiveSession:
         metrics.inc("streams_finished", label, outcome)
         metrics.observe("stream_duration_seconds", seconds, label, outcome)
         if timer is not None:
+            timer.close_gaps()
             for stage, seconds in timer.stages.items():
                 metrics.observe("stage_seconds", seconds, stage, label)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
+from bisect import bisect_left as _bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,8 +66,9 @@ class StreamTimer:
     shared, because they run for every delta: one clock read and two additions each.
     """
 
-    __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gaps", "last",
-                 "last_delta", "model", "model_first_chunk", "model_started", "queue", "send", "start", "ttfd")
+    __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gap_bounds", "gap_counts",
+                 "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "model", "model_first_chunk",
+                 "model_started", "queue", "send", "start", "ttfd")
 
     def __init__(self, clock: Callable[[], float], start: float) -> None:
         self.clock = clock
@@ -79,7 +81,33 @@ class StreamTimer:
         self.last_delta = 0.0
         self.first_delta: float | None = None
         self.ttfd: _Hist | None = None  # metric children bound at stream start (None: metrics off)
-        self.gaps: _Hist | None = None
+        self.gaps: _Hist | None = None  # see bind_gaps
+        self.gap_counts: list[int] | None = None
+        self.gap_bounds: tuple[float, ...] = ()
+        # the bucket the last gap fell in, (gap_lo, gap_hi]: consecutive gaps mostly share one
+        self.gap_lo, self.gap_hi, self.gap_i = 0.0, -1.0, 0
+
+    def bind_gaps(self, hist: _Hist) -> None:
+        """Count this stream's inter-delta gaps into `hist` (its sum is added by :meth:`close_gaps`)."""
+        self.gaps, self.gap_counts, self.gap_bounds = hist, hist.counts, hist.bounds
+
+    def _new_gap_bucket(self, counts: list[int], gap: float) -> None:
+        bounds = self.gap_bounds
+        i = _bisect_left(bounds, gap)
+        counts[i] += 1
+        self.gap_i = i
+        self.gap_lo = bounds[i - 1] if i > 0 else float("-inf")
+        self.gap_hi = bounds[i] if i < len(bounds) else float("inf")
+
+    def close_gaps(self) -> None:
+        """The stream ended: add the sum of its gaps (last Delta's time - first's) to the histogram.
+
+        Per Delta only the bucket count moves (one bisect): the gaps add up to that difference, so
+        the sum is added once, at the end. A scrape during a stream sees its counts, not yet its sum.
+        """
+        if self.gaps is not None and self.first_delta is not None and self.deltas > 1:
+            self.gaps.sum += self.last_delta - self.first_delta
+        self.gaps = self.gap_counts = None
 
     @property
     def stages(self) -> dict[str, float]:
@@ -130,11 +158,13 @@ class StreamTimer:
             if self.ttfd is not None:
                 self.ttfd.observe(now - self.start)
         else:
-            gaps = self.gaps
-            if gaps is not None:  # _Hist.observe, inlined
+            counts = self.gap_counts
+            if counts is not None:  # the bucket of this gap (the sum is added at the end: close_gaps)
                 gap = now - self.last_delta
-                gaps.counts[bisect.bisect_left(gaps.bounds, gap)] += 1
-                gaps.sum += gap
+                if self.gap_lo < gap <= self.gap_hi:
+                    counts[self.gap_i] += 1
+                else:
+                    self._new_gap_bucket(counts, gap)
         self.last_delta = now
 
     def timings_ms(self) -> dict[str, float]:

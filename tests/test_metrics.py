@@ -95,14 +95,19 @@ def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
     metrics = Metrics()
     timer = StreamTimer(clock, clock.now)
     timer.ttfd = metrics.hist("time_to_first_delta_seconds", "m")
-    timer.gaps = metrics.hist("inter_delta_seconds", "m")
+    timer.bind_gaps(metrics.hist("inter_delta_seconds", "m"))
     for dt in (0.003, 0.001, 0.002, 0.0004):
         clock.advance(dt)
         timer.sent()
     ttfd, gaps = metrics.hist("time_to_first_delta_seconds", "m"), metrics.hist("inter_delta_seconds", "m")
     assert ttfd.count == 1 and ttfd.sum == pytest.approx(0.003)
-    assert gaps.count == 3 and gaps.sum == pytest.approx(0.0034)
+    assert gaps.count == 3
+    assert gaps.sum == 0.0  # added when the stream ends
+    timer.close_gaps()
+    assert gaps.sum == pytest.approx(0.0034)
     assert timer.deltas == 4
+    timer.close_gaps()  # once only
+    assert gaps.sum == pytest.approx(0.0034)
 
 
 # ================================================================================ export
@@ -247,3 +252,27 @@ def test_no_clock_means_no_stage_timer() -> None:
     assert conn.session.streams[1].timer is None
     sel = CompressionSelector(())
     assert codec.encode_frame(ev.Ping(id=1), sel)[2] == 0
+
+
+def test_gap_buckets_match_a_bisect_of_every_gap() -> None:
+    """The cached bucket of the last gap (a fast path) counts exactly what a bisect per gap would."""
+    import bisect
+    import random
+
+    rng = random.Random(5)
+    clock = FakeClock()
+    metrics = Metrics()
+    timer = StreamTimer(clock, clock.now)
+    hist = metrics.hist("inter_delta_seconds", "m")
+    timer.bind_gaps(hist)
+    expected = [0] * len(hist.counts)
+    last = None
+    for _ in range(2000):
+        # runs of similar gaps, jumps between buckets, and gaps exactly on a bound
+        gap = rng.choice([rng.choice(hist.bounds), rng.uniform(0, 0.002), rng.uniform(0, 100), 1e-9])
+        clock.advance(gap)
+        timer.sent()
+        if last is not None:
+            expected[bisect.bisect_left(hist.bounds, clock.now - last)] += 1
+        last = clock.now
+    assert hist.counts == expected

@@ -1,6 +1,6 @@
 """daphne with lowlat-mw's transport fixes: ``python -m lowlat_mw.adapters.daphne [daphne options] app``.
 
-It takes every daphne option and runs daphne itself, with two things daphne has no option for:
+It takes every daphne option and runs daphne itself, with three things daphne has no option for:
 
 * an oversized message or frame (over ``--websocket-max-message-size`` / ``--websocket-max-frame-size``)
   is refused with close code 1009; daphne's autobahn otherwise drops the TCP connection without a
@@ -8,7 +8,8 @@ It takes every daphne option and runs daphne itself, with two things daphne has 
 * the HTTP request that opens a connection must arrive within ``handshake_timeout`` (the setting,
   from ``settings.LOWLAT_MW`` or ``LOWLAT_HANDSHAKE_TIMEOUT``): Twisted's own limit is an idle timeout
   of 12 hours that every byte restarts, so a socket that says nothing, or drips its request a byte at
-  a time, is otherwise held for as long as the client likes. A late one is answered 408 and closed.
+  a time, is otherwise held for as long as the client likes. A late one is answered 408 and closed;
+* a fragmented message is reassembled in one buffer, not one object per fragment.
 
 ``lowlat_mw.serving.daphne_args(settings)`` gives the options that match the settings (size limits,
 the WebSocket opening handshake timeout, no protocol pings). Request headers are bounded by Twisted
@@ -22,13 +23,13 @@ from typing import Any
 
 import daphne.server
 from daphne.http_protocol import HTTPFactory, WebRequest
-from daphne.ws_protocol import WebSocketFactory
+from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import reactor
 
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.settings import Settings
 
-__all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "install", "main"]
+__all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "OneBufferWebSocketProtocol", "install", "main"]
 
 
 def _handshake_timeout() -> float:
@@ -45,11 +46,41 @@ def _handshake_timeout() -> float:
         return Settings().handshake_timeout
 
 
+class OneBufferWebSocketProtocol(WebSocketProtocol):
+    """daphne's WebSocket protocol, reassembling a fragmented message in one buffer.
+
+    autobahn keeps a list with one bytes object per fragment until the message is complete (about
+    120 bytes per one-byte fragment: 12 MiB for a 100 KB message sent one byte a frame); here each
+    fragment's payload is appended to one bytearray, so a message costs about its own size. The size
+    limits (checked by autobahn as each frame begins) are unchanged.
+    """
+
+    def onMessageBegin(self, isBinary: bool) -> None:
+        super().onMessageBegin(isBinary)
+        self.message_data: Any = bytearray()
+
+    def onMessageFrame(self, payload: Any) -> None:
+        if not self.failedByMe:
+            for piece in payload:
+                self.message_data += piece
+
+    def onMessageEnd(self) -> None:
+        if not self.failedByMe and isinstance(self.message_data, bytearray):
+            self.message_data = [bytes(self.message_data)]  # what autobahn's onMessageEnd joins
+        super().onMessageEnd()
+
+
 class ClosingWebSocketFactory(WebSocketFactory):
-    """daphne's WebSocket factory, failing connections with a close frame (1009, 1002, ...), not a drop."""
+    """daphne's WebSocket factory, failing connections with a close frame (1009, 1002, ...), not a drop,
+    and reassembling fragmented messages in one buffer (:class:`OneBufferWebSocketProtocol`)."""
+
+    protocol = OneBufferWebSocketProtocol
 
     def setProtocolOptions(self, **options: Any) -> None:
-        super().setProtocolOptions(**options, failByDrop=False)
+        # closeHandshakeTimeout: autobahn's 1 s default aborts (RST) a connection whose peer has not answered
+        # our close frame yet; on a busy client that discards the unread close frame, and the client sees
+        # 1006 instead of our code. 5 s lets a slow client read it.
+        super().setProtocolOptions(**{**options, "failByDrop": False, "closeHandshakeTimeout": 5})
 
 
 class BoundedHTTPFactory(HTTPFactory):

@@ -18,6 +18,8 @@ __all__ = ["HANDSHAKE_HEADER_LIMIT", "daphne_args", "gunicorn_args", "run", "tra
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
 UVICORN_HTTP = "lowlat_mw.adapters.uvicorn:HttpToolsProtocol"
+# websockets-sansio, with fragment floods bounded (adapters/uvicorn.py)
+UVICORN_WS = "lowlat_mw.adapters.uvicorn:WebSocketProtocol"
 GUNICORN_WORKER = "lowlat_mw.adapters.gunicorn.ThreadWorker"
 
 
@@ -32,7 +34,7 @@ def uvicorn_options(settings: Settings | None = None, ws: str = "websockets-sans
     """uvicorn keyword arguments that match lowlat-mw's settings (docs/security.md, "Transport")."""
     settings = settings or Settings.load()
     return {
-        "ws": ws,
+        "ws": UVICORN_WS if ws == "websockets-sansio" else ws,
         # request line + headers within handshake_timeout and HANDSHAKE_HEADER_LIMIT (adapters/uvicorn.py)
         "http": UVICORN_HTTP,
         # Our own limit answers first (Error frame + 1009); the server's is a backstop just above it.

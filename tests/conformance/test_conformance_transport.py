@@ -37,12 +37,6 @@ from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT, transport_limit
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 # Known gaps, measured (strict: a fix turns them into failures to remove here).
-FRAGMENT_XFAIL = (
-    "KNOWN GAP (uvicorn websockets-sansio, daphne): the server keeps every fragment of a message as its own bytes "
-    "object until the last one arrives (uvicorn's WebSocketProtocol.frames list; autobahn's frame list), ~120 B "
-    "per 1-byte fragment: 100,000 one-byte fragments cost 12-19 MiB of peak RSS, over the 2 MiB bound; wsproto "
-    "and simple-websocket append to one buffer and stay under it"
-)
 WSPROTO_RSV1_XFAIL = (
     "KNOWN GAP (uvicorn wsproto): a frame with RSV1 set on a connection without permessage-deflate ends the TCP "
     "connection without a close frame (the client sees 1006, not 1002); nothing is inflated (peak RSS +0 MiB)"
@@ -334,8 +328,6 @@ FRAGMENTS = 100_000
 def test_message_in_100000_one_byte_fragments(srv, request):
     """A 100,000-byte Request in 100,000 one-byte frames: within max_frame_size, so it is served, in
     bounded time, and the server's memory grows by less than 2x the limit while reassembling it."""
-    if srv.variant in ("starlette", "fastapi", "deflate", "django"):
-        request.applymarker(pytest.mark.xfail(strict=True, raises=KnownBug, reason=FRAGMENT_XFAIL))
     warm(srv)
     data = request_of_size(FRAGMENTS)
     wire = b"".join([frame(2, data[:1], fin=False), *(frame(0, data[i:i + 1], fin=False)
@@ -356,8 +348,7 @@ def test_message_in_100000_one_byte_fragments(srv, request):
     record(srv, "100000-fragments", f"{len(wire):,} B on the wire, served={ok} after {elapsed:.2f} s", rss)
     assert ok
     assert elapsed < 20, elapsed
-    if rss.growth >= MEMORY_BOUND:
-        raise KnownBug(f"peak RSS +{rss.growth / MiB:.1f} MiB")
+    assert rss.growth < MEMORY_BOUND, f"peak RSS +{rss.growth / MiB:.1f} MiB"
 
 
 def test_fragmented_message_over_the_limit_is_refused_with_1009(srv):

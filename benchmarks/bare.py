@@ -110,7 +110,7 @@ class Size:
 SIZES = {
     "tiny": Size(roundtrips=20, tokens=200, rounds=2, warmup=1, profile_streams=2, profile_roundtrips=20,
                  plots=False),
-    "quick": Size(roundtrips=60, tokens=1000, rounds=4, warmup=1, profile_streams=0, profile_roundtrips=0,
+    "quick": Size(roundtrips=60, tokens=1000, rounds=4, warmup=1, profile_streams=2, profile_roundtrips=20,
                   plots=True),
     "full": Size(roundtrips=300, tokens=5000, rounds=40, warmup=2, profile_streams=12, profile_roundtrips=2000,
                  plots=True),

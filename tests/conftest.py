@@ -175,3 +175,46 @@ def make_starlette_app(model: Any, *, routes: list[Any] | None = None, **setting
 def starlette_app() -> Callable[..., Any]:
     """Fixture form of :func:`make_starlette_app`."""
     return make_starlette_app
+
+
+# ============================================================================ benchmarks, quick mode
+BENCH_SEED = ("# Benchmarks\n\nintro kept\n\n## Transport: kept\n\nother suite's table\n\n"
+              "## Codec: kept\n\nanother suite's table\n")
+
+
+@dataclass
+class QuickBench:
+    """One run of every benchmark suite in quick mode (`python -m benchmarks --quick`), shared by the tests."""
+
+    results: dict[str, Any]  # suite name -> benchmarks.core.SuiteResult
+    path: Any  # the markdown file written (seeded with BENCH_SEED)
+    seconds: float
+
+    @property
+    def text(self) -> str:
+        return self.path.read_text()
+
+
+@pytest.fixture(scope="session")
+def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> QuickBench:
+    """The CI smoke test of the benchmarks: every suite runs once in quick mode (the issue's "under 2 minutes").
+
+    The per-suite tests (tests/test_benchmarks*.py) check their suite's rows and section from this one
+    run instead of each running a suite of its own. Their numbers mean little on a busy machine: no
+    test asserts a speed.
+    """
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
+        sys.path.insert(0, str(root))
+    from benchmarks import run_suites
+
+    out = tmp_path_factory.mktemp("bench") / "benchmarks.md"
+    out.write_text(BENCH_SEED)
+    started = time.monotonic()
+    results = run_suites(None, "quick", str(out))
+    took = time.monotonic() - started
+    print(f"\nbenchmarks --quick: every suite in {took:.0f} s")
+    return QuickBench({r.name: r for r in results}, out, took)

@@ -1,6 +1,7 @@
 """The benchmark harness (benchmarks/, ``python -m benchmarks``) works: suites run and write their docs section.
 
-The overhead suite runs in its tiny mode (seconds, numbers meaningless), including its two uvicorn
+The overhead suite's rows come from the one quick-mode run of every suite that the quick_bench
+fixture makes (tests/conftest.py; numbers meaningless), including its two uvicorn
 child processes. No timing assertions here: speed targets are checked by the benchmarks themselves
 (docs/benchmarks.md), never by timed unit tests.
 """
@@ -12,6 +13,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import run_suites  # noqa: E402
 from benchmarks.core import INTRO, update_section  # noqa: E402
 from benchmarks.overhead import CONFIGS, HEADING  # noqa: E402
 
@@ -46,10 +47,9 @@ def test_update_section_replaces_only_its_own_section(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_overhead_suite_tiny_writes_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "benchmarks.md"
-    out.write_text("# Benchmarks\n\nintro kept\n\n## Transport: kept\n\nother suite's table\n")
-    [result] = run_suites(["overhead"], "tiny", str(out))
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+def test_overhead_suite_quick_writes_every_row(quick_bench: Any) -> None:
+    result = quick_bench.results["overhead"]
 
     keys = ["A", "B", "C"]
     if _has("opentelemetry.sdk"):
@@ -68,7 +68,7 @@ def test_overhead_suite_tiny_writes_every_row(tmp_path: Path) -> None:
         for col, value in cols.items():
             assert isinstance(value, float) and math.isfinite(value) and value > 0, (label, col, value)
 
-    text = out.read_text()
+    text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
     section = text[text.index(f"## {HEADING}"):]
@@ -88,28 +88,3 @@ def test_command_line_lists_suites() -> None:
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "--suite", "nope"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(600)
-def test_quick_mode_runs_every_suite_from_the_command_line(tmp_path: Path) -> None:
-    """The CI smoke test of the issue: `lowlat-mw bench --quick` runs every suite and writes every section.
-
-    Only that it runs is checked (the numbers of a quick run on a busy CI machine mean little); its
-    wall time is printed, the target being under 2 minutes on a quiet machine.
-    """
-    import time
-
-    from benchmarks import all_suites
-
-    out = tmp_path / "benchmarks.md"
-    started = time.monotonic()
-    run = subprocess.run([str(Path(sys.executable).with_name("lowlat-mw")), "bench", "--quick", "--output", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=540)
-    took = time.monotonic() - started
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    text = out.read_text()
-    for suite in all_suites().values():
-        assert text.count(f"## {suite.heading}") == 1, suite.name
-    assert "`quick` mode" in text
-    print(f"benchmarks --quick: every suite in {took:.0f} s")

@@ -1,4 +1,4 @@
-"""The bare suite (lowlat-mw vs a bare Starlette WebSocket) runs in its tiny mode and writes its section.
+"""The bare suite (lowlat-mw vs a bare Starlette WebSocket) runs in quick mode (quick_bench) and writes its section.
 
 Seconds, numbers meaningless: one uvicorn child process for the measured rounds and one profiled
 one. No timing assertions: the speed targets are checked by the benchmark itself (its verdict lines
@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import run_suites  # noqa: E402
 from benchmarks._bare_common import RawClient  # noqa: E402
 from benchmarks._bare_server import make_app  # noqa: E402
 from benchmarks.bare import CONFIGS, HEADING, _category  # noqa: E402
@@ -30,10 +30,9 @@ STREAM_COLUMNS = {"deltas_per_s", "ratio", "server_cpu_us_per_delta", "server_cp
 PROFILES = ("lowlat stream", "bare stream", "lowlat roundtrip", "bare roundtrip")
 
 
-def test_bare_suite_tiny_writes_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "benchmarks.md"
-    out.write_text("# Benchmarks\n\nintro kept\n\n## Transport: kept\n\nother suite's table\n")
-    [result] = run_suites(["bare"], "tiny", str(out))
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+def test_bare_suite_quick_writes_every_row(quick_bench: Any) -> None:
+    result = quick_bench.results["bare"]
 
     expected = ({f"roundtrip {c.key}" for c in CONFIGS} | {f"stream {c.key}" for c in CONFIGS}
                 | {f"profile {p}" for p in PROFILES})
@@ -50,9 +49,9 @@ def test_bare_suite_tiny_writes_every_row(tmp_path: Path) -> None:
         assert st["deltas_per_s"] > 0 and st["server_cpu_us_per_delta"] > 0
     assert result.rows["roundtrip bare"]["first_p50_ratio"] == 1.0
     assert result.rows["stream bare"]["ratio"] == 1.0
-    assert result.plots == {}  # tiny mode skips the plot
+    assert set(result.plots) == {"bare.png"}
 
-    text = out.read_text()
+    text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
     section = text[text.index(f"## {HEADING}"):]

@@ -1,4 +1,4 @@
-"""The codec benchmark suite (benchmarks/codec.py) runs in its tiny mode and writes every row and its section.
+"""The codec benchmark suite (benchmarks/codec.py) runs in quick mode and writes every row and its section.
 
 No timing assertions: the byte target (token-delta proto frames at most 0.40x compact JSON) is a property of
 the encoding, so it is checked here; speed is reported by the benchmark only (docs/benchmarks.md).
@@ -9,21 +9,22 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import run_suites  # noqa: E402
 from benchmarks.codec import FORMATS, HEADING, KINDS, SIZES, build_messages  # noqa: E402
 
 COLUMNS = {"bytes", "bytes_vs_json", "encode_us", "decode_us", "total_us", "total_p99_us", "time_vs_json_frame"}
 
 
-def test_codec_suite_tiny_writes_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "benchmarks.md"
-    out.write_text("# Benchmarks\n\nintro kept\n\n## Transport: kept\n\nother suite's table\n")
-    [result] = run_suites(["codec"], "tiny", str(out))
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+def test_codec_suite_quick_writes_every_row(quick_bench: Any) -> None:
+    result = quick_bench.results["codec"]
 
     expected = {f"{kind} {fmt.key}" for kind in KINDS for fmt in FORMATS} | {"target"}
     assert set(result.rows) == expected
@@ -39,9 +40,9 @@ def test_codec_suite_tiny_writes_every_row(tmp_path: Path) -> None:
         for key in ("json-frame", "json", "orjson"):
             assert result.rows[f"{kind} {key}"]["bytes_vs_json"] == 1.0
     assert result.rows["target"]["delta_proto_vs_json"] <= 0.40  # issue 7's byte target
-    assert result.plots == {}  # tiny mode draws no plot
+    assert result.plots == {}  # only full mode draws the plot
 
-    text = out.read_text()
+    text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
     section = text[text.index(f"## {HEADING}"):]

@@ -1,4 +1,4 @@
-"""The compression benchmark suite (benchmarks/compression.py) runs in its tiny mode and writes every row.
+"""The compression benchmark suite (benchmarks/compression.py) runs in quick mode and writes every row.
 
 No timing assertions: whether the selector meets its delivery-cost targets is reported by the benchmark
 (docs/benchmarks.md). What does not depend on timing is checked: the oracle is the cheapest per-message
@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import run_suites  # noqa: E402
 from benchmarks.compression import (  # noqa: E402
     CLASSES,
     FIXED,
@@ -30,10 +32,9 @@ STRATEGY_COLUMNS = {"cost_ms", "vs_oracle", "wire_bytes", "bytes_vs_raw", "compr
                     "bigger_frames"}
 
 
-def test_compression_suite_tiny_writes_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "benchmarks.md"
-    out.write_text("# Benchmarks\n\nintro kept\n\n## Codec: kept\n\nother suite's table\n")
-    [result] = run_suites(["compression"], "tiny", str(out))
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+def test_compression_suite_quick_writes_every_row(quick_bench: Any) -> None:
+    result = quick_bench.results["compression"]
 
     links = [f"{mbps:g} Mbit/s" for mbps in LINKS_MBPS]
     expected = {"selector overhead"}
@@ -59,9 +60,9 @@ def test_compression_suite_tiny_writes_every_row(tmp_path: Path) -> None:
         target = result.rows[f"{link} target"]
         assert set(target) == {"selector_vs_oracle", "best_fixed_vs_oracle", "best_fixed_vs_selector", "met"}
         assert target["met"] in (0.0, 1.0)
-    assert result.plots == {}  # tiny mode draws no plot
+    assert result.plots == {}  # only full mode draws the plot
 
-    text = out.read_text()
+    text = quick_bench.text
     assert "intro kept" in text and "## Codec: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
     section = text[text.index(f"## {HEADING}"):]

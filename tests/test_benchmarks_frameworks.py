@@ -1,4 +1,4 @@
-"""The frameworks suite runs in its tiny mode against the four example apps and writes its section.
+"""The frameworks suite runs in quick mode against the four example apps and writes its section.
 
 Starts uvicorn (Starlette, FastAPI), daphne (Django Channels) and gunicorn (Flask) as child process
 groups; seconds, numbers meaningless. No timing assertions: the benchmark reports the comparison
@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import run_suites  # noqa: E402
 from benchmarks._frameworks_servers import FRAMEWORKS, server_argv, server_env  # noqa: E402
 from benchmarks.frameworks import HEADING, LABELS  # noqa: E402
 
@@ -28,10 +28,9 @@ COLUMNS = {"deltas_per_s", "deltas_ratio", "ttfd_p50_ms", "ttfd_p99_ms", "ttfd_p
 
 
 @pytest.mark.integration
-def test_frameworks_suite_tiny_writes_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "benchmarks.md"
-    out.write_text("# Benchmarks\n\nintro kept\n\n## Transport: kept\n\nother suite's table\n")
-    [result] = run_suites(["frameworks"], "tiny", str(out))
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+def test_frameworks_suite_quick_writes_every_row(quick_bench: Any) -> None:
+    result = quick_bench.results["frameworks"]
 
     assert set(result.rows) == set(FRAMEWORKS)
     for fw in FRAMEWORKS:
@@ -40,9 +39,9 @@ def test_frameworks_suite_tiny_writes_every_row(tmp_path: Path) -> None:
             assert isinstance(value, float) and math.isfinite(value) and value > 0, (fw, col, value)
     ref = result.rows["starlette"]
     assert ref["deltas_ratio"] == ref["ttfd_p50_ratio"] == ref["rt_p50_ratio"] == ref["server_cpu_ratio"] == 1.0
-    assert result.plots == {}
+    assert set(result.plots) == {"frameworks.png"}
 
-    text = out.read_text()
+    text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
     section = text[text.index(f"## {HEADING}"):]

@@ -1,4 +1,4 @@
-"""The scale benchmark suite runs in its tiny mode and writes every row and its docs section.
+"""The scale benchmark suite runs in quick mode and writes every row and its docs section.
 
 Tiny mode starts real uvicorn servers and client processes on loopback (a few dozen connections,
 seconds; numbers meaningless). No timing assertions: the targets are judged by the benchmark itself.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import run_suites  # noqa: E402
 from benchmarks._scale_client import frame  # noqa: E402
 from benchmarks.scale import (  # noqa: E402
     HEADING,
@@ -74,19 +74,18 @@ def test_report_full_size_from_synthetic_measurements() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(180)
-def test_scale_suite_tiny_writes_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "benchmarks.md"
-    out.write_text("# Benchmarks\n\nintro kept\n\n## Overhead: kept\n\nother suite's table\n")
-    [result] = run_suites(["scale"], "tiny", str(out))
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+def test_scale_suite_quick_writes_every_row(quick_bench: Any) -> None:
+    result = quick_bench.results["scale"]
 
-    size = SIZES["tiny"]
+    size = SIZES["quick"]
     keys = [c.key for c in idle_configs(size)]
     expected = {f"idle {n} {k}" for n in size.levels for k in keys}
     expected |= {f"stream {m} {s}" for m in MODELS for s in STREAM_SERVERS}
     expected |= {f"stream {m} lowlat vs bare" for m in MODELS}
-    expected |= {"traced bare", "traced lowlat"}
-    # The ratio of the two costs per heartbeat needs a positive bare-ping cost: in tiny mode's 1 s window it
+    if size.traced:  # the allocation trace (full mode; quick skips it)
+        expected |= {"traced bare", "traced lowlat"}
+    # The ratio of the two costs per heartbeat needs a positive bare-ping cost: in quick mode's short window it
     # may round to nothing, so that row is optional here.
     optional = {f"idle {n} lowlat-fast vs bare-ping" for n in size.levels}
     assert expected <= set(result.rows) <= expected | optional
@@ -115,14 +114,14 @@ def test_scale_suite_tiny_writes_every_row(tmp_path: Path) -> None:
         for col, value in cols.items():
             assert isinstance(value, float) and math.isfinite(value), (label, col, value)
 
-    text = out.read_text()
-    assert "intro kept" in text and "## Overhead: kept" in text and "other suite's table" in text
+    text = quick_bench.text
+    assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
     section = text[text.index(f"## {HEADING}"):]
     assert "Machine: " in section and "CPUs" in section and "uvicorn" in section
     assert "Reproduce: `.venv/bin/python -m benchmarks --suite scale`" in section
     assert "| Connections | Server |" in section and "| Model | Server |" in section
-    assert "lowlat-mw allocation site" in section
+    assert ("lowlat-mw allocation site" in section) == bool(size.traced)
     assert "**Verdicts**" in section and "2% of one core" in section and "8 KB" in section
     assert "200 ms" in section and "zero errors" in section
     assert result.text and "**Verdicts**" in result.text

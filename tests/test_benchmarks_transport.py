@@ -1,4 +1,4 @@
-"""The transport suite (benchmarks/transport.py) runs end to end in tiny mode and writes its section.
+"""The transport suite (benchmarks/transport.py) runs end to end in quick mode and writes its section.
 
 Tiny mode starts the real processes (a plain and a TLS uvicorn server, the delaying proxies) and
 measures a few requests per configuration on loopback and at 25 ms one way: every row must exist
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import run_suites  # noqa: E402
 from benchmarks.transport import HEADING, KEYS, LABELS, SIZES, TRANSPORTS, Measured, Size, report  # noqa: E402
 
 ABS_COLUMNS = {"ttfd_p50_ms", "ttfd_p99_ms", "total_p50_ms", "total_p99_ms", "connections"}
@@ -53,11 +53,10 @@ def check_rows(rows: dict[str, dict[str, float]], size: Size) -> None:
 
 
 @pytest.mark.integration
-def test_transport_suite_tiny_writes_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "benchmarks.md"
-    out.write_text("# Benchmarks\n\nintro kept\n\n## Overhead: kept\n\nother suite's table\n")
-    [result] = run_suites(["transport"], "tiny", str(out))
-    size = SIZES["tiny"]
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+def test_transport_suite_quick_writes_every_row(quick_bench: Any) -> None:
+    result = quick_bench.results["transport"]
+    size = SIZES["quick"]
     check_rows(result.rows, size)
     for d in size.delays_ms:
         for tls in size.tls:
@@ -70,18 +69,18 @@ def test_transport_suite_tiny_writes_every_row(tmp_path: Path) -> None:
                 row = result.rows[f"{KEYS[t]} {d}ms {name}"]
                 assert 0 < row["ttfd_p50_ms"] <= row["ttfd_p99_ms"] and row["ttfd_p50_ms"] <= row["total_p50_ms"]
 
-    text = out.read_text()
-    assert "intro kept" in text and "## Overhead: kept" in text and "other suite's table" in text
+    text = quick_bench.text
+    assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
     section = text[text.index(f"## {HEADING}"):]
     assert "Machine: " in section and "CPUs" in section and "TLS: TLSv1" in section
     assert "`.venv/bin/python -m benchmarks --suite transport`" in section
     for t in TRANSPORTS:
         assert f"| {LABELS[t]} |" in section
-    assert "| 25 ms | on |" in section and "| loopback | off |" in section
+    assert "| 25 ms | on |" in section and "| loopback | on |" in section  # quick mode: TLS on only
     assert section.count("**Verdict**") == 2 and "40%" in section
     assert result.text and "**Verdict**" in result.text
-    assert result.plots == {}  # tiny mode skips the plot
+    assert set(result.plots) == {"transport-ttfd.png"}
 
 
 def test_report_and_plot_from_synthetic_samples() -> None:

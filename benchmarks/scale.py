@@ -488,11 +488,12 @@ the heartbeats of connections opened at different moments share wake-ups instead
 process; no `asyncio.timeout` (a loop timer) per send; running streams counted without building a
 dict. Prototyped, not applied: sending every Ping due in one wake-up from one task (a stuck send to one
 client must not hold up the others' Pings, which needs a task per blocked send), letting a Pong move the
-timer later and yielding in `_serve` every 16 messages; in a patched server with 10,000 connections
-those took a heartbeat from 329 to 155 µs. Even 155 µs is 5% of a core for 10,000 connections every
-30 s: meeting 2% also needs fewer heartbeats on idle connections, e.g. a connection with no stream
-running stretched to `heartbeat_max_interval` (120 s): 83 heartbeats/s x 155 µs = 1.3%. That would change
-the product's heartbeat (30 s when idle, docs/protocol.md 9.1), so it is not done.
+timer later and yielding in `_serve` every 16 messages (in a patched server with 10,000 connections,
+before the grid was applied, those and a grid together took a heartbeat from 329 to 155 µs; the grid
+alone now gives {per_hb}). At about 160 µs a heartbeat, 10,000 connections every 30 s take 5% of a core:
+meeting 2% also needs fewer heartbeats on idle connections, e.g. a connection with no stream running
+stretched to `heartbeat_max_interval` (120 s): 83 heartbeats/s x 160 µs = 1.3%. That would change the
+product's heartbeat (30 s when idle, docs/protocol.md 9.1), so it is not done.
 
 *Streams:* the middleware spent {s_await['server_cpu_us_per_delta']:.0f} µs of server CPU per delta against
 {b_await['server_cpu_us_per_delta']:.0f} µs for the bare endpoint ({ratio:.1f}x, per-request work included). With

@@ -1,8 +1,10 @@
 """Starlette app serving a streaming model over lowlat-mw at ws://127.0.0.1:8000/ws.
 
-Run:  uvicorn examples.starlette_app:app --port 8000 --ws websockets-sansio --http lowlat_mw.adapters.uvicorn:Http
-      (--http bounds the handshake; in production add the size, ping and deflate options of
-      docs/security.md "Transport": --ws-max-size 1049600 --ws-ping-interval 0 --ws-per-message-deflate false)
+Run:  uvicorn examples.starlette_app:app --port 8000 --ws lowlat_mw.adapters.uvicorn:WebSocketProtocol
+        --http lowlat_mw.adapters.uvicorn:Http --ws-max-size 1049600 --ws-ping-interval 0
+        --ws-per-message-deflate false
+      (websockets-sansio with fragment floods bounded, a bounded handshake, our size limit, no
+      protocol pings or deflate: docs/security.md "Transport"; `lowlat-mw serve` sets the same)
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
 Metrics: curl http://127.0.0.1:8000/metrics  (Prometheus text: lowlat_* series)
 The scrape is unauthenticated: in production serve it where only Prometheus reaches (docs/observability.md).

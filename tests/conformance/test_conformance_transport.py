@@ -46,6 +46,10 @@ DEFLATE_MEMORY_XFAIL = (
     "inflating at --ws-max-size and closes with 1009, but holds the compressed frame (~255 KB), the inflated "
     "1 MiB and its zlib state at once: peak RSS +2.5 MiB, over 2x the limit (2 MiB)"
 )
+DAPHNE_HANDSHAKE_XFAIL = (
+    "KNOWN GAP (daphne), under investigation: in full test-suite runs (2 of 2; never in 6 runs of this module "
+    "alone) one normal client's handshake during the 200 slow sockets was closed with no HTTP response at all"
+)
 FLASK_HANDSHAKE_XFAIL = (
     "KNOWN GAP (gunicorn gthread): with 200 slow sockets each holding a thread, a normal client's handshake "
     "waits for the GIL behind them: p99 ~200 ms (bound 100 ms); the slow sockets are closed by 1.0-1.6 s"
@@ -413,19 +417,29 @@ async def _slow_socket(port: int, drip: bool) -> float:
 async def test_silent_and_dripping_sockets_are_closed_within_the_handshake_timeout(srv, request):
     if srv.framework == "flask":
         request.applymarker(pytest.mark.xfail(strict=False, raises=KnownBug, reason=FLASK_HANDSHAKE_XFAIL))
+    if srv.framework == "django":
+        request.applymarker(pytest.mark.xfail(strict=False, raises=KnownBug, reason=DAPHNE_HANDSHAKE_XFAIL))
+    failures: list[str] = []
+
     async def normal_handshakes() -> list[float]:
         times = []
         await asyncio.sleep(0.2)  # the slow sockets are all connected
         end = time.monotonic() + HANDSHAKE_TIMEOUT + 0.5
         while time.monotonic() < end:
             start = time.monotonic()
-            async with raw_connect(srv.url, [PROTO]):
-                times.append(time.monotonic() - start)
+            try:
+                async with raw_connect(srv.url, [PROTO]):
+                    times.append(time.monotonic() - start)
+            except Exception as exc:
+                failures.append(f"{time.monotonic() - start:.3f} s after connecting: {exc!r} ({exc.__cause__!r})")
             await asyncio.sleep(0.02)
         return times
 
     slow = [_slow_socket(srv.port, drip=i % 2 == 1) for i in range(SLOW_SOCKETS)]
     *closed, normal = await asyncio.gather(*slow, normal_handshakes())
+    if failures and srv.framework == "django":
+        raise KnownBug(f"normal handshakes failed: {failures}\n{srv.output()[-4000:]}")
+    assert not failures, f"normal handshakes failed: {failures}\n{srv.output()[-4000:]}"
     silent, drip = closed[0::2], closed[1::2]
     p99 = statistics.quantiles(normal, n=100, method="inclusive")[98]
     measure(f"transport slow-handshake {srv.variant}",

@@ -21,7 +21,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import daphne.cli
 import daphne.server
+from daphne.endpoints import build_endpoint_description_strings
 from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import reactor
@@ -116,10 +118,25 @@ class BoundedHTTPFactory(HTTPFactory):
         return protocol
 
 
+LISTEN_BACKLOG = 2048  # as uvicorn's and gunicorn's; Twisted's default for daphne's -b/-p is 50
+
+
+def _with_backlog(*args: Any, **kwargs: Any) -> list[str]:
+    """daphne's endpoint strings for -b/-p, listening with a backlog of LISTEN_BACKLOG.
+
+    With Twisted's default of 50, a burst of connections (200 at once in the transport suite)
+    overflows the accept queue: the kernel drops the handshakes it cannot queue, and those
+    clients are accepted only after SYN retransmits, seconds later.
+    """
+    return [f"{e}:backlog={LISTEN_BACKLOG}" if e.startswith("tcp:") and ":backlog=" not in e else e
+            for e in build_endpoint_description_strings(*args, **kwargs)]
+
+
 def install() -> None:
-    """Make daphne's server build the factories above (done by :func:`main`)."""
+    """Make daphne's server build the factories above, and listen with a larger backlog (done by :func:`main`)."""
     daphne.server.HTTPFactory = BoundedHTTPFactory
     daphne.server.WebSocketFactory = ClosingWebSocketFactory
+    daphne.cli.build_endpoint_description_strings = _with_backlog
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """daphne with lowlat-mw's transport fixes: ``python -m lowlat_mw.adapters.daphne [daphne options] app``.
 
-It takes every daphne option and runs daphne itself, with three things daphne has no option for:
+It takes every daphne option and runs daphne itself, with what daphne has no option for:
 
 * an oversized message or frame (over ``--websocket-max-message-size`` / ``--websocket-max-frame-size``)
   is refused with close code 1009; daphne's autobahn otherwise drops the TCP connection without a
@@ -8,12 +8,15 @@ It takes every daphne option and runs daphne itself, with three things daphne ha
 * the HTTP request that opens a connection must arrive within ``handshake_timeout`` (the setting,
   from ``settings.LOWLAT_MW`` or ``LOWLAT_HANDSHAKE_TIMEOUT``): Twisted's own limit is an idle timeout
   of 12 hours that every byte restarts, so a socket that says nothing, or drips its request a byte at
-  a time, is otherwise held for as long as the client likes. A late one is answered 408 and closed;
-* a fragmented message is reassembled in one buffer, not one object per fragment.
+  a time, is otherwise held for as long as the client likes. A late one is answered 408 and closed,
+  one whose line and headers pass 16 KiB (``HANDSHAKE_HEADER_LIMIT``) before they are in, 431;
+* a fragmented message is reassembled in one buffer, not one object per fragment;
+* the WebSocket opening handshake timeout is never shorter than asked: autobahn's timer rounds it
+  down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response).
 
 ``lowlat_mw.serving.daphne_args(settings)`` gives the options that match the settings (size limits,
-the WebSocket opening handshake timeout, no protocol pings). Request headers are bounded by Twisted
-itself (16 KiB, 500 headers). permessage-deflate stays off: daphne never accepts it.
+the WebSocket opening handshake timeout, no protocol pings). permessage-deflate stays off: daphne
+never accepts it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import reactor
 
 from lowlat_mw.errors import SettingsError
+from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT
 from lowlat_mw.settings import Settings
 
 __all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "OneBufferWebSocketProtocol", "install", "main"]
@@ -72,6 +76,9 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
         super().onMessageEnd()
 
 
+BATCHED_TIMER_ROUNDING = 1  # seconds txaio's batched timers may fire early (they round the deadline down)
+
+
 class ClosingWebSocketFactory(WebSocketFactory):
     """daphne's WebSocket factory, failing connections with a close frame (1009, 1002, ...), not a drop,
     and reassembling fragmented messages in one buffer (:class:`OneBufferWebSocketProtocol`)."""
@@ -82,11 +89,22 @@ class ClosingWebSocketFactory(WebSocketFactory):
         # closeHandshakeTimeout: autobahn's 1 s default aborts (RST) a connection whose peer has not answered
         # our close frame yet; on a busy client that discards the unread close frame, and the client sees
         # 1006 instead of our code. 5 s lets a slow client read it.
-        super().setProtocolOptions(**{**options, "failByDrop": False, "closeHandshakeTimeout": 5})
+        options = {**options, "failByDrop": False, "closeHandshakeTimeout": 5}
+        # openHandshakeTimeout (daphne's --websocket_connect_timeout): autobahn arms it on txaio's batched
+        # timer, which rounds the deadline down to a whole second (int(now + delay)), so a 1 s timeout fires
+        # anywhere from 0 to 1 s after the upgrade and drops a healthy handshake that straddles a second
+        # boundary with no HTTP response. One second more makes the effective deadline at least the option.
+        if options.get("openHandshakeTimeout"):
+            options["openHandshakeTimeout"] += BATCHED_TIMER_ROUNDING
+        super().setProtocolOptions(**options)
 
 
 class BoundedHTTPFactory(HTTPFactory):
-    """daphne's HTTP factory, closing a connection whose first request is not in within the handshake timeout."""
+    """daphne's HTTP factory, bounding the first request's line and headers by time and size.
+
+    Not in within the handshake timeout: 408. Over ``HANDSHAKE_HEADER_LIMIT`` (16 KiB) before they are
+    in: 431 (Twisted would drop a line over 16 KiB without a word, or answer a bare 400).
+    """
 
     handshake_timeout: float | None = None
 
@@ -94,7 +112,7 @@ class BoundedHTTPFactory(HTTPFactory):
         if self.handshake_timeout is None:
             type(self).handshake_timeout = _handshake_timeout()
         protocol = super().buildProtocol(addr)
-        state = {"in": False}
+        state = {"in": False, "received": 0}
 
         class MarkedRequest(WebRequest):
             def process(self) -> None:
@@ -103,17 +121,35 @@ class BoundedHTTPFactory(HTTPFactory):
 
         protocol.requestFactory = MarkedRequest
 
-        def expire() -> None:
+        def transport_of() -> Any:
             # Twisted wraps the HTTPChannel (for HTTP/2 negotiation): the transport is the channel's
-            transport = getattr(getattr(protocol, "_channel", protocol), "transport", None)
-            if transport is None and not state["in"]:  # not connected yet: look again shortly
-                reactor.callLater(0.05, expire)
-                return
+            return getattr(getattr(protocol, "_channel", protocol), "transport", None)
+
+        def refuse(status: bytes) -> None:
+            transport = transport_of()
             if not state["in"] and transport is not None and transport.connected:
-                transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                state["in"] = True  # answered: nothing more to bound
+                transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
                 transport.loseConnection()
                 reactor.callLater(1.0, transport.abortConnection)
 
+        def expire() -> None:
+            if transport_of() is None and not state["in"]:  # not connected yet: look again shortly
+                reactor.callLater(0.05, expire)
+                return
+            refuse(b"408 Request Timeout")
+
+        data_received = protocol.dataReceived
+
+        def bounded_data_received(data: bytes) -> None:
+            if not state["in"]:
+                state["received"] += len(data)
+                if state["received"] > HANDSHAKE_HEADER_LIMIT:
+                    refuse(b"431 Request Header Fields Too Large")
+                    return
+            data_received(data)
+
+        protocol.dataReceived = bounded_data_received
         reactor.callLater(self.handshake_timeout, expire)
         return protocol
 

@@ -29,7 +29,7 @@ from lowlat_mw.errors import SettingsError
 from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT
 from lowlat_mw.settings import Settings
 
-__all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WebSocketProtocol"]
+__all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
 
 _timeout: list[float] = []
 
@@ -139,3 +139,47 @@ class WebSocketProtocol(_SansIOProtocol):
             frames.append(data)
         if event.fin:
             self.send_receive_event_to_app()  # b"".join(frames) takes bytes and bytearrays alike
+
+
+try:  # wsproto is optional (uvicorn[standard] brings websockets, not wsproto)
+    from uvicorn.protocols.websockets.wsproto_impl import WSProtocol as _WSProtoProtocol
+    from wsproto.connection import ConnectionState as _ConnectionState
+    from wsproto.events import CloseConnection as _CloseConnection
+except ImportError:  # pragma: no cover - depends on what is installed
+    pass
+else:
+    class WSProtoProtocol(_WSProtoProtocol):
+        """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
+
+        (``--ws lowlat_mw.adapters.uvicorn:WSProtoProtocol``; ``lowlat_mw.serving`` uses it for ``ws="wsproto"``.)
+
+        * A frame wsproto cannot accept (RSV1 without permessage-deflate, a bad opcode, invalid UTF-8 in
+          a text frame) becomes a ``CloseConnection`` event, which uvicorn answers by dropping the TCP
+          connection without a close frame (the client sees 1006). Here the server sends that close
+          frame (1002, 1007...) first, as RFC 6455 7.1.7 asks.
+        * uvicorn hands a whole socket read (up to 256 KiB) to wsproto, which copies it into its buffer
+          and turns it into message chunks before uvicorn counts any against ``--ws-max-size``. Here
+          reads are parsed 16 KiB at a time and parsing stops as soon as the connection is closing, so
+          refusing a message over the limit costs about the limit, not the limit plus what was in flight.
+        """
+
+        def data_received(self, data: bytes) -> None:
+            if len(data) <= READ_SLICE:
+                super().data_received(data)
+                return
+            view = memoryview(data)
+            for start in range(0, len(data), READ_SLICE):
+                if self.transport.is_closing():
+                    return
+                super().data_received(bytes(view[start:start + READ_SLICE]))
+
+        def handle_close(self, event: Any) -> None:
+            if not self.close_sent and self.conn.state == _ConnectionState.OPEN and not self.transport.is_closing():
+                # wsproto reports a frame it could not parse as a close it never received: send it.
+                self.close_sent = True
+                close = _CloseConnection(code=event.code, reason=(event.reason or "")[:120])
+                self.transport.write(self.conn.send(close))
+                self.queue.put_nowait({"type": "websocket.disconnect", "code": event.code, "reason": event.reason})
+                self.transport.close()
+                return
+            super().handle_close(event)

@@ -18,8 +18,9 @@ __all__ = ["HANDSHAKE_HEADER_LIMIT", "daphne_args", "gunicorn_args", "run", "tra
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
 UVICORN_HTTP = "lowlat_mw.adapters.uvicorn:HttpToolsProtocol"
-# websockets-sansio, with fragment floods bounded (adapters/uvicorn.py)
+# websockets-sansio, with fragment floods bounded; wsproto, with its close codes and reads bounded (adapters/uvicorn.py)
 UVICORN_WS = "lowlat_mw.adapters.uvicorn:WebSocketProtocol"
+UVICORN_WSPROTO = "lowlat_mw.adapters.uvicorn:WSProtoProtocol"
 GUNICORN_WORKER = "lowlat_mw.adapters.gunicorn.ThreadWorker"
 
 
@@ -34,7 +35,7 @@ def uvicorn_options(settings: Settings | None = None, ws: str = "websockets-sans
     """uvicorn keyword arguments that match lowlat-mw's settings (docs/security.md, "Transport")."""
     settings = settings or Settings.load()
     return {
-        "ws": UVICORN_WS if ws == "websockets-sansio" else ws,
+        "ws": {"websockets-sansio": UVICORN_WS, "wsproto": UVICORN_WSPROTO}.get(ws, ws),
         # request line + headers within handshake_timeout and HANDSHAKE_HEADER_LIMIT (adapters/uvicorn.py)
         "http": UVICORN_HTTP,
         # Our own limit answers first (Error frame + 1009); the server's is a backstop just above it.

@@ -45,7 +45,7 @@ def test_codec_suite_quick_writes_every_row(quick_bench: Any) -> None:
     text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
-    section = text[text.index(f"## {HEADING}"):]
+    section = quick_bench.section(HEADING)
     assert "Machine: " in section and "CPUs" in section and "--suite codec" in section
     for label in KINDS.values():
         assert f"| {label} |" in section

@@ -65,7 +65,7 @@ def test_compression_suite_quick_writes_every_row(quick_bench: Any) -> None:
     text = quick_bench.text
     assert "intro kept" in text and "## Codec: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
-    section = text[text.index(f"## {HEADING}"):]
+    section = quick_bench.section(HEADING)
     assert "Machine: " in section and "CPUs" in section and "--suite compression" in section
     for link in links:
         assert f"**{link}**" in section

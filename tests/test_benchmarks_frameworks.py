@@ -44,7 +44,7 @@ def test_frameworks_suite_quick_writes_every_row(quick_bench: Any) -> None:
     text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
-    section = text[text.index(f"## {HEADING}"):]
+    section = quick_bench.section(HEADING)
     assert "Machine: " in section and "CPUs" in section and "--suite frameworks" in section
     for fw in FRAMEWORKS:
         assert section.count(f"| {LABELS[fw]} |") == 2  # streaming and round-trip tables

@@ -117,7 +117,7 @@ def test_scale_suite_quick_writes_every_row(quick_bench: Any) -> None:
     text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
-    section = text[text.index(f"## {HEADING}"):]
+    section = quick_bench.section(HEADING)
     assert "Machine: " in section and "CPUs" in section and "uvicorn" in section
     assert "Reproduce: `.venv/bin/python -m benchmarks --suite scale`" in section
     assert "| Connections | Server |" in section and "| Model | Server |" in section

@@ -72,7 +72,7 @@ def test_transport_suite_quick_writes_every_row(quick_bench: Any) -> None:
     text = quick_bench.text
     assert "intro kept" in text and "## Transport: kept" in text and "other suite's table" in text
     assert text.count(f"## {HEADING}") == 1
-    section = text[text.index(f"## {HEADING}"):]
+    section = quick_bench.section(HEADING)
     assert "Machine: " in section and "CPUs" in section and "TLS: TLSv1" in section
     assert "`.venv/bin/python -m benchmarks --suite transport`" in section
     for t in TRANSPORTS:

@@ -27,6 +27,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VENV_BIN = Path(sys.prefix) / "bin"
 FRAMEWORKS = ("starlette", "fastapi", "django", "flask")
+# Every server we ship with, for the tests proving that each limit holds whichever server runs the app:
+# the four examples (uvicorn websockets-sansio twice, daphne, gunicorn) and the Starlette example under
+# uvicorn's wsproto implementation ("wsproto").
+SERVERS = (*FRAMEWORKS, "wsproto")
 
 START_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take a few seconds
 STOP_TIMEOUT = 8.0
@@ -65,6 +69,8 @@ def server_argv(framework: str, port: int, app: str | None = None, extra: Sequen
     docs/security.md "Transport"), as the examples' "Run:" lines do.
     """
     settings = transport_settings(env)
+    if framework == "wsproto":
+        framework, ws = "starlette", "wsproto"
     if framework in ("starlette", "fastapi"):
         return [str(VENV_BIN / "uvicorn"), app or f"examples.{framework}_app:app", "--host", "127.0.0.1",
                 "--port", str(port), *uvicorn_args(settings, ws), *extra]

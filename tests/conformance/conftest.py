@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from conformance_servers import FRAMEWORKS, ServerProcess, running_server, spawn, start_ready
+from conformance_servers import FRAMEWORKS, SERVERS, ServerProcess, running_server, spawn, start_ready
 from conformance_support import MEASUREMENTS, SHORT_TIMERS, STARTUP_TIMES
 
 
@@ -59,9 +59,9 @@ def server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[Se
     yield from _session_server(request, conformance_dir, "default", {})
 
 
-@pytest.fixture(scope="session", params=FRAMEWORKS)
+@pytest.fixture(scope="session", params=SERVERS)
 def timer_server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
-    """A conformance server with short heartbeat, idle and handshake timers (SHORT_TIMERS)."""
+    """A conformance server with short heartbeat, idle and handshake timers (SHORT_TIMERS), on every server."""
     yield from _session_server(request, conformance_dir, "timers", SHORT_TIMERS)
 
 
@@ -106,7 +106,7 @@ def _framework_of(nodeid: str) -> str:
     m = re.search(r"\[([^\]]*)\]$", nodeid)
     if m:
         for part in m.group(1).split("-"):
-            if part in FRAMEWORKS:
+            if part in SERVERS:
                 return part
     return "django" if "test_conformance_django.py" in nodeid else "other"
 
@@ -125,7 +125,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     tr = terminalreporter
     tr.write_sep("-", "lowlat-mw conformance")
-    for fw in (*FRAMEWORKS, "other"):
+    for fw in (*SERVERS, "other"):
         if fw in _DURATIONS:
             tr.write_line(f"{fw:10s} {_COUNTS[fw]:4d} tests  {_DURATIONS[fw]:7.1f} s (setup+call+teardown)")
     for name, times in sorted(STARTUP_TIMES.items()):

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conformance_servers import FRAMEWORKS, ServerProcess, running_server
+from conformance_servers import SERVERS, ServerProcess, running_server
 from conformance_support import STARTUP_TIMES, measure, wait_for_file
 from delivery_support import drop_client_sides
 
@@ -290,7 +290,7 @@ SLOW_TOTAL, SLOW_SIZE = 100_000, 100  # 10 MB if nothing paused the model
 MARGIN = 1.0  # scheduling slack on a loaded 2-core machine
 
 
-@pytest.fixture(scope="module", params=FRAMEWORKS)
+@pytest.fixture(scope="module", params=SERVERS)
 def slow_server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
     """A server with a 16 KiB flow-control window, 1 s slow-consumer timeout and 1 s resume window."""
     framework = request.param

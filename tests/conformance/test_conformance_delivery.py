@@ -340,3 +340,52 @@ async def test_reader_that_stops_consuming_pauses_the_model_and_is_closed_with_4
     assert SLOW_WINDOW // per_token <= produced_at_close <= 3 * SLOW_WINDOW // per_token + 20, produced_at_close
     assert final == produced_at_close  # nothing more was produced while paused and detached
     assert starts(marks_dir, tag) == 1
+
+
+# ================================================================================ 6: replay buffer
+BUFFER = 8192  # resume_buffer_size
+BUFFER_ENV = {"LOWLAT_RESUME_BUFFER_SIZE": str(BUFFER), "LOWLAT_RESUME_WINDOW": "10"}
+BUFFER_SIZE_OF_TOKEN = 36  # each Delta costs 36 + 64 = 100 bytes of the buffer (session.DELTA_OVERHEAD)
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def buffer_server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
+    """A server with an 8 KiB replay buffer (resume_buffer_size)."""
+    framework = request.param
+    yield from running_server(f"buffer-{framework}", framework, conformance_dir, BUFFER_ENV, STARTUP_TIMES)
+
+
+async def test_detached_session_pauses_its_model_at_resume_buffer_size(buffer_server, marks_dir):
+    """protocol.md 14.4: a client that sends no Acks (flow_window=0) drops off; while no connection is
+    attached the model pauses once resume_buffer_size is full (instead of dropping output or growing),
+    and the client that comes back resumes and gets every token, in order, once."""
+    srv = buffer_server
+    n, delay, detached = 200, 0.01, 1.5  # unpaused, the model would make ~150 tokens while detached
+    fits = BUFFER // (BUFFER_SIZE_OF_TOKEN + 64)
+    tag = new_tag("buffer", srv.framework)
+    with FaultProxy(("127.0.0.1", srv.port), seed=SEED) as proxy:
+        async with asyncio.timeout(30):
+            client = connect(proxy.url_base + "/ws", backoff=backoff(), flow_window=0, open_timeout=0.25)
+            try:
+                stream = client.stream("x", model="count",
+                                       params={"n": n, "delay": delay, "size": BUFFER_SIZE_OF_TOKEN, "every": 1,
+                                               "tag": tag})
+                head = await take(stream, 10, "before the cut")
+                assert client.welcome is not None and client.welcome.flow_window == 0
+                proxy.stall()  # reconnects hang in the proxy: the session stays detached
+                proxy.cut_all()
+                await asyncio.sleep(detached)
+                produced = read_count(marks_dir, tag)
+                proxy.resume()
+                rest = [c async for c in stream]
+                end = stream.end
+            finally:
+                await client.close()
+    got = [c[:c.index(",") + 1] for c in [*head, *rest]]
+    measure(f"resume buffer {srv.framework}",
+            f"detached {detached} s: model paused after {produced} of {n} tokens (buffer {BUFFER} B = {fits} "
+            f"Deltas); resumed {client.resumes}x, {len(got)} tokens in order")
+    assert produced <= fits + 2, produced  # paused at the buffer (+ the token being made), not ~160
+    assert got == tokens(n)
+    assert end is not None and end.last_seq == n
+    assert client.resumes >= 1 and starts(marks_dir, tag) == 1

@@ -10,9 +10,7 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,13 +21,13 @@ from typing import Any
 from lowlat_mw import events as ev
 from lowlat_mw.codec import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
+from lowlat_mw.testing import LoggedProcess
 
 from .core import http_get
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBPROTOCOLS = {"proto": SUBPROTOCOL_PROTO, "json": SUBPROTOCOL_JSON}
 OPEN_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take several seconds to start
-STOP_TIMEOUT = 8.0
 
 
 # ================================================================================ processes
@@ -51,45 +49,13 @@ def free_port() -> int:
         sock.close()
 
 
-class Child:
+class Child(LoggedProcess):
     """A server subprocess in its own process group, output captured to files in `logdir`."""
 
     def __init__(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None, port: int,
                  logdir: Path, pass_fds: Sequence[int] = ()) -> None:
-        self.name = name
-        self.argv = list(argv)
+        super().__init__(name, argv, logdir=logdir, env=env, cwd=ROOT, pass_fds=pass_fds)
         self.port = port
-        self.stdout_path = logdir / f"{name}.stdout"
-        self.stderr_path = logdir / f"{name}.stderr"
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=dict(env if env is not None else os.environ),
-                                         stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         pass_fds=tuple(pass_fds), start_new_session=True)
-
-    def output(self, limit: int = 4000) -> str:
-        parts = []
-        for label, path in (("stderr", self.stderr_path), ("stdout", self.stdout_path)):
-            try:
-                text = path.read_text(errors="replace")
-            except OSError:
-                text = ""
-            parts.append(f"--- {label} of {self.name} ({' '.join(self.argv)}) ---\n{text[-limit:]}")
-        return "\n".join(parts)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL to the whole process group (gunicorn's worker too); bounded waits."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(STOP_TIMEOUT)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(STOP_TIMEOUT)
 
     def pids(self) -> list[int]:
         """This process and its descendants (gunicorn's master and worker)."""

@@ -243,18 +243,23 @@ class LiveSession:
         size = 0
         since = 0.0
         quick = False  # the previous step produced its chunk without waiting, within max_delay
+
+        async def flush() -> None:
+            nonlocal parts, size
+            if parts:
+                text = "".join(parts)
+                parts, size = [], 0
+                await self._emit(sid, text, timer)
+
         while True:
             began = clock()
             try:
                 kind, chunk = step_now(agen)
             except Exception:
-                if parts:  # what the model yielded before it failed still goes out
-                    await self._emit(sid, "".join(parts), timer)
+                await flush()  # what the model yielded before it failed still goes out
                 raise
             if kind == WAIT:
-                if parts:
-                    await self._emit(sid, "".join(parts), timer)
-                    parts, size = [], 0
+                await flush()
                 try:
                     chunk = await chunk
                 except StopAsyncIteration:
@@ -268,9 +273,8 @@ class LiveSession:
                 if type(chunk) is str and was_quick and quick:
                     if timer is not None:
                         timer.chunk()
-                    if parts and (size + len(chunk) > budget or now - since > max_delay):
-                        await self._emit(sid, "".join(parts), timer)
-                        parts, size = [], 0
+                    if size + len(chunk) > budget or now - since > max_delay:
+                        await flush()
                     if not parts:
                         since = now
                     parts.append(chunk)
@@ -278,12 +282,9 @@ class LiveSession:
                     continue
             if timer is not None:
                 timer.chunk()
-            if parts:
-                await self._emit(sid, "".join(parts), timer)
-                parts, size = [], 0
+            await flush()
             await self._emit(sid, chunk, timer)
-        if parts:
-            await self._emit(sid, "".join(parts), timer)
+        await flush()
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         driver = self.driver

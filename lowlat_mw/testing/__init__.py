@@ -1,4 +1,4 @@
-"""Test helpers for lowlat-mw users and our own suites: a fault-injecting TCP proxy.
+"""Test helpers for lowlat-mw users and our own suites: a fault-injecting TCP proxy, a logged subprocess.
 
     with FaultProxy(("127.0.0.1", server_port)) as proxy:
         url = f"ws://127.0.0.1:{proxy.port}/ws"
@@ -8,10 +8,14 @@
         proxy.cut_all()              # drop every open connection now
 
 Loopback only: it refuses to forward anywhere but 127.0.0.0/8 or ::1.
+
+``LoggedProcess`` runs a server for a test in its own process group, output in files, and stops it
+(SIGTERM, then SIGKILL to the group) with bounded waits.
 """
 
 from __future__ import annotations
 
+from .process import LoggedProcess
 from .proxy import FaultProxy
 
-__all__ = ["FaultProxy"]
+__all__ = ["FaultProxy", "LoggedProcess"]

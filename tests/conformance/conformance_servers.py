@@ -10,18 +10,17 @@ import errno
 import http.client
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.serving import daphne_args, gunicorn_args, uvicorn_args
 from lowlat_mw.settings import Settings
+from lowlat_mw.testing import LoggedProcess
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -33,7 +32,6 @@ FRAMEWORKS = ("starlette", "fastapi", "django", "flask")
 SERVERS = (*FRAMEWORKS, "wsproto")
 
 START_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take a few seconds
-STOP_TIMEOUT = 8.0
 _PORT_IN_USE = re.compile(r"address already in use|errno 98|couldn't listen|cannot listen", re.I)
 
 
@@ -97,18 +95,19 @@ def server_env(extra: Mapping[str, str] | None = None, *, pythonpath: bool = Tru
     return env
 
 
-@dataclass
-class ServerProcess:
-    """One server subprocess with its output captured to files."""
+class ServerProcess(LoggedProcess):
+    """One conformance server subprocess (its framework's example, or `argv`) with its output in files."""
 
-    name: str
-    framework: str
-    port: int
-    argv: list[str]
-    proc: subprocess.Popen[bytes]
-    logdir: Path
-    started_at: float = field(default_factory=time.monotonic)
-    ready_after: float | None = None
+    def __init__(self, name: str, framework: str, port: int, argv: Sequence[str], env: Mapping[str, str],
+                 logdir: Path) -> None:
+        super().__init__(name, argv, logdir=logdir, env=env, cwd=REPO)
+        self.framework = framework
+        self.port = port
+        self.started_at = time.monotonic()
+        self.ready_after: float | None = None
+
+    def __repr__(self) -> str:
+        return f"ServerProcess({self.name!r}, port={self.port}, pid={self.proc.pid})"
 
     @property
     def url(self) -> str:
@@ -119,28 +118,6 @@ class ServerProcess:
         """The same-host Origin a browser on this server's pages would send."""
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def stderr_path(self) -> Path:
-        return self.logdir / f"{self.name}.stderr"
-
-    @property
-    def stdout_path(self) -> Path:
-        return self.logdir / f"{self.name}.stdout"
-
-    def output(self, limit: int = 6000) -> str:
-        """The tail of the captured stderr and stdout."""
-        parts = []
-        for label, path in (("stderr", self.stderr_path), ("stdout", self.stdout_path)):
-            try:
-                text = path.read_text(errors="replace")
-            except OSError:
-                text = ""
-            parts.append(f"--- {label} of {self.name} ({' '.join(self.argv)}) ---\n{text[-limit:]}")
-        return "\n".join(parts)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def wait_exit(self, timeout: float) -> int | None:
         """The exit code, or None if still running after `timeout` s."""
         try:
@@ -148,37 +125,12 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             return None
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM, then SIGKILL to the process group (gunicorn's worker too); bounded."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        # The group is ours (start_new_session): it also holds any worker the master left behind.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            raise RuntimeError(f"{self.name} (pid {self.proc.pid}) did not die after SIGKILL") from None
-
 
 def spawn(name: str, framework: str, argv_for_port: Callable[[int], list[str]], env: Mapping[str, str],
           logdir: Path, *, port: int | None = None) -> ServerProcess:
     """Start a process; output to ``logdir/<name>.stdout|stderr``."""
     port = port or free_port()
-    argv = argv_for_port(port)
-    with open(logdir / f"{name}.stdout", "wb") as out, open(logdir / f"{name}.stderr", "wb") as err:
-        proc = subprocess.Popen(argv, cwd=REPO, env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    return ServerProcess(name=name, framework=framework, port=port, argv=argv, proc=proc, logdir=logdir)
+    return ServerProcess(name, framework, port, argv_for_port(port), env, logdir)
 
 
 def http_get(port: int, path: str = "/health", timeout: float = 2.0) -> tuple[int, bytes]:

@@ -3,7 +3,7 @@
 What the hosting server does before lowlat-mw sees a byte: permessage-deflate bombs, fragment floods,
 slow and oversized opening handshakes. Each server runs the way ``server_argv`` (and the examples'
 "Run:" lines) start it, with the options ``lowlat_mw.serving`` derives from the settings, here the
-defaults (``max_frame_size`` 1 MiB) and a 1 s ``handshake_timeout``. Variants: the four examples,
+defaults (``max_frame_size`` 1 MiB) and a 3 s ``handshake_timeout``. Variants: the four examples,
 Starlette under uvicorn's wsproto implementation, and Starlette with uvicorn's permessage-deflate
 turned on (websockets bounds inflation by ``--ws-max-size``), the one server where it is safe on.
 
@@ -45,7 +45,7 @@ DEFLATE_MEMORY_XFAIL = (
 )
 
 KiB, MiB = 1024, 1024 * 1024
-HANDSHAKE_TIMEOUT = 1.0
+HANDSHAKE_TIMEOUT = 3.0  # long enough for a few hundred normal handshakes while 200 slow sockets are held
 ENV = {"LOWLAT_HANDSHAKE_TIMEOUT": str(HANDSHAKE_TIMEOUT)}
 SETTINGS = transport_settings(ENV)
 LIMIT = SETTINGS.max_frame_size  # 1 MiB: the default
@@ -359,10 +359,7 @@ def test_fragmented_message_over_the_limit_is_refused_with_1009(srv):
 
 # ================================================================================ handshakes
 SLOW_SOCKETS = 200
-ATTACK = 3.0  # seconds (at least) the 200 slow sockets are kept up; each one closed is replaced at once
-NORMAL_HANDSHAKES = 200  # (at least) a normal client's handshakes meanwhile, for a p99 that is not the max
-ATTACK_CAP = 10.0  # ...unless that takes longer than this
-NORMAL_GAP = 0.005  # between a normal client's handshakes
+NORMAL_GAP = 0.005  # between a normal client's handshakes: ~200-400 of them while the 200 are held
 
 
 async def _slow_socket(port: int, drip: bool) -> float:
@@ -395,27 +392,17 @@ async def _slow_socket(port: int, drip: bool) -> float:
     return elapsed
 
 
-async def _slow_slot(port: int, drip: bool, stop: asyncio.Event) -> list[float]:
-    """One of the 200: a slow socket, replaced by another as soon as the server closes it, until `stop`."""
-    closed = [await _slow_socket(port, drip)]
-    while not stop.is_set():
-        closed.append(await _slow_socket(port, drip))
-    return closed
-
-
 async def test_silent_and_dripping_sockets_are_closed_within_the_handshake_timeout(srv):
-    """200 sockets that send nothing or drip their request a byte a second, kept up (each one the server
-    closes is replaced) for ATTACK seconds and 200 handshakes of a normal client, back to back: each slow
-    socket is closed within the handshake timeout, and the normal handshakes' p99 is under 100 ms."""
+    """200 sockets connect at once and send nothing, or drip their request a byte a second: each is
+    closed within the handshake timeout (3 s), while a normal client's handshakes, back to back all
+    that time (a few hundred), have a p99 under 100 ms."""
     failures: list[str] = []
-    stop = asyncio.Event()
+    slow = [asyncio.ensure_future(_slow_socket(srv.port, drip=i % 2 == 1)) for i in range(SLOW_SOCKETS)]
 
     async def normal_handshakes() -> list[float]:
         times: list[float] = []
-        begin = time.monotonic()
         await asyncio.sleep(0.2)  # the slow sockets are all connected
-        while (len(times) < NORMAL_HANDSHAKES or time.monotonic() - begin < ATTACK) and \
-                time.monotonic() - begin < ATTACK_CAP:
+        while not all(task.done() for task in slow):  # until the server has closed every slow socket
             start = time.monotonic()
             try:
                 async with raw_connect(srv.url, [PROTO]):
@@ -423,23 +410,22 @@ async def test_silent_and_dripping_sockets_are_closed_within_the_handshake_timeo
             except Exception as exc:
                 failures.append(f"{time.monotonic() - start:.3f} s after connecting: {exc!r} ({exc.__cause__!r})")
             await asyncio.sleep(NORMAL_GAP)
-        stop.set()
         return times
 
-    slots = [_slow_slot(srv.port, i % 2 == 1, stop) for i in range(SLOW_SOCKETS)]
-    *closed, normal = await asyncio.gather(*slots, normal_handshakes())
+    normal = await normal_handshakes()
+    closed = await asyncio.gather(*slow)
     assert not failures, f"normal handshakes failed: {failures}\n{srv.output()[-4000:]}"
-    silent = [t for slot in closed[0::2] for t in slot]
-    drip = [t for slot in closed[1::2] for t in slot]
+    silent, drip = closed[0::2], closed[1::2]
     p99 = statistics.quantiles(normal, n=100, method="inclusive")[98]
     measure(f"transport slow-handshake {srv.variant}",
             f"{len(silent)} silent closed after max {max(silent):.2f} s, {len(drip)} dripping after max "
-            f"{max(drip):.2f} s (handshake_timeout {HANDSHAKE_TIMEOUT} s, {SLOW_SOCKETS} at a time); "
-            f"normal handshake p50 {statistics.median(normal) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
-            f"max {max(normal) * 1000:.1f} ms over {len(normal)}")
+            f"{max(drip):.2f} s (handshake_timeout {HANDSHAKE_TIMEOUT} s); normal handshake p50 "
+            f"{statistics.median(normal) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {max(normal) * 1000:.1f} ms "
+            f"over {len(normal)}")
     # slack: 200 sockets accepted at once on a loaded 2-core machine, and the shims' timer granularity
     assert max(silent) < HANDSHAKE_TIMEOUT + 1.0 and max(drip) < HANDSHAKE_TIMEOUT + 1.0, (silent, drip)
-    assert len(normal) >= NORMAL_HANDSHAKES, f"only {len(normal)} normal handshakes in {ATTACK_CAP} s"
+    assert min(silent) > HANDSHAKE_TIMEOUT - 0.5, silent  # held until the deadline, not refused at once
+    assert len(normal) >= 100, f"only {len(normal)} normal handshakes in {HANDSHAKE_TIMEOUT} s"
     assert p99 < 0.100, normal
 
 

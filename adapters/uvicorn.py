@@ -19,6 +19,7 @@ gives the whole command line).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
@@ -104,6 +105,18 @@ READ_SLICE = 16 * 1024  # bytes handed to the WebSocket parser at a time
 SMALL_FRAGMENT = 4096  # continuation frames smaller than this are appended to one buffer
 
 
+def _in_slices(data: bytes, feed: Callable[[Any], None], done: Callable[[], bool]) -> None:
+    """Hand a socket read to `feed` READ_SLICE bytes at a time, stopping once `done()` (the connection failed)."""
+    if len(data) <= READ_SLICE:
+        feed(data)
+        return
+    view = memoryview(data)
+    for start in range(0, len(data), READ_SLICE):
+        if start and done():
+            return
+        feed(view[start:start + READ_SLICE])
+
+
 class WebSocketProtocol(_SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
@@ -117,14 +130,8 @@ class WebSocketProtocol(_SansIOProtocol):
     """
 
     def data_received(self, data: bytes) -> None:
-        if len(data) <= READ_SLICE:
-            super().data_received(data)
-            return
-        view = memoryview(data)
-        for start in range(0, len(data), READ_SLICE):
-            super().data_received(view[start:start + READ_SLICE])  # type: ignore[arg-type]
-            if self.conn.parser_exc is not None or self.transport.is_closing():
-                return
+        _in_slices(data, super().data_received,
+                   lambda: self.conn.parser_exc is not None or self.transport.is_closing())
 
     def handle_cont(self, event: Any) -> None:
         frames: list[Any] = self.frames
@@ -164,14 +171,8 @@ else:
         """
 
         def data_received(self, data: bytes) -> None:
-            if len(data) <= READ_SLICE:
-                super().data_received(data)
-                return
-            view = memoryview(data)
-            for start in range(0, len(data), READ_SLICE):
-                if self.transport.is_closing():
-                    return
-                super().data_received(bytes(view[start:start + READ_SLICE]))
+            feed = super().data_received
+            _in_slices(data, lambda piece: feed(bytes(piece)), self.transport.is_closing)
 
         def handle_close(self, event: Any) -> None:
             if not self.close_sent and self.conn.state == _ConnectionState.OPEN and not self.transport.is_closing():

@@ -12,8 +12,8 @@ from typing import Any
 
 from .settings import Settings
 
-__all__ = ["HANDSHAKE_HEADER_LIMIT", "daphne_args", "gunicorn_args", "run", "transport_limit", "uvicorn_args",
-           "uvicorn_options"]
+__all__ = ["HANDSHAKE_HEADER_LIMIT", "daphne_args", "gunicorn_args", "run", "run_options", "transport_limit",
+           "uvicorn_args", "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
@@ -74,6 +74,13 @@ def gunicorn_args(settings: Settings | None = None) -> list[str]:
             "--limit-request-field_size", "8190"]
 
 
+def run_options(settings: Settings | None = None, **uvicorn_kwargs: Any) -> dict[str, Any]:
+    """What :func:`run` passes to ``uvicorn.Config``: :func:`uvicorn_options` (for ``ws``, if given, so
+    ``ws="wsproto"`` still gets the wsproto shim), then the other keyword arguments on top."""
+    ws = uvicorn_kwargs.pop("ws", "websockets-sansio")
+    return {**uvicorn_options(settings, ws), **uvicorn_kwargs}
+
+
 def run(app: Any, *, drain_grace: float = 30.0, settings: Settings | None = None, **uvicorn_kwargs: Any) -> None:
     """``uvicorn.run`` with a graceful WebSocket drain on shutdown."""
     import uvicorn
@@ -87,6 +94,5 @@ def run(app: Any, *, drain_grace: float = 30.0, settings: Settings | None = None
             await drain_all(drain_grace)
             await super().shutdown(sockets)
 
-    options = {**uvicorn_options(settings), **uvicorn_kwargs}
-    config = uvicorn.Config(app, **options)
+    config = uvicorn.Config(app, **run_options(settings, **uvicorn_kwargs))
     DrainingServer(config).run()

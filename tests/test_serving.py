@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from lowlat_mw.serving import UVICORN_WS, UVICORN_WSPROTO, daphne_args, transport_limit, uvicorn_args, uvicorn_options
+from lowlat_mw.serving import (
+    UVICORN_WS,
+    UVICORN_WSPROTO,
+    daphne_args,
+    run_options,
+    transport_limit,
+    uvicorn_args,
+    uvicorn_options,
+)
 from lowlat_mw.settings import Settings
 
 
@@ -38,3 +46,26 @@ def test_daphne_open_handshake_timeout_is_never_shorter_than_asked():
     assert factory.openHandshakeTimeout == 2
     assert factory.failByDrop is False
     assert factory.maxMessagePayloadSize == 10
+
+
+def test_run_options_map_ws_to_the_shims_and_keep_the_rest():
+    settings = Settings()
+    assert run_options(settings)["ws"] == UVICORN_WS
+    assert run_options(settings, ws="websockets-sansio", port=9)["ws"] == UVICORN_WS
+    options = run_options(settings, ws="wsproto", ws_max_size=5, host="127.0.0.1")
+    assert (options["ws"], options["ws_max_size"], options["host"]) == (UVICORN_WSPROTO, 5, "127.0.0.1")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], UVICORN_WS), (["--ws", "wsproto"], UVICORN_WSPROTO)])
+def test_lowlat_mw_serve_runs_the_hardened_protocols(monkeypatch, capsys, argv, expected):
+    """`lowlat-mw serve` passes --ws through run(), which must not replace the shim by the plain name."""
+    import uvicorn
+
+    from lowlat_mw.cli import main
+
+    seen: list[uvicorn.Config] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: seen.append(self.config))
+    assert main(["serve", "--port", "0", *argv]) == 0
+    (config,) = seen
+    assert (config.ws, config.http) == (expected, "lowlat_mw.adapters.uvicorn:HttpToolsProtocol")
+    assert config.ws_max_size == transport_limit(Settings()) and config.ws_per_message_deflate is False

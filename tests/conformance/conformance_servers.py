@@ -75,6 +75,9 @@ def server_argv(framework: str, port: int, app: str | None = None, extra: Sequen
     if framework == "django":
         return [str(VENV_BIN / "python"), "-m", "lowlat_mw.adapters.daphne", "-b", "127.0.0.1", "-p", str(port),
                 *daphne_args(settings), *extra, app or "examples.django_project.asgi:application"]
+    if framework == "serve":  # `lowlat-mw serve` itself (uvicorn, configured by lowlat_mw.serving.run)
+        return [str(VENV_BIN / "lowlat-mw"), "serve", app or "conformance_models:MODELS", "--host", "127.0.0.1",
+                "--port", str(port), "--log-level", "warning", *extra]
     if framework == "flask":
         return [str(VENV_BIN / "gunicorn"), *gunicorn_args(settings), "--threads", "300", "-b", f"127.0.0.1:{port}",
                 *extra, app or "examples.flask_app:app"]
@@ -144,8 +147,9 @@ def http_get(port: int, path: str = "/health", timeout: float = 2.0) -> tuple[in
         conn.close()
 
 
-def wait_ready(srv: ServerProcess, timeout: float = START_TIMEOUT, path: str = "/health") -> None:
+def wait_ready(srv: ServerProcess, timeout: float = START_TIMEOUT, path: str | None = None) -> None:
     """Poll GET `path` until it answers 200; raise with the server's output if it dies or hangs."""
+    path = path or ("/" if srv.framework == "serve" else "/health")  # `lowlat-mw serve` has no /health
     deadline = time.monotonic() + timeout
     last: object = None
     while True:

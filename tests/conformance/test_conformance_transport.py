@@ -4,8 +4,9 @@ What the hosting server does before lowlat-mw sees a byte: permessage-deflate bo
 slow and oversized opening handshakes. Each server runs the way ``server_argv`` (and the examples'
 "Run:" lines) start it, with the options ``lowlat_mw.serving`` derives from the settings, here the
 defaults (``max_frame_size`` 1 MiB) and a 3 s ``handshake_timeout``. Variants: the four examples,
-Starlette under uvicorn's wsproto implementation, and Starlette with uvicorn's permessage-deflate
-turned on (websockets bounds inflation by ``--ws-max-size``), the one server where it is safe on.
+Starlette under uvicorn's wsproto implementation, ``lowlat-mw serve`` itself, and Starlette with
+uvicorn's permessage-deflate turned on (not what we configure: websockets bounds inflation by
+``--ws-max-size``, the one server where it could be on).
 
 Raw sockets only: a hand-built client can send what a WebSocket library never would. Peak memory is
 the serving process's VmHWM (``PeakRSS`` of test_conformance_limits.py).
@@ -59,6 +60,7 @@ VARIANTS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
     "deflate": ("starlette", "websockets-sansio", ("--ws-per-message-deflate", "true"), True),
     "django": ("django", "", (), False),
     "flask": ("flask", "", (), False),
+    "serve": ("serve", "", (), False),
 }
 
 

@@ -152,8 +152,14 @@ try:  # wsproto is optional (uvicorn[standard] brings websockets, not wsproto)
     from uvicorn.protocols.websockets.wsproto_impl import WSProtocol as _WSProtoProtocol
     from wsproto.connection import ConnectionState as _ConnectionState
     from wsproto.events import CloseConnection as _CloseConnection
-except ImportError:  # pragma: no cover - depends on what is installed
-    pass
+except ImportError as _missing:  # pragma: no cover - depends on what is installed
+    _WSPROTO_MISSING: ImportError | None = _missing
+
+    def __getattr__(name: str) -> Any:
+        if name == "WSProtoProtocol":
+            raise ImportError(f"lowlat_mw.adapters.uvicorn:WSProtoProtocol needs wsproto (pip install wsproto): "
+                              f"{_WSPROTO_MISSING}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 else:
     class WSProtoProtocol(_WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.

@@ -69,3 +69,16 @@ def test_lowlat_mw_serve_runs_the_hardened_protocols(monkeypatch, capsys, argv, 
     (config,) = seen
     assert (config.ws, config.http) == (expected, "lowlat_mw.adapters.uvicorn:HttpToolsProtocol")
     assert config.ws_max_size == transport_limit(Settings()) and config.ws_per_message_deflate is False
+
+
+def test_wsproto_shim_without_wsproto_says_what_to_install():
+    """wsproto is optional: the module still imports, and asking for the shim names the missing package."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['wsproto'] = None\n"
+            "import lowlat_mw.adapters.uvicorn as m\n"
+            "try:\n    m.WSProtoProtocol\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "needs wsproto (pip install wsproto)" in out.stdout

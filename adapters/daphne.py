@@ -115,9 +115,9 @@ class BoundedHTTPFactory(HTTPFactory):
         state = {"in": False, "received": 0}
 
         class MarkedRequest(WebRequest):
-            def process(self) -> None:
-                state["in"] = True
-                super().process()
+            def gotLength(self, length: int | None) -> None:
+                state["in"] = True  # the request line and headers are in (a body is not bounded here)
+                super().gotLength(length)
 
         protocol.requestFactory = MarkedRequest
 
@@ -143,9 +143,21 @@ class BoundedHTTPFactory(HTTPFactory):
 
         def bounded_data_received(data: bytes) -> None:
             if not state["in"]:
+                room = HANDSHAKE_HEADER_LIMIT - state["received"]
                 state["received"] += len(data)
-                if state["received"] > HANDSHAKE_HEADER_LIMIT:
-                    refuse(b"431 Request Header Fields Too Large")
+                if len(data) > room:
+                    # Only the first `room` bytes can still be request line and headers: parse them alone.
+                    # What follows is a body (or, after an upgrade, the WebSocket's first bytes).
+                    data_received(data[:room])
+                    if not state["in"]:
+                        refuse(b"431 Request Header Fields Too Large")
+                        return
+                    transport = transport_of()
+                    target = getattr(transport, "protocol", None)
+                    if transport is None or target is None or target is protocol:
+                        data_received(data[room:])
+                    elif transport.connected:  # upgraded: the rest is the WebSocket protocol's
+                        target.dataReceived(data[room:])
                     return
             data_received(data)
 

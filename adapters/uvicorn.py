@@ -61,9 +61,19 @@ class _HandshakeBound:
         if self._lowlat_timer is None:
             super().data_received(data)  # type: ignore[misc]
             return
+        room = HANDSHAKE_HEADER_LIMIT - self._lowlat_received
         self._lowlat_received += len(data)
-        if self._lowlat_received > HANDSHAKE_HEADER_LIMIT and not self._lowlat_headers_in():
-            self._lowlat_refuse(b"431 Request Header Fields Too Large")
+        if len(data) > room:
+            # Only the first `room` bytes can still be request line and headers: parse them alone. What
+            # follows is a body (or, after an upgrade, the WebSocket's first bytes), not bounded here.
+            super().data_received(data[:room])  # type: ignore[misc]
+            if not self._lowlat_headers_in():
+                self._lowlat_refuse(b"431 Request Header Fields Too Large")
+                return
+            self._lowlat_done()
+            protocol = self.transport.get_protocol()
+            if not self.transport.is_closing():
+                (super().data_received if protocol is self else protocol.data_received)(data[room:])  # type: ignore
             return
         super().data_received(data)  # type: ignore[misc]
         if self._lowlat_headers_in():

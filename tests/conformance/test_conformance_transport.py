@@ -457,3 +457,43 @@ def test_headers_within_the_limit_are_accepted(srv):
         assert sock.recv(200).startswith(b"HTTP/1.1 101")
     finally:
         sock.close()
+
+
+def _post(port: int, body_size: int) -> tuple[socket.socket, bytes]:
+    """A socket with an HTTP POST's request line and headers sent, and the body it announced."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=HANDSHAKE_TIMEOUT + 10)
+    sock.sendall((f"POST /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\n"
+                  f"Content-Length: {body_size}\r\nConnection: close\r\n\r\n").encode())
+    return sock, b"x" * body_size
+
+
+def _status(sock: socket.socket) -> str:
+    try:
+        return sock.recv(200).split(b"\r\n", 1)[0].decode("latin-1") or "closed without a response"
+    except OSError as exc:
+        return f"no response ({exc!r})"
+    finally:
+        sock.close()
+
+
+def test_request_bodies_are_not_bounded_like_headers(srv):
+    """The 16 KiB and handshake_timeout bounds are for the request line and headers only: a plain HTTP
+    request with a 64 KiB body, or whose body takes longer than handshake_timeout to arrive, gets the
+    app's own answer (here 405 or whatever /health says to a POST), never 431 or 408."""
+    slow, slow_body = _post(srv.port, 64 * KiB)
+    started = time.monotonic()
+    slow.sendall(slow_body[:1000])
+    fast, fast_body = _post(srv.port, 64 * KiB)
+    fast.sendall(fast_body)
+    fast_status = _status(fast)
+    time.sleep(max(0.0, HANDSHAKE_TIMEOUT + 0.3 - (time.monotonic() - started)))
+    try:
+        slow.sendall(slow_body[1000:])
+    except OSError:
+        pass
+    slow_status = _status(slow)
+    measure(f"transport http-body {srv.variant}", f"64 KiB body: {fast_status}; body over "
+            f"{HANDSHAKE_TIMEOUT + 0.3:.1f} s: {slow_status}")
+    for status in (fast_status, slow_status):
+        assert status.startswith("HTTP/1.1 "), status
+        assert status[9:12] not in ("408", "431"), status

@@ -7,6 +7,12 @@ connection whose first request is not complete within ``handshake_timeout`` (the
 app's ``LowLat`` extension, else ``LOWLAT_HANDSHAKE_TIMEOUT`` or the default of 10 s) by shutting
 its socket down, which ends the thread's read at once. Everything else is gthread's.
 
+It also moves gthread's graceful close off the worker's main thread. gunicorn (27) closes a finished
+connection from its main loop with ``util.close_graceful``, which half-closes and then waits up to
+2 s for the client to close its side: a client that does not (a slow upload answered early, a
+half-open WebSocket after the heartbeat closed it, or an attacker) stopped the main loop, and with
+it every accept and keep-alive, for those 2 s each. Here those closes run in a small thread pool.
+
 Request headers are bounded by gunicorn itself (``--limit-request-line``, ``--limit-request-fields``,
 ``--limit-request-field_size``: HTTP 431 / 400 past them).
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
@@ -25,11 +32,16 @@ from lowlat_mw.settings import Settings
 
 __all__ = ["ThreadWorker"]
 
+CLOSER_THREADS = 16  # threads for gthread's lingering graceful closes
+
 
 class ThreadWorker(_ThreadWorker):
-    """gthread, closing connections whose first request is not in within the handshake timeout."""
+    """gthread, closing connections whose first request is not in within the handshake timeout, and
+    lingering closes off the main thread."""
 
     def init_process(self) -> None:
+        # graceful closes linger up to 2 s each: a pool, so a flood of them queues instead of adding threads
+        self._lowlat_closer = ThreadPoolExecutor(max_workers=CLOSER_THREADS, thread_name_prefix="lowlat-mw-close")
         self._lowlat_lock = threading.Lock()
         self._lowlat_pending: dict[int, tuple[float, Any]] = {}  # id(conn) -> (deadline, conn)
         self._lowlat_timeout = 10.0
@@ -51,6 +63,18 @@ class ThreadWorker(_ThreadWorker):
             with self._lowlat_lock:
                 self._lowlat_pending[id(conn)] = (time.monotonic() + self._lowlat_timeout, conn)
         super().enqueue_req(conn)
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        close = conn.close
+
+        def close_off_the_main_thread(graceful: bool = False) -> None:
+            if graceful:  # lingers until the client closes its side, up to 2 s
+                self._lowlat_closer.submit(close, graceful=True)
+            else:
+                close()
+
+        conn.close = close_off_the_main_thread
+        super().finish_request(conn, fs)
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         with self._lowlat_lock:

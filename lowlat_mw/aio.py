@@ -188,6 +188,8 @@ class LiveSession:
                     timer.chunk()  # the model's last stretch, up to its return
             finally:
                 await agen.aclose()
+            if timer is not None:  # closing the model (its finally blocks; a thread hop for a sync generator)
+                timer.lap("model")
             terminal = session.finish(sid, time.monotonic(), timings_ms=self._timings(timer))
         except asyncio.CancelledError:
             if timer is not None:

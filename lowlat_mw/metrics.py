@@ -168,8 +168,14 @@ class StreamTimer:
         self.last_delta = now
 
     def timings_ms(self) -> dict[str, float]:
-        """The stages in milliseconds, plus ``model_first_chunk`` (model start to its first chunk)."""
+        """The stages in milliseconds; ``total`` on the same clock (the Request frame's arrival to the last
+        lap); and ``model_first_chunk`` (model start to its first chunk).
+
+        ``total`` is the stages' own span: read from another clock at another moment, a pause between
+        the two reads (a garbage collection in a big heap) opened a gap the stages did not cover.
+        """
         out = {name: getattr(self, name) * 1000.0 for name in STAGES}
+        out["total"] = (self.last - self.start) * 1000.0
         if self.model_first_chunk is not None and self.model_started is not None:
             out["model_first_chunk"] = (self.model_first_chunk - self.model_started) * 1000.0
         return out

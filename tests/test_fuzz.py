@@ -41,7 +41,7 @@ from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 HERE = Path(__file__).resolve().parent
 HARNESS = HERE / "fuzz" / "fuzz_decoder.py"
-ATHERIS_SECONDS = int(os.environ.get("FUZZ_SECONDS", "15"))  # not LOWLAT_*: those are settings
+ATHERIS_SECONDS = int(os.environ.get("FUZZ_SECONDS", "8"))  # not LOWLAT_*: those are settings
 
 
 def many(n: int) -> settings:
@@ -318,7 +318,7 @@ async def test_model_yielding_an_unpaired_surrogate_fails_its_stream_with_model_
 
 # ================================================================================ atheris
 def test_atheris_harness_bounded(tmp_path: Path) -> None:
-    """Run tests/fuzz/fuzz_decoder.py under libFuzzer for ATHERIS_SECONDS (15 s; FUZZ_SECONDS overrides)."""
+    """Run tests/fuzz/fuzz_decoder.py under libFuzzer for ATHERIS_SECONDS (8 s; FUZZ_SECONDS overrides)."""
     try:
         import atheris  # noqa: F401
     except ImportError:

@@ -45,9 +45,9 @@ def setup(extras: str) -> None:
         print(f"+ creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     _run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    # --no-compile: byte-compiling every installed module (Django, Twisted, ...) took ~30 s of a fresh
-    # setup; the few modules actually imported compile on first use instead.
-    _run(PY, "-m", "pip", "install", "--quiet", "--no-compile", "-e", f".[{extras}]")
+    # pip byte-compiles what it installs: keep it (with PYTHONDONTWRITEBYTECODE set, as on our CI
+    # machines, --no-compile made every server process compile its imports again: tests +107 s).
+    _run(PY, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
     stamp.write_text(digest)
 
 

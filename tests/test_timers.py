@@ -419,8 +419,8 @@ def test_thread_scheduler_wakes_up_for_an_earlier_deadline(thread_sched: ThreadS
     sched.schedule(far, time.monotonic() + 60)  # the thread now sleeps for a minute ...
     t0 = time.monotonic()
     sched.schedule(Target("near", log, on_fire=done.set), t0 + 0.003)  # ... and must wake up for this
-    _wait_thread(done, 1.0)
-    assert time.monotonic() - t0 < 0.5
+    _wait_thread(done, 10.0)  # far under the minute the thread would otherwise sleep; loose for loaded CI
+    assert time.monotonic() - t0 < 10.0
     sched.cancel(far)
     assert far.fired == 0
 

@@ -32,7 +32,7 @@ from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import reactor
 
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT
+from lowlat_mw.serving import HeaderBudget
 from lowlat_mw.settings import Settings
 
 __all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "OneBufferWebSocketProtocol", "install", "main"]
@@ -112,7 +112,8 @@ class BoundedHTTPFactory(HTTPFactory):
         if self.handshake_timeout is None:
             type(self).handshake_timeout = _handshake_timeout()
         protocol = super().buildProtocol(addr)
-        state = {"in": False, "received": 0}
+        state = {"in": False}
+        budget = HeaderBudget()
 
         class MarkedRequest(WebRequest):
             def gotLength(self, length: int | None) -> None:
@@ -142,24 +143,22 @@ class BoundedHTTPFactory(HTTPFactory):
         data_received = protocol.dataReceived
 
         def bounded_data_received(data: bytes) -> None:
+            if state["in"]:
+                data_received(data)
+                return
+            head, rest = budget.split(data)
+            data_received(head)
+            if rest is None:
+                return
             if not state["in"]:
-                room = HANDSHAKE_HEADER_LIMIT - state["received"]
-                state["received"] += len(data)
-                if len(data) > room:
-                    # Only the first `room` bytes can still be request line and headers: parse them alone.
-                    # What follows is a body (or, after an upgrade, the WebSocket's first bytes).
-                    data_received(data[:room])
-                    if not state["in"]:
-                        refuse(b"431 Request Header Fields Too Large")
-                        return
-                    transport = transport_of()
-                    target = getattr(transport, "protocol", None)
-                    if transport is None or target is None or target is protocol:
-                        data_received(data[room:])
-                    elif transport.connected:  # upgraded: the rest is the WebSocket protocol's
-                        target.dataReceived(data[room:])
-                    return
-            data_received(data)
+                refuse(b"431 Request Header Fields Too Large")
+                return
+            transport = transport_of()
+            target = getattr(transport, "protocol", None)
+            if transport is None or target is None or target is protocol:
+                data_received(rest)
+            elif transport.connected:  # upgraded: the rest is the WebSocket protocol's
+                target.dataReceived(rest)
 
         protocol.dataReceived = bounded_data_received
         reactor.callLater(self.handshake_timeout, expire)

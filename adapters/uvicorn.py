@@ -27,7 +27,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpTool
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT
+from lowlat_mw.serving import HeaderBudget
 from lowlat_mw.settings import Settings
 
 __all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
@@ -53,7 +53,7 @@ class _HandshakeBound:
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]
-        self._lowlat_received = 0
+        self._lowlat_budget = HeaderBudget()
         self._lowlat_timer: asyncio.TimerHandle | None = self.loop.call_later(
             _handshake_timeout(), self._lowlat_refuse, b"408 Request Timeout")
 
@@ -61,23 +61,16 @@ class _HandshakeBound:
         if self._lowlat_timer is None:
             super().data_received(data)  # type: ignore[misc]
             return
-        room = HANDSHAKE_HEADER_LIMIT - self._lowlat_received
-        self._lowlat_received += len(data)
-        if len(data) > room:
-            # Only the first `room` bytes can still be request line and headers: parse them alone. What
-            # follows is a body (or, after an upgrade, the WebSocket's first bytes), not bounded here.
-            super().data_received(data[:room])  # type: ignore[misc]
-            if not self._lowlat_headers_in():
-                self._lowlat_refuse(b"431 Request Header Fields Too Large")
-                return
-            self._lowlat_done()
-            protocol = self.transport.get_protocol()
-            if not self.transport.is_closing():
-                (super().data_received if protocol is self else protocol.data_received)(data[room:])  # type: ignore
+        head, rest = self._lowlat_budget.split(data)
+        super().data_received(head)  # type: ignore[misc]
+        if rest is not None and not self._lowlat_headers_in():
+            self._lowlat_refuse(b"431 Request Header Fields Too Large")
             return
-        super().data_received(data)  # type: ignore[misc]
         if self._lowlat_headers_in():
             self._lowlat_done()
+        if rest is not None and not self.transport.is_closing():
+            protocol = self.transport.get_protocol()  # ourselves, or the WebSocket protocol after an upgrade
+            (super().data_received if protocol is self else protocol.data_received)(rest)  # type: ignore
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lowlat_done()

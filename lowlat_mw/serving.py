@@ -12,8 +12,8 @@ from typing import Any
 
 from .settings import Settings
 
-__all__ = ["HANDSHAKE_HEADER_LIMIT", "daphne_args", "gunicorn_args", "run", "run_options", "transport_limit",
-           "uvicorn_args", "uvicorn_options"]
+__all__ = ["HANDSHAKE_HEADER_LIMIT", "HeaderBudget", "daphne_args", "gunicorn_args", "run", "run_options",
+           "transport_limit", "uvicorn_args", "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
@@ -22,6 +22,31 @@ UVICORN_HTTP = "lowlat_mw.adapters.uvicorn:HttpToolsProtocol"
 UVICORN_WS = "lowlat_mw.adapters.uvicorn:WebSocketProtocol"
 UVICORN_WSPROTO = "lowlat_mw.adapters.uvicorn:WSProtoProtocol"
 GUNICORN_WORKER = "lowlat_mw.adapters.gunicorn.ThreadWorker"
+
+
+class HeaderBudget:
+    """The byte budget of a connection's first request line and headers (no I/O: bytes in, slices out).
+
+    The uvicorn shim and the daphne runner both feed each read through :meth:`split` until the
+    server reports the headers in, so that the same rule bounds them on both.
+    """
+
+    def __init__(self, limit: int = HANDSHAKE_HEADER_LIMIT) -> None:
+        self.limit = limit
+        self.received = 0
+
+    def split(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """Split one read into what may still be request line and headers, and the rest.
+
+        The rest is None while the whole read fits the budget. Otherwise it is what follows the
+        budget's last byte: if the headers are in after parsing the first part, the rest is a body
+        or (after an upgrade) the WebSocket's first bytes, not bounded here; if not, answer 431.
+        """
+        room = max(self.limit - self.received, 0)
+        self.received += len(data)
+        if len(data) <= room:
+            return data, None
+        return data[:room], data[room:]
 
 
 def transport_limit(settings: Settings) -> int:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lowlat_mw.serving import (
+    HANDSHAKE_HEADER_LIMIT,
     UVICORN_WS,
     UVICORN_WSPROTO,
+    HeaderBudget,
     daphne_args,
     run_options,
     transport_limit,
@@ -82,3 +86,25 @@ def test_wsproto_shim_without_wsproto_says_what_to_install():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "needs wsproto (pip install wsproto)" in out.stdout
+
+
+def test_header_budget_hands_over_whole_reads_until_the_limit():
+    budget = HeaderBudget()
+    assert budget.split(b"x" * (HANDSHAKE_HEADER_LIMIT - 1)) == (b"x" * (HANDSHAKE_HEADER_LIMIT - 1), None)
+    assert budget.split(b"y") == (b"y", None)  # exactly at the limit: still all headers
+    assert budget.split(b"z") == (b"", b"z")  # past it: nothing more may be headers
+
+
+@given(st.lists(st.binary(min_size=0, max_size=64), max_size=20), st.integers(1, 200))
+def test_header_budget_parses_exactly_the_first_limit_bytes_of_any_split(reads, limit):
+    """However the stream is cut into reads, the parts parsed as headers are its first `limit` bytes."""
+    budget = HeaderBudget(limit)
+    heads, rests = b"", b""
+    for data in reads:
+        head, rest = budget.split(data)
+        assert head + (rest or b"") == data
+        assert rests == b"" or head == b""  # once past the budget, nothing more is headers
+        heads += head
+        rests += rest or b""
+    stream = b"".join(reads)
+    assert heads == stream[:limit] and rests == stream[limit:]

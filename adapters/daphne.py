@@ -12,7 +12,11 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   one whose line and headers pass 16 KiB (``HANDSHAKE_HEADER_LIMIT``) before they are in, 431;
 * a fragmented message is reassembled in one buffer, not one object per fragment;
 * the WebSocket opening handshake timeout is never shorter than asked: autobahn's timer rounds it
-  down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response).
+  down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response);
+* on shutdown (SIGTERM, SIGINT) lowlat-mw connections are drained before daphne cancels its
+  applications: GoAway, running streams finish within the ``drain_grace`` setting, close 4002
+  (:func:`lowlat_mw.aio.drain_sessions`). daphne alone cancels them at once and drops every
+  connection without a close frame.
 
 ``lowlat_mw.serving.daphne_args(settings)`` gives the options that match the settings (size limits,
 the WebSocket opening handshake timeout, no protocol pings). permessage-deflate stays off: daphne
@@ -21,6 +25,7 @@ never accepts it.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
@@ -29,13 +34,15 @@ import daphne.server
 from daphne.endpoints import build_endpoint_description_strings
 from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 
+from lowlat_mw.aio import drain_sessions
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.serving import HeaderBudget
 from lowlat_mw.settings import Settings
 
-__all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "OneBufferWebSocketProtocol", "install", "main"]
+__all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "DrainingServer", "OneBufferWebSocketProtocol",
+           "install", "main"]
 
 
 def _handshake_timeout() -> float:
@@ -165,6 +172,18 @@ class BoundedHTTPFactory(HTTPFactory):
         return protocol
 
 
+class DrainingServer(daphne.server.Server):
+    """daphne's server, draining lowlat-mw connections before it cancels the applications on shutdown."""
+
+    def kill_all_applications(self) -> defer.Deferred[Any]:
+        # A "before shutdown" trigger: Twisted waits for the Deferred; the listening ports are still
+        # open, and a connection that opens now is closed with 4002 at once (lowlat_mw.aio).
+        drained: defer.Deferred[Any] = defer.Deferred.fromFuture(asyncio.ensure_future(drain_sessions()))
+        drained.addErrback(lambda failure: None)
+        drained.addCallback(lambda _: super(DrainingServer, self).kill_all_applications())
+        return drained
+
+
 LISTEN_BACKLOG = 2048  # as uvicorn's and gunicorn's; Twisted's default for daphne's -b/-p is 50
 
 
@@ -180,10 +199,12 @@ def _with_backlog(*args: Any, **kwargs: Any) -> list[str]:
 
 
 def install() -> None:
-    """Make daphne's server build the factories above, and listen with a larger backlog (done by :func:`main`)."""
+    """Make daphne's server build the factories above, drain on shutdown, and listen with a larger
+    backlog (done by :func:`main`)."""
     daphne.server.HTTPFactory = BoundedHTTPFactory
     daphne.server.WebSocketFactory = ClosingWebSocketFactory
     daphne.cli.build_endpoint_description_strings = _with_backlog
+    daphne.cli.CommandLineInterface.server_class = DrainingServer
 
 
 def main(argv: list[str] | None = None) -> None:

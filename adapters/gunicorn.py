@@ -13,6 +13,11 @@ connection from its main loop with ``util.close_graceful``, which half-closes an
 half-open WebSocket after the heartbeat closed it, or an attacker) stopped the main loop, and with
 it every accept and keep-alive, for those 2 s each. Here those closes run in a small thread pool.
 
+On SIGTERM it drains: every lowlat-mw connection gets GoAway, running streams finish within the
+``drain_grace`` setting (capped one second under gunicorn's ``--graceful-timeout``), and then it is
+closed with 4002, so clients resume elsewhere. Without it, gunicorn waits out ``--graceful-timeout``
+(30 s) for the open WebSockets and then kills the worker: every client sees its connection drop.
+
 Request headers are bounded by gunicorn itself (``--limit-request-line``, ``--limit-request-fields``,
 ``--limit-request-field_size``: HTTP 431 / 400 past them).
 """
@@ -29,6 +34,7 @@ from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.settings import Settings
+from lowlat_mw.threads import drain_all
 
 __all__ = ["ThreadWorker"]
 
@@ -45,6 +51,8 @@ class ThreadWorker(_ThreadWorker):
         self._lowlat_lock = threading.Lock()
         self._lowlat_pending: dict[int, tuple[float, Any]] = {}  # id(conn) -> (deadline, conn)
         self._lowlat_timeout = 10.0
+        self._lowlat_drain_grace = Settings().drain_grace
+        self._lowlat_draining = False
         super().init_process()
 
     def load_wsgi(self) -> None:
@@ -52,10 +60,19 @@ class ThreadWorker(_ThreadWorker):
         ext = getattr(self.wsgi, "extensions", {}).get("lowlat_mw")
         settings = getattr(ext, "settings", None)
         try:
-            self._lowlat_timeout = (settings or Settings.load()).handshake_timeout
+            settings = settings or Settings.load()
         except SettingsError:  # the app reports the bad setting itself; bound the handshake all the same
-            self._lowlat_timeout = Settings().handshake_timeout
+            settings = Settings()
+        self._lowlat_timeout = settings.handshake_timeout
+        self._lowlat_drain_grace = settings.drain_grace
         threading.Thread(target=self._lowlat_watch, name="lowlat-mw-handshakes", daemon=True).start()
+
+    def handle_exit(self, sig: Any, frame: Any) -> None:
+        super().handle_exit(sig, frame)  # stops accepting; gthread then waits for open connections
+        if not self._lowlat_draining:
+            self._lowlat_draining = True
+            grace = max(0.0, min(self._lowlat_drain_grace, self.cfg.graceful_timeout - 1))
+            threading.Thread(target=drain_all, args=(grace,), name="lowlat-mw-drain", daemon=True).start()
 
     def enqueue_req(self, conn: Any) -> None:
         if not getattr(conn, "_lowlat_seen", False):  # a new connection (not a kept-alive or deferred one)

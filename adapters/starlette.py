@@ -40,7 +40,7 @@ class LowLatMiddleware:
         self.metrics_path = self.endpoint.settings.metrics_path
         self.client_path = self.endpoint.settings.client_path
 
-    async def drain(self, grace: float = 30.0) -> None:
+    async def drain(self, grace: float | None = None) -> None:
         """Graceful shutdown of the WebSocket side (see ``LowLatASGI.drain``)."""
         await self.endpoint.drain(grace)
 

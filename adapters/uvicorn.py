@@ -26,6 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 
+from lowlat_mw.aio import drain_on_shutdown
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.serving import HeaderBudget
 from lowlat_mw.settings import Settings
@@ -120,7 +121,25 @@ def _in_slices(data: bytes, feed: Callable[[Any], None], done: Callable[[], bool
         feed(view[start:start + READ_SLICE])
 
 
-class WebSocketProtocol(_SansIOProtocol):
+class _DrainOnShutdown:
+    """Mixin: on server shutdown, lowlat-mw connections are drained before uvicorn's 1012.
+
+    uvicorn asks every connection to shut down at once, and a WebSocket then sends 1012 at once:
+    running streams are cut. Here the first such call starts the drain of every lowlat-mw connection
+    of the process (GoAway, running streams finish within ``drain_grace``, close 4002:
+    :func:`lowlat_mw.aio.drain_sessions`), and each connection's own shutdown waits for it. Other
+    WebSocket routes of the app get their 1012 when the drain is over.
+    """
+
+    transport: asyncio.Transport
+
+    def shutdown(self) -> None:
+        parent = super().shutdown  # type: ignore[misc]
+        if not drain_on_shutdown(lambda: None if self.transport.is_closing() else parent()):
+            parent()
+
+
+class WebSocketProtocol(_DrainOnShutdown, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
     (``--ws lowlat_mw.adapters.uvicorn:WebSocketProtocol``; ``lowlat_mw.serving`` uses it.) uvicorn
@@ -164,7 +183,7 @@ except ImportError as _missing:  # pragma: no cover - depends on what is install
                               f"{_WSPROTO_MISSING}")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 else:
-    class WSProtoProtocol(_WSProtoProtocol):
+    class WSProtoProtocol(_DrainOnShutdown, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
         (``--ws lowlat_mw.adapters.uvicorn:WSProtoProtocol``; ``lowlat_mw.serving`` uses it for ``ws="wsproto"``.)

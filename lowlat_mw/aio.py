@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -44,7 +45,7 @@ from .session import MemorySessionStore, Session, SessionStore
 from .settings import Settings
 from .timers import AsyncScheduler
 
-__all__ = ["AsyncServerSession", "LiveSession"]
+__all__ = ["AsyncServerSession", "LiveSession", "drain_on_shutdown", "drain_sessions", "draining"]
 
 log = logging.getLogger("lowlat_mw")
 
@@ -388,8 +389,17 @@ class AsyncServerSession:
 
     # ------------------------------------------------------------------ driver API
     def start(self) -> None:
-        """Register the connection's timers."""
+        """Register the connection's timers (and the connection, for :func:`drain_sessions`)."""
         self.reschedule()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # driven without a loop (unit tests): nothing to drain it from
+            return
+        _LIVE.setdefault(loop, weakref.WeakSet()).add(self)
+        if loop in _DRAINS:  # the server is shutting down: this one goes at once, so clients retry elsewhere
+            task = loop.create_task(self.close_with(CloseCode.DRAINING, "server draining"))
+            self._timer_tasks.add(task)
+            task.add_done_callback(self._timer_tasks.discard)
 
     async def receive(self, data: bytes | str) -> None:
         """Feed one WebSocket message from the client."""
@@ -475,10 +485,11 @@ class AsyncServerSession:
         self._scheduled = self._next_deadline()
         return self._scheduled
 
-    async def drain(self, grace: float, reconnect_after_ms: int = 0) -> None:
-        """GoAway, let running streams finish for up to `grace` seconds, then close with 4002."""
+    async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
+        """GoAway, let running streams finish for up to `grace` seconds (default: the ``drain_grace``
+        setting), then close with 4002."""
         await self.run(self.conn.drain(reconnect_after_ms))
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + (self.settings.drain_grace if grace is None else grace)
         # Wait on the model tasks, not the session's running count: a task ends only after its
         # End/Error went out, so the 4002 close never overtakes a stream's last message.
         while self.live is not None and self.live.tasks and time.monotonic() < deadline:
@@ -648,3 +659,52 @@ class AsyncServerSession:
         if live is not None and live.driver is self and not close_code_reconnects(code):
             # A final close (protocol error, idle...): nothing to resume, stop the models now.
             live.destroy()
+
+
+# ---------------------------------------------------------------------- server shutdown
+# Every started connection, by the loop that runs it, and the drain in progress on a loop. Servers
+# call drain_sessions() (or drain_on_shutdown()) when they shut down: uvicorn through our protocol
+# shims, daphne through our runner, gunicorn through our worker (lowlat_mw.threads.drain_all).
+_LIVE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[AsyncServerSession]] = (
+    weakref.WeakKeyDictionary())
+_DRAINS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+
+
+def draining(loop: asyncio.AbstractEventLoop | None = None) -> bool:
+    """True once :func:`drain_sessions` began on `loop` (default: the running loop)."""
+    return (loop or asyncio.get_running_loop()) in _DRAINS
+
+
+async def drain_sessions(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
+    """Drain every connection of the running loop at once, for a server shutting down.
+
+    Each gets GoAway; its running streams finish for up to `grace` seconds (default: its own
+    ``drain_grace`` setting); then it is closed with 4002, and clients resume elsewhere. From then on
+    a connection that starts on this loop is closed with 4002 at once. A second call waits for the first.
+    """
+    await asyncio.shield(_drain_task(asyncio.get_running_loop(), grace, reconnect_after_ms))
+
+
+def _drain_task(loop: asyncio.AbstractEventLoop, grace: float | None, reconnect_after_ms: int) -> asyncio.Task[None]:
+    task = _DRAINS.get(loop)
+    if task is None:
+        sessions = [s for s in _LIVE.get(loop, ()) if not s.conn.closed]
+        task = _DRAINS[loop] = loop.create_task(_drain_all(sessions, grace, reconnect_after_ms))
+    return task
+
+
+async def _drain_all(sessions: list[AsyncServerSession], grace: float | None, reconnect_after_ms: int) -> None:
+    if sessions:
+        log.info("draining %d connection(s) for shutdown", len(sessions))
+        await asyncio.gather(*(s.drain(grace, reconnect_after_ms) for s in sessions), return_exceptions=True)
+
+
+def drain_on_shutdown(then: Callable[[], Any]) -> bool:
+    """For a server's synchronous per-connection shutdown hook, on the loop: start (or join) the drain
+    of this loop's connections and call `then` once it is over. False (and `then` not called) when
+    there is nothing of ours to drain on this loop."""
+    loop = asyncio.get_running_loop()
+    if loop not in _DRAINS and not any(not s.conn.closed for s in _LIVE.get(loop, ())):
+        return False
+    _drain_task(loop, None, 0).add_done_callback(lambda _task: then())
+    return True

@@ -197,16 +197,17 @@ class LowLatASGI:
         finally:
             await session.disconnected(code)
 
-    async def drain(self, grace: float = 30.0, reconnect_after_ms: int = 0) -> None:
+    async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
         """Graceful shutdown: refuse new connections, GoAway to every open one, let running
-        streams finish for up to `grace` seconds, then close them with 4002 (clients reconnect)."""
+        streams finish for up to `grace` seconds (default: the ``drain_grace`` setting), then close
+        them with 4002 (clients reconnect)."""
         self.draining = True
         sessions = list(self.connections)
         if sessions:
             await asyncio.gather(*(s.drain(grace, reconnect_after_ms) for s in sessions), return_exceptions=True)
 
 
-async def drain_all(grace: float = 30.0, reconnect_after_ms: int = 0) -> None:
+async def drain_all(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
     """Drain every lowlat-mw endpoint of this process (call on shutdown, before the server closes sockets)."""
     endpoints = list(LowLatASGI.instances)
     if endpoints:

@@ -115,6 +115,8 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
     options = _parse_set(args.set)
     if args.path:
         options["path"] = args.path
+    if getattr(args, "drain_grace", None) is not None:
+        options["drain_grace"] = args.drain_grace
     if args.metrics_path is not None:
         options["metrics_path"] = args.metrics_path
     elif "metrics_path" not in options and f"{ENV_PREFIX}METRICS_PATH" not in os.environ:
@@ -151,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
     if stats is not None:
         stats.start()
     try:
-        run(app, drain_grace=args.drain_grace, settings=settings, host=args.host, port=args.port,
+        run(app, settings=settings, host=args.host, port=args.port,
             log_level=args.log_level, ws=args.ws, lifespan="off")
     finally:
         if stats is not None:
@@ -209,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="a setting (see docs/settings.md), e.g. --set idle_timeout=60")
     serve.add_argument("--ws", default="websockets-sansio", help="uvicorn WebSocket implementation")
     serve.add_argument("--log-level", default="info")
-    serve.add_argument("--drain-grace", type=float, default=30.0,
-                       help="seconds running streams may finish on shutdown before clients are moved")
+    serve.add_argument("--drain-grace", type=float, default=None,
+                       help="seconds running streams may finish on shutdown before clients are moved "
+                            "(the drain_grace setting, default 30)")
     serve.add_argument("--metrics-path", default=None,
                        help=f"HTTP path of the Prometheus metrics (default {DEFAULT_METRICS_PATH}; \"\" = off)")
     serve.add_argument("--client-path", default=None,

@@ -93,10 +93,11 @@ def daphne_args(settings: Settings | None = None) -> list[str]:
 
 
 def gunicorn_args(settings: Settings | None = None) -> list[str]:
-    """gunicorn options: the worker that bounds the handshake, request-header limits under 16 KiB."""
-    del settings  # the worker reads handshake_timeout from the Flask app's LowLat extension
+    """gunicorn options: the worker that bounds the handshake and drains on SIGTERM, request-header
+    limits under 16 KiB, and a graceful timeout that leaves the drain its ``drain_grace``."""
+    settings = settings or Settings.load()
     return ["-k", GUNICORN_WORKER, "--limit-request-line", "4094", "--limit-request-fields", "64",
-            "--limit-request-field_size", "8190"]
+            "--limit-request-field_size", "8190", "--graceful-timeout", str(math.ceil(settings.drain_grace) + 5)]
 
 
 def run_options(settings: Settings | None = None, **uvicorn_kwargs: Any) -> dict[str, Any]:
@@ -106,8 +107,10 @@ def run_options(settings: Settings | None = None, **uvicorn_kwargs: Any) -> dict
     return {**uvicorn_options(settings, ws), **uvicorn_kwargs}
 
 
-def run(app: Any, *, drain_grace: float = 30.0, settings: Settings | None = None, **uvicorn_kwargs: Any) -> None:
-    """``uvicorn.run`` with a graceful WebSocket drain on shutdown."""
+def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None = None,
+        **uvicorn_kwargs: Any) -> None:
+    """``uvicorn.run`` with a graceful WebSocket drain on shutdown (`drain_grace` default: each
+    connection's ``drain_grace`` setting)."""
     import uvicorn
 
     from .asgi import drain_all

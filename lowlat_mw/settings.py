@@ -68,6 +68,8 @@ class Settings:
     """Bytes of a Request's input (text, data, messages, params); larger gets Error message_too_big."""
     max_session_lifetime: float = 0.0
     """Close an idle-between-streams connection with 4005 after this many seconds (0: never)."""
+    drain_grace: float = 30.0
+    """On server shutdown: seconds running streams get to finish after GoAway, before close 4002."""
     authenticate: str = ""
     """Dotted path of a (sync or async) callable that admits a handshake (see docs/security.md)."""
     compression: tuple[str, ...] = KNOWN_CODECS
@@ -122,7 +124,8 @@ class Settings:
                 raise SettingsError(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")
         if self.max_frame_size < 64:
             raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
-        for name in ("max_connections", "max_connections_per_client", "rate_limit", "max_session_lifetime"):
+        for name in ("max_connections", "max_connections_per_client", "rate_limit", "max_session_lifetime",
+                     "drain_grace"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
         if self.rate_burst < 1 or self.max_request_size < 1:

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .aio import AsyncServerSession
+from .aio import AsyncServerSession, drain_sessions
 from .metrics import Metrics
 from .model import ModelFn, Models, SessionInfo, shared_executor
 from .session import SessionStore
 from .settings import Settings
 
-__all__ = ["ThreadedSession", "background_loop"]
+__all__ = ["ThreadedSession", "background_loop", "drain_all"]
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -102,3 +102,17 @@ class ThreadedSession:
     def disconnected(self, code: int | None = None) -> None:
         """The socket is gone (`code`: the peer's close code): keep the session for resume or end it."""
         self._call(self.session.disconnected(code))
+
+
+def drain_all(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
+    """Drain every thread-driven connection of the process (a server shutting down; blocks until done).
+
+    GoAway, running streams finish for up to `grace` seconds (default: each connection's
+    ``drain_grace`` setting), close 4002; connections that open afterwards are closed with 4002.
+    Call it from any thread but the driver's loop. gunicorn's ``lowlat_mw.adapters.gunicorn.ThreadWorker``
+    calls it on SIGTERM.
+    """
+    loop = _loop
+    if loop is None or loop.is_closed():
+        return
+    asyncio.run_coroutine_threadsafe(drain_sessions(grace, reconnect_after_ms), loop).result()

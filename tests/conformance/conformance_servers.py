@@ -193,9 +193,14 @@ def start_ready(name: str, framework: str, argv_for_port: Callable[[int], list[s
 
 
 def base_env(conformance_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment of a conformance server: the conformance models, markers and a temp Django DB."""
+    """Environment of a conformance server: the conformance models, markers and a temp Django DB.
+
+    ``drain_grace`` is 1 s: stopping a server (SIGTERM) drains it, and a stream still running then
+    must not hold the stop for the default 30 s (test_conformance_shutdown.py tests the drain itself).
+    """
     return server_env({
         "LOWLAT_MODEL": "conformance_models:MODELS",
+        "LOWLAT_DRAIN_GRACE": "1",
         "CONFORMANCE_MARKS": str(conformance_dir / "marks"),
         "DJANGO_DB": str(conformance_dir / "django.sqlite3"),
         **(extra or {}),

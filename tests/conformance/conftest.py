@@ -97,6 +97,21 @@ def launch(conformance_dir: Path) -> Iterator[Callable[..., ServerProcess]]:
         srv.stop()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Server-level modules (``SERVER_LEVEL = True``) run the ``server`` fixture on SERVERS only
+    (not the FastAPI example: see conformance_servers.SERVERS); the rest are deselected, visibly."""
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        framework = callspec.params.get("server") if callspec is not None else None
+        server_level = getattr(getattr(item, "module", None), "SERVER_LEVEL", False)
+        (drop if server_level and framework is not None and framework not in SERVERS else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 # ================================================================================ reporting
 _DURATIONS: dict[str, float] = defaultdict(float)
 _COUNTS: dict[str, int] = defaultdict(int)
@@ -106,7 +121,7 @@ def _framework_of(nodeid: str) -> str:
     m = re.search(r"\[([^\]]*)\]$", nodeid)
     if m:
         for part in m.group(1).split("-"):
-            if part in SERVERS:
+            if part in (*FRAMEWORKS, *SERVERS):
                 return part
     return "django" if "test_conformance_django.py" in nodeid else "other"
 
@@ -125,7 +140,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     tr = terminalreporter
     tr.write_sep("-", "lowlat-mw conformance")
-    for fw in (*SERVERS, "other"):
+    for fw in (*FRAMEWORKS, "wsproto", "other"):
         if fw in _DURATIONS:
             tr.write_line(f"{fw:10s} {_COUNTS[fw]:4d} tests  {_DURATIONS[fw]:7.1f} s (setup+call+teardown)")
     for name, times in sorted(STARTUP_TIMES.items()):

@@ -36,6 +36,7 @@ from lowlat_mw.errors import CloseCode, ConnectionClosed
 from lowlat_mw.testing import FaultProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+SERVER_LEVEL = True  # the `server` fixture's frameworks: conformance_servers.SERVERS (conftest)
 
 SEED = 20240604          # the proxy's cut points and the client's backoff jitter are reproducible
 TOKENS = 500             # per reply in the acceptance runs

@@ -12,6 +12,7 @@ from lowlat_mw import Backoff
 from lowlat_mw.client import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+SERVER_LEVEL = True  # the `server` fixture's frameworks: conformance_servers.SERVERS (conftest)
 
 CONNECTIONS = 200
 DELTAS = 50

@@ -55,7 +55,6 @@ MEMORY_BOUND = 2 * LIMIT  # peak RSS growth allowed while refusing (the issue's 
 # variant -> (framework, uvicorn --ws, extra server args, permessage-deflate negotiated)
 VARIANTS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
     "starlette": ("starlette", "websockets-sansio", (), False),
-    "fastapi": ("fastapi", "websockets-sansio", (), False),
     "wsproto": ("starlette", "wsproto", (), False),
     "deflate": ("starlette", "websockets-sansio", ("--ws-per-message-deflate", "true"), True),
     "django": ("django", "", (), False),

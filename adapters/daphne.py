@@ -10,7 +10,8 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   of 12 hours that every byte restarts, so a socket that says nothing, or drips its request a byte at
   a time, is otherwise held for as long as the client likes. A late one is answered 408 and closed,
   one whose line and headers pass 16 KiB (``HANDSHAKE_HEADER_LIMIT``) before they are in, 431;
-* a fragmented message is reassembled in one buffer, not one object per fragment;
+* a fragmented message costs about its own size (small fragments share one buffer), not ~120
+  bytes per fragment;
 * the WebSocket opening handshake timeout is never shorter than asked: autobahn's timer rounds it
   down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response);
 * on shutdown (SIGTERM, SIGINT) lowlat-mw connections are drained before daphne cancels its
@@ -38,7 +39,7 @@ from twisted.internet import defer, reactor
 
 from lowlat_mw.aio import drain_sessions
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.serving import HeaderBudget
+from lowlat_mw.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
 
 __all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "DrainingServer", "OneBufferWebSocketProtocol",
@@ -60,27 +61,19 @@ def _handshake_timeout() -> float:
 
 
 class OneBufferWebSocketProtocol(WebSocketProtocol):
-    """daphne's WebSocket protocol, reassembling a fragmented message in one buffer.
+    """daphne's WebSocket protocol, reassembling a fragmented message at about its own size.
 
     autobahn keeps a list with one bytes object per fragment until the message is complete (about
-    120 bytes per one-byte fragment: 12 MiB for a 100 KB message sent one byte a frame); here each
-    fragment's payload is appended to one bytearray, so a message costs about its own size. The size
-    limits (checked by autobahn as each frame begins) are unchanged.
+    120 bytes per one-byte fragment: 12 MiB for a 100 KB message sent one byte a frame); here small
+    fragments are appended to one buffer and big ones kept whole (:func:`lowlat_mw.serving.add_fragment`,
+    as in the uvicorn shim). autobahn's onMessageEnd joins the list as before. The size limits
+    (checked by autobahn as each frame begins) are unchanged.
     """
-
-    def onMessageBegin(self, isBinary: bool) -> None:
-        super().onMessageBegin(isBinary)
-        self.message_data: Any = bytearray()
 
     def onMessageFrame(self, payload: Any) -> None:
         if not self.failedByMe:
             for piece in payload:
-                self.message_data += piece
-
-    def onMessageEnd(self) -> None:
-        if not self.failedByMe and isinstance(self.message_data, bytearray):
-            self.message_data = [bytes(self.message_data)]  # what autobahn's onMessageEnd joins
-        super().onMessageEnd()
+                add_fragment(self.message_data, piece)
 
 
 BATCHED_TIMER_ROUNDING = 1  # seconds txaio's batched timers may fire early (they round the deadline down)
@@ -88,7 +81,7 @@ BATCHED_TIMER_ROUNDING = 1  # seconds txaio's batched timers may fire early (the
 
 class ClosingWebSocketFactory(WebSocketFactory):
     """daphne's WebSocket factory, failing connections with a close frame (1009, 1002, ...), not a drop,
-    and reassembling fragmented messages in one buffer (:class:`OneBufferWebSocketProtocol`)."""
+    and reassembling fragmented messages at about their size (:class:`OneBufferWebSocketProtocol`)."""
 
     protocol = OneBufferWebSocketProtocol
 

@@ -28,7 +28,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from lowlat_mw.aio import drain_on_shutdown
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.serving import HeaderBudget
+from lowlat_mw.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
 
 __all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
@@ -106,7 +106,6 @@ Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.adapt
 
 
 READ_SLICE = 16 * 1024  # bytes handed to the WebSocket parser at a time
-SMALL_FRAGMENT = 4096  # continuation frames smaller than this are appended to one buffer
 
 
 def _in_slices(data: bytes, feed: Callable[[Any], None], done: Callable[[], bool]) -> None:
@@ -156,16 +155,7 @@ class WebSocketProtocol(_DrainOnShutdown, _SansIOProtocol):
                    lambda: self.conn.parser_exc is not None or self.transport.is_closing())
 
     def handle_cont(self, event: Any) -> None:
-        frames: list[Any] = self.frames
-        data = event.data
-        if len(data) < SMALL_FRAGMENT:  # a small fragment joins the buffer of the ones before it
-            tail = frames[-1] if frames else None
-            if type(tail) is bytearray:
-                tail += data
-            else:
-                frames.append(bytearray(data))
-        else:  # a big one stays its own object (its overhead is nothing next to its size), as uvicorn does
-            frames.append(data)
+        add_fragment(self.frames, event.data)
         if event.fin:
             self.send_receive_event_to_app()  # b"".join(frames) takes bytes and bytearrays alike
 

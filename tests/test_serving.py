@@ -8,9 +8,11 @@ from hypothesis import strategies as st
 
 from lowlat_mw.serving import (
     HANDSHAKE_HEADER_LIMIT,
+    SMALL_FRAGMENT,
     UVICORN_WS,
     UVICORN_WSPROTO,
     HeaderBudget,
+    add_fragment,
     daphne_args,
     run_options,
     transport_limit,
@@ -108,3 +110,15 @@ def test_header_budget_parses_exactly_the_first_limit_bytes_of_any_split(reads, 
         rests += rest or b""
     stream = b"".join(reads)
     assert heads == stream[:limit] and rests == stream[limit:]
+
+
+@given(st.lists(st.sampled_from([0, 1, 7, SMALL_FRAGMENT - 1, SMALL_FRAGMENT, 3 * SMALL_FRAGMENT]), max_size=40))
+def test_add_fragment_reassembles_exactly_with_one_object_per_run_of_small_fragments(sizes):
+    fragments = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    parts: list = []
+    for fragment in fragments:
+        add_fragment(parts, fragment)
+    assert b"".join(parts) == b"".join(fragments)
+    big = sum(n >= SMALL_FRAGMENT for n in sizes)
+    assert len(parts) <= 2 * big + 1  # each big one whole, and one buffer per run of small ones between them
+    assert all(type(p) is bytearray or len(p) >= SMALL_FRAGMENT for p in parts)

@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -740,6 +741,7 @@ async def test_attacker_does_not_delay_a_well_behaved_client(plain, conformance_
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # the attack is in full swing
         attacked, n_att = await _well_behaved(plain.url, PHASE)
+        attacker.send_signal(signal.SIGUSR1)  # measured: the attack may stop
         code = await asyncio.to_thread(attacker.wait, duration + 30)
         assert code == 0, (conformance_dir / "logs" / f"attacker-{fw}.log").read_text()
     finally:
@@ -771,8 +773,13 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
     # undecodable for sure: an invalid Protobuf wire type (1007), or a frame version that does not exist (1002)
     garbage = [bytes([0x10, 0x0F, *(rng.randrange(256) for _ in range(rng.randrange(8, 300)))]) for _ in range(25)]
     garbage += [bytes([0x30, *(rng.randrange(256) for _ in range(rng.randrange(8, 300)))]) for _ in range(25)]
+    end = [time.monotonic() + seconds]
+    # SIGUSR1: the test has measured what it needs; stop now rather than at the planned end
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, end.__setitem__, 0, 0.0)
     Path(ready_file).write_text("ready")
-    end = time.monotonic() + seconds
+
+    def running() -> bool:
+        return time.monotonic() < end[0]
 
     async def until_closed(ws: Any) -> int | None:
         try:
@@ -784,7 +791,7 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
         return canonical_close_code(ws.close_code)
 
     async def garbage_sender() -> None:
-        while time.monotonic() < end:
+        while running():
             async with raw_connect(url, [PROTO]) as ws:
                 await hello(ws)
                 await send_quietly(ws, rng.choice(garbage))
@@ -797,7 +804,7 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
 
     async def bomber() -> None:
         i = 0
-        while time.monotonic() < end:
+        while running():
             async with raw_connect(url, [PROTO]) as ws:
                 await hello(ws, ("zstd", "lz4", "snappy"))
                 await send_quietly(ws, bombs[i % len(bombs)])
@@ -811,7 +818,7 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
 
     async def flooder() -> None:
         sid = 0
-        while time.monotonic() < end:
+        while running():
             stats["flood_connections"] += 1
             async with raw_connect(url, [PROTO]) as ws:
                 await hello(ws)
@@ -825,7 +832,7 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
 
                 task = asyncio.get_running_loop().create_task(reader(ws, codec))
                 try:
-                    while time.monotonic() < end:
+                    while running():
                         for _ in range(20):
                             sid += 1
                             await ws.send(codec.encode(ev.Request(stream_id=sid, model="sync", text="flood")))
@@ -839,7 +846,7 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
                     await asyncio.gather(task, return_exceptions=True)
 
     async def churner() -> None:
-        while time.monotonic() < end:
+        while running():
             async with raw_connect(url, [PROTO]):
                 stats["churn_connections"] += 1  # connect, say nothing, leave
 

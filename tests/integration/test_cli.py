@@ -191,6 +191,8 @@ def test_serve_metrics_path_options(monkeypatch):
     assert "metrics_path" not in options("path", "/metrics")  # the WebSocket took the default path
     monkeypatch.setenv("LOWLAT_METRICS_PATH", "/from-env")
     assert "metrics_path" not in options()  # the environment decides
+    assert options("drain_grace", 2.5)["drain_grace"] == 2.5  # --drain-grace is the drain_grace setting
+    assert "drain_grace" not in options()  # else the setting's own default (or LOWLAT_DRAIN_GRACE)
     # refused before anything is served
     assert main(["serve", "--stats-interval", "1", "--set", "metrics=false"]) == 2
     assert main(["serve", "--stats-interval", "-1"]) == 2

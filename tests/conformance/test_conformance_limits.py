@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -741,7 +740,7 @@ async def test_attacker_does_not_delay_a_well_behaved_client(plain, conformance_
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # the attack is in full swing
         attacked, n_att = await _well_behaved(plain.url, PHASE)
-        attacker.send_signal(signal.SIGUSR1)  # measured: the attack may stop
+        Path(f"{ready_file}.stop").write_text("measured")  # the attack may stop now
         code = await asyncio.to_thread(attacker.wait, duration + 30)
         assert code == 0, (conformance_dir / "logs" / f"attacker-{fw}.log").read_text()
     finally:
@@ -773,13 +772,14 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
     # undecodable for sure: an invalid Protobuf wire type (1007), or a frame version that does not exist (1002)
     garbage = [bytes([0x10, 0x0F, *(rng.randrange(256) for _ in range(rng.randrange(8, 300)))]) for _ in range(25)]
     garbage += [bytes([0x30, *(rng.randrange(256) for _ in range(rng.randrange(8, 300)))]) for _ in range(25)]
-    end = [time.monotonic() + seconds]
-    # SIGUSR1: the test has measured what it needs; stop now rather than at the planned end
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, end.__setitem__, 0, 0.0)
+    end = time.monotonic() + seconds
+    # The test writes this file once it has measured what it needs: the attack stops then rather than
+    # run to its planned end (a file, not a signal: a signal could land while the process exits).
+    stop_file = Path(ready_file + ".stop")
     Path(ready_file).write_text("ready")
 
     def running() -> bool:
-        return time.monotonic() < end[0]
+        return time.monotonic() < end and not stop_file.exists()
 
     async def until_closed(ws: Any) -> int | None:
         try:

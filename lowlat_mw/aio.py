@@ -45,7 +45,7 @@ from .session import MemorySessionStore, Session, SessionStore
 from .settings import Settings
 from .timers import AsyncScheduler
 
-__all__ = ["AsyncServerSession", "LiveSession", "drain_on_shutdown", "drain_sessions", "draining"]
+__all__ = ["AsyncServerSession", "LiveSession", "drain_each", "drain_on_shutdown", "drain_sessions", "draining"]
 
 log = logging.getLogger("lowlat_mw")
 
@@ -397,9 +397,7 @@ class AsyncServerSession:
             return
         _LIVE.setdefault(loop, weakref.WeakSet()).add(self)
         if loop in _DRAINS:  # the server is shutting down: this one goes at once, so clients retry elsewhere
-            task = loop.create_task(self.close_with(CloseCode.DRAINING, "server draining"))
-            self._timer_tasks.add(task)
-            task.add_done_callback(self._timer_tasks.discard)
+            self._spawn(loop, self.close_with(CloseCode.DRAINING, "server draining"))
 
     async def receive(self, data: bytes | str) -> None:
         """Feed one WebSocket message from the client."""
@@ -479,9 +477,7 @@ class AsyncServerSession:
             sender.cancel()  # _send_frames turns this into the slow-consumer close
         actions = self.conn.tick(now)
         if actions:
-            task = asyncio.get_running_loop().create_task(self.run(actions))
-            self._timer_tasks.add(task)
-            task.add_done_callback(self._timer_tasks.discard)
+            self._spawn(asyncio.get_running_loop(), self.run(actions))
         self._scheduled = self._next_deadline()
         return self._scheduled
 
@@ -503,6 +499,12 @@ class AsyncServerSession:
         await self.run(self.conn.close(code, reason))
 
     # ------------------------------------------------------------------ internals
+    def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Awaitable[None]) -> None:
+        """Run `coro` as a task of this connection's own, kept referenced until it is done."""
+        task = loop.create_task(coro)  # type: ignore[arg-type]
+        self._timer_tasks.add(task)
+        task.add_done_callback(self._timer_tasks.discard)
+
     def _next_deadline(self) -> float:
         when = self.conn.next_deadline()
         if self._sender is not None and self._stuck_task is None:
@@ -685,17 +687,24 @@ async def drain_sessions(grace: float | None = None, reconnect_after_ms: int = 0
     await asyncio.shield(_drain_task(asyncio.get_running_loop(), grace, reconnect_after_ms))
 
 
+def _open_sessions(loop: asyncio.AbstractEventLoop) -> list[AsyncServerSession]:
+    return [s for s in _LIVE.get(loop, ()) if not s.conn.closed]
+
+
 def _drain_task(loop: asyncio.AbstractEventLoop, grace: float | None, reconnect_after_ms: int) -> asyncio.Task[None]:
     task = _DRAINS.get(loop)
     if task is None:
-        sessions = [s for s in _LIVE.get(loop, ()) if not s.conn.closed]
-        task = _DRAINS[loop] = loop.create_task(_drain_all(sessions, grace, reconnect_after_ms))
+        sessions = _open_sessions(loop)
+        if sessions:
+            log.info("draining %d connection(s) for shutdown", len(sessions))
+        task = _DRAINS[loop] = loop.create_task(drain_each(sessions, grace, reconnect_after_ms))
     return task
 
 
-async def _drain_all(sessions: list[AsyncServerSession], grace: float | None, reconnect_after_ms: int) -> None:
+async def drain_each(sessions: list[AsyncServerSession], grace: float | None = None,
+                     reconnect_after_ms: int = 0) -> None:
+    """Drain `sessions` side by side (:meth:`AsyncServerSession.drain`); one failing stops none of the others."""
     if sessions:
-        log.info("draining %d connection(s) for shutdown", len(sessions))
         await asyncio.gather(*(s.drain(grace, reconnect_after_ms) for s in sessions), return_exceptions=True)
 
 
@@ -704,7 +713,7 @@ def drain_on_shutdown(then: Callable[[], Any]) -> bool:
     of this loop's connections and call `then` once it is over. False (and `then` not called) when
     there is nothing of ours to drain on this loop."""
     loop = asyncio.get_running_loop()
-    if loop not in _DRAINS and not any(not s.conn.closed for s in _LIVE.get(loop, ())):
+    if loop not in _DRAINS and not _open_sessions(loop):
         return False
     _drain_task(loop, None, 0).add_done_callback(lambda _task: then())
     return True

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, ClassVar
 
-from .aio import AsyncServerSession
+from .aio import AsyncServerSession, drain_each
 from .errors import CloseCode
 from .limits import ConnectionLimiter
 from .metrics import Metrics
@@ -202,9 +202,7 @@ class LowLatASGI:
         streams finish for up to `grace` seconds (default: the ``drain_grace`` setting), then close
         them with 4002 (clients reconnect)."""
         self.draining = True
-        sessions = list(self.connections)
-        if sessions:
-            await asyncio.gather(*(s.drain(grace, reconnect_after_ms) for s in sessions), return_exceptions=True)
+        await drain_each(list(self.connections), grace, reconnect_after_ms)
 
 
 async def drain_all(grace: float | None = None, reconnect_after_ms: int = 0) -> None:

@@ -1,8 +1,9 @@
 """Run an ASGI app under uvicorn with lowlat-mw's recommended options and a graceful drain.
 
 uvicorn closes every WebSocket with 1012 as soon as it starts shutting down. ``run`` first stops
-accepting connections, then drains every lowlat-mw endpoint (GoAway, running streams finish for
-up to `drain_grace` seconds, close 4002 so clients reconnect), and only then lets uvicorn shut down.
+accepting connections, then drains every lowlat-mw connection (GoAway, running streams finish for
+up to `drain_grace` seconds, close 4002 so clients reconnect: :func:`lowlat_mw.aio.drain_sessions`,
+as our ``--ws`` shims do), and only then lets uvicorn shut down.
 """
 
 from __future__ import annotations
@@ -135,13 +136,15 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
     connection's ``drain_grace`` setting)."""
     import uvicorn
 
-    from .asgi import drain_all
+    from .aio import drain_sessions
 
     class DrainingServer(uvicorn.Server):
+        # The --ws shims drain on their own; this covers any other `ws` too, through the same mechanism
+        # (the shims' per-connection shutdown then finds the drain over).
         async def shutdown(self, sockets: Any = None) -> None:
             for server in self.servers:
                 server.close()  # stop accepting first
-            await drain_all(drain_grace)
+            await drain_sessions(drain_grace)
             await super().shutdown(sockets)
 
     config = uvicorn.Config(app, **run_options(settings, **uvicorn_kwargs))

@@ -58,7 +58,7 @@ async def drain_rest(stream: Any) -> list[str]:
 
 # ================================================================================ acceptance
 # Protobuf: the conformance suite runs this acceptance (100 x 500 deltas under random cuts) through
-# every framework's real server (test_conformance_delivery.py); here, in process, the JSON run of
+# the Starlette, Django and Flask examples' real servers (test_conformance_delivery.py); here, the JSON run of
 # the same size, which the conformance suite runs at 10 replies, and nothing-left-behind checks on
 # the server's own state.
 @pytest.mark.parametrize("mode", ["json"])

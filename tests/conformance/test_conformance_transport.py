@@ -175,6 +175,15 @@ class RawWS:
         except (ConnectionError, OSError):
             return None
 
+    def send_until_closed(self, wire: bytes) -> int | None:
+        """Send `wire`, then the server's close code. The server may refuse and close before all of it
+        is written (a broken pipe here): its close frame is read all the same."""
+        try:
+            self.sock.sendall(wire)
+        except OSError:
+            pass
+        return self.until_closed()
+
     def hello(self) -> None:
         self.send_event(ev.Hello(client="conformance-transport"))
         assert isinstance(self.recv_event(), ev.Welcome)
@@ -253,15 +262,7 @@ def send_until_closed(srv: ServerProcess, wire: bytes, extensions: str | None = 
     ws = RawWS(srv.port, extensions=extensions)
     try:
         ws.hello()
-
-        def attack() -> int | None:
-            try:
-                ws.sock.sendall(wire)
-            except OSError:
-                pass
-            return ws.until_closed()
-
-        return peak(srv, attack)
+        return peak(srv, lambda: ws.send_until_closed(wire))
     finally:
         ws.close()
 
@@ -313,8 +314,7 @@ def test_deflated_message_just_over_the_limit_is_refused_with_1009(srv):
     ws = RawWS(srv.port, extensions="permessage-deflate" if on else None)
     try:
         ws.hello()
-        ws.sock.sendall(frame(2, deflated(data), rsv1=True) if on else frame(2, data))
-        code = ws.until_closed()
+        code = ws.send_until_closed(frame(2, deflated(data), rsv1=True) if on else frame(2, data))
     finally:
         ws.close()
     assert canonical_close_code(code) == 1009, code

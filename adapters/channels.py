@@ -22,13 +22,13 @@ from django.core.signals import setting_changed
 from django.http import HttpRequest, HttpResponse
 
 from lowlat_mw import static_files as static
-from lowlat_mw.aio import AsyncServerSession
-from lowlat_mw.asgi import asgi_session, check_scope, client_address, refuse
+from lowlat_mw.drivers.aio import AsyncServerSession
+from lowlat_mw.drivers.asgi import asgi_session, check_scope, client_address, refuse
 from lowlat_mw.errors import SettingsError, app_close_code
-from lowlat_mw.limits import ConnectionLimiter
-from lowlat_mw.metrics import Metrics
 from lowlat_mw.model import Models, ModelSpec
-from lowlat_mw.session import MemorySessionStore
+from lowlat_mw.observability.metrics import Metrics
+from lowlat_mw.protocol.limits import ConnectionLimiter
+from lowlat_mw.protocol.session import MemorySessionStore
 from lowlat_mw.settings import Settings
 
 __all__ = ["LowLatConsumer", "client_urlpatterns", "client_view", "django_settings_dict", "metrics_view"]

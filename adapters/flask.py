@@ -22,15 +22,15 @@ from flask import Flask, Response, request
 from simple_websocket import ConnectionClosed, Server
 
 from lowlat_mw import static_files as static
+from lowlat_mw.drivers.threads import ThreadedSession
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.limits import ConnectionLimiter
-from lowlat_mw.metrics import Metrics
 from lowlat_mw.model import Models, ModelSpec, SessionInfo
+from lowlat_mw.observability.metrics import Metrics
+from lowlat_mw.protocol.limits import ConnectionLimiter
+from lowlat_mw.protocol.session import MemorySessionStore
 from lowlat_mw.security import check_handshake
-from lowlat_mw.serving import transport_limit
-from lowlat_mw.session import MemorySessionStore
+from lowlat_mw.servers.serving import transport_limit
 from lowlat_mw.settings import ENV_PREFIX, Settings
-from lowlat_mw.threads import ThreadedSession
 
 __all__ = ["LowLat", "settings_from_config"]
 

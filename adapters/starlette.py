@@ -19,7 +19,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lowlat_mw import static_files as static
-from lowlat_mw.asgi import LowLatASGI
+from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.model import ModelSpec
 from lowlat_mw.settings import Settings
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import codec_for
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from lowlat_mw.testing import LoggedProcess
 

@@ -363,6 +363,7 @@ _CATEGORIES = (
     (re.compile(r"[/\\]lowlat_mw[/\\]adapters[/\\](\w+)\.py$"), "lowlat_mw.adapters.{}"),
     (re.compile(r"[/\\]adapters[/\\](\w+)\.py$"), "lowlat_mw.adapters.{}"),
     (re.compile(r"[/\\]lowlat_mw[/\\](?:proto[/\\])?(\w+)\.py$"), "lowlat_mw.{}"),
+    (re.compile(r"[/\\]lowlat_mw[/\\](\w+)[/\\](\w+)\.py$"), "lowlat_mw.{}.{}"),
     (re.compile(r"[/\\]benchmarks[/\\](\w+)\.py$"), "benchmark model / endpoints"),
     (re.compile(r"[/\\]site-packages[/\\](uvicorn|websockets|starlette|prometheus_client|opentelemetry|google)[/\\]"),
      "{}"),

@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import zstandard
 
-from lowlat_mw import compression as cmp
-from lowlat_mw import events as ev
-from lowlat_mw.codec import encode_delta_fast, to_protobuf
-from lowlat_mw.compression import BINARY, CODEC_IDS, TEXT, CompressionSelector
-from lowlat_mw.metrics import STAGES
+from lowlat_mw.observability.metrics import STAGES
+from lowlat_mw.protocol import compression as cmp
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import encode_delta_fast, to_protobuf
+from lowlat_mw.protocol.compression import BINARY, CODEC_IDS, TEXT, CompressionSelector
 
 from . import _corpus
 from ._selector_v1 import SelectorV1

@@ -40,12 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lowlat_mw.tracing
-from lowlat_mw import events as ev
-from lowlat_mw.aio import AsyncServerSession
-from lowlat_mw.codec import codec_for
+import lowlat_mw.observability.tracing
 from lowlat_mw.demo import demo_model
-from lowlat_mw.metrics import Metrics
+from lowlat_mw.drivers.aio import AsyncServerSession
+from lowlat_mw.observability.metrics import Metrics
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 from .core import (
@@ -149,16 +149,16 @@ class _Tracers:
 
 @contextlib.contextmanager
 def _use_tracer(tracer: Any) -> Iterator[None]:
-    """Make lowlat_mw.tracing.tracer() (read when a session is built) return `tracer`."""
+    """Make lowlat_mw.observability.tracing.tracer() (read when a session is built) return `tracer`."""
     if tracer is None:
         yield
         return
-    original = lowlat_mw.tracing.tracer
-    lowlat_mw.tracing.tracer = lambda: tracer
+    original = lowlat_mw.observability.tracing.tracer
+    lowlat_mw.observability.tracing.tracer = lambda: tracer
     try:
         yield
     finally:
-        lowlat_mw.tracing.tracer = original
+        lowlat_mw.observability.tracing.tracer = original
 
 
 # ================================================================================ in process

@@ -483,7 +483,7 @@ ASGI message and wakes the connection's `_serve` task, which decodes it, recompu
 yields with `asyncio.sleep(0)`; and with the default interval (30 s, longer than the 10 s
 `heartbeat_timeout`) the connection's timer fires once more, for nothing, at Ping + 10 s, because a Pong
 only ever moves the timer earlier. Applied after profiling this suite: the scheduler wakes on a
-power-of-two grid (late by at most 1/64 of the wait, 0.25 s at most; `lowlat_mw.timers.fire_time`), so
+power-of-two grid (late by at most 1/64 of the wait, 0.25 s at most; `lowlat_mw.drivers.timers.fire_time`), so
 the heartbeats of connections opened at different moments share wake-ups instead of each waking the
 process; no `asyncio.timeout` (a loop timer) per send; running streams counted without building a
 dict. Prototyped, not applied: sending every Ping due in one wake-up from one task (a stuck send to one

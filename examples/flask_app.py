@@ -1,6 +1,6 @@
 """Flask app serving a streaming model over lowlat-mw at ws://127.0.0.1:8000/ws.
 
-Run:  gunicorn -k lowlat_mw.adapters.gunicorn.ThreadWorker --threads 256 -b 127.0.0.1:8000 examples.flask_app:app
+Run:  gunicorn -k lowlat_mw.servers.gunicorn.ThreadWorker --threads 256 -b 127.0.0.1:8000 examples.flask_app:app
       (gthread plus a handshake deadline; docs/security.md "Transport")
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
 Metrics: curl http://127.0.0.1:8000/metrics  (Prometheus text: lowlat_* series)

@@ -1,7 +1,7 @@
 """Starlette app serving a streaming model over lowlat-mw at ws://127.0.0.1:8000/ws.
 
-Run:  uvicorn examples.starlette_app:app --port 8000 --ws lowlat_mw.adapters.uvicorn:WebSocketProtocol
-        --http lowlat_mw.adapters.uvicorn:Http --ws-max-size 1049600 --ws-ping-interval 0
+Run:  uvicorn examples.starlette_app:app --port 8000 --ws lowlat_mw.servers.uvicorn:WebSocketProtocol
+        --http lowlat_mw.servers.uvicorn:Http --ws-max-size 1049600 --ws-ping-interval 0
         --ws-per-message-deflate false
       (websockets-sansio with fragment floods bounded, a bounded handshake, our size limit, no
       protocol pings or deflate: docs/security.md "Transport"; `lowlat-mw serve` sets the same)

@@ -6,8 +6,8 @@ Django Channels and Flask live in :mod:`lowlat_mw.adapters`. See README.md and d
 
 from __future__ import annotations
 
-from .backoff import Backoff
 from .client import AsyncClient, Stream, StreamTimings, SyncClient, connect, connect_sync
+from .client.backoff import Backoff
 from .errors import (
     ClientError,
     CloseCode,
@@ -22,8 +22,8 @@ from .errors import (
     SettingsError,
     StreamError,
 )
-from .metrics import STAGES, Metrics
 from .model import ModelRequest, SessionInfo
+from .observability.metrics import STAGES, Metrics
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from . import metrics
+from .observability import metrics
 from .settings import ENV_PREFIX, Settings
 
 __all__ = ["METRICS_BEGIN", "METRICS_END", "embed_metrics", "exported_names", "metrics_markdown", "settings_markdown"]

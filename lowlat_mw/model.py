@@ -25,7 +25,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import ChatMessage
+from .protocol.events import ChatMessage
 
 __all__ = [
     "ModelFn",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .connection import negotiate_subprotocol
+from .protocol.server import negotiate_subprotocol
 from .settings import Settings
 
 log = logging.getLogger("lowlat_mw")

@@ -66,7 +66,7 @@ def test_bare_suite_quick_writes_every_row(quick_bench: Any) -> None:
 
 
 def test_profile_categories() -> None:
-    assert _category("/x/lowlat_mw/aio.py") == "lowlat_mw.aio"
+    assert _category("/x/lowlat_mw/drivers/aio.py") == "lowlat_mw.drivers.aio"
     assert _category("/x/lowlat_mw/proto/lowlat_v1_pb2.py") == "lowlat_mw.lowlat_v1_pb2"
     assert _category("/repo/adapters/starlette.py") == "lowlat_mw.adapters.starlette"
     assert _category("/v/lib/python3.11/site-packages/uvicorn/protocols/x.py") == "uvicorn"
@@ -76,8 +76,8 @@ def test_profile_categories() -> None:
 
 
 def test_raw_client_classifies_frames_without_decoding() -> None:
-    from lowlat_mw import events as ev
-    from lowlat_mw.codec import codec_for
+    from lowlat_mw.protocol import events as ev
+    from lowlat_mw.protocol.codec import codec_for
     from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
     for mode, sp, table in (("proto", SUBPROTOCOL_PROTO, None), ("json", SUBPROTOCOL_JSON, RawClient._JSON_KIND)):

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import (
+from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from lowlat_mw.proto import lowlat_v1_pb2 as pb
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import (
     FRAME_VERSION,
     JsonCodec,
     ProtoCodec,
@@ -20,9 +22,7 @@ from lowlat_mw.codec import (
     to_json_dict,
     to_protobuf,
 )
-from lowlat_mw.compression import CODEC_IDS, CompressionSelector, available_codecs
-from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
-from lowlat_mw.proto import lowlat_v1_pb2 as pb
+from lowlat_mw.protocol.compression import CODEC_IDS, CompressionSelector, available_codecs
 
 LIMIT = 8 * 1024 * 1024
 ALL = tuple(available_codecs())

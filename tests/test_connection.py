@@ -17,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import codec_for
-from lowlat_mw.compression import CODEC_IDS, CompressionSelector
-from lowlat_mw.connection import (
+from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.compression import CODEC_IDS, CompressionSelector
+from lowlat_mw.protocol.server import (
     CancelStream,
     CloseConnection,
     ConnState,
@@ -29,7 +30,6 @@ from lowlat_mw.connection import (
     StartStream,
     negotiate_subprotocol,
 )
-from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 T0 = 5000.0  # the fake clock never starts at zero

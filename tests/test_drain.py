@@ -1,4 +1,4 @@
-"""lowlat_mw.aio's shutdown drain, driven directly (no server): what every server's shutdown hook relies on.
+"""lowlat_mw.drivers.aio's shutdown drain, driven directly (no server): what every server's shutdown hook relies on.
 
 Each test runs on its own event loop (pytest-asyncio), so the drain state of one never leaks into another.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lowlat_mw import events as ev
-from lowlat_mw.aio import AsyncServerSession, drain_on_shutdown, drain_sessions, draining
-from lowlat_mw.codec import JsonCodec
+from lowlat_mw.drivers.aio import AsyncServerSession, drain_on_shutdown, drain_sessions, draining
 from lowlat_mw.errors import CloseCode
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import JsonCodec
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
 
 JSON = JsonCodec()

@@ -33,10 +33,10 @@ from fuzz.checks import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import encode_varint
-from lowlat_mw.compression import compress
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import encode_varint
+from lowlat_mw.protocol.compression import compress
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 HERE = Path(__file__).resolve().parent
@@ -140,7 +140,7 @@ def test_proto_decode_arbitrary_wire_data(header: int, payload: bytes) -> None:
 @many(300)
 @given(st.sampled_from(ALL_CODECS), proto_payloads, st.data())
 def test_proto_decode_compressed_and_damaged(codec: str, payload: bytes, data: st.DataObject) -> None:
-    from lowlat_mw.compression import CODEC_IDS
+    from lowlat_mw.protocol.compression import CODEC_IDS
 
     body = bytearray(compress(codec, payload))
     for _ in range(data.draw(st.integers(0, 3))):  # flip, cut or grow the compressed bytes
@@ -282,7 +282,7 @@ def test_model_chunk_with_an_unpaired_surrogate_is_a_local_error(subprotocol: st
 
 
 async def test_model_yielding_an_unpaired_surrogate_fails_its_stream_with_model_error() -> None:
-    from lowlat_mw.aio import AsyncServerSession
+    from lowlat_mw.drivers.aio import AsyncServerSession
     from lowlat_mw.settings import Settings
 
     sent: list[Any] = []

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lowlat_mw.heartbeat import Heartbeat, HeartbeatAction, IdleReaper
+from lowlat_mw.protocol.heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 
 PING, DEAD = HeartbeatAction.SEND_PING, HeartbeatAction.PEER_DEAD
 T0 = 1000.0  # the clock does not start at zero

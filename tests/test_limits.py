@@ -13,9 +13,12 @@ from typing import Any
 
 import pytest
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import codec_for
-from lowlat_mw.connection import (
+from lowlat_mw.errors import CloseCode, ErrorCode
+from lowlat_mw.model import SessionInfo
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.limits import ConnectionLimiter, TokenBucket
+from lowlat_mw.protocol.server import (
     Authenticate,
     CloseConnection,
     ConnState,
@@ -24,9 +27,6 @@ from lowlat_mw.connection import (
     ServerConnection,
     StartStream,
 )
-from lowlat_mw.errors import CloseCode, ErrorCode
-from lowlat_mw.limits import ConnectionLimiter, TokenBucket
-from lowlat_mw.model import SessionInfo
 from lowlat_mw.security import Handshake, load_authenticator, run_authenticator
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 

@@ -11,11 +11,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import codec_for
-from lowlat_mw.compression import CompressionSelector
-from lowlat_mw.connection import SendFrame, ServerConnection, StartStream
-from lowlat_mw.metrics import (
+from lowlat_mw.model import Models
+from lowlat_mw.observability.metrics import (
     LATENCY_BUCKETS,
     STAGES,
     FrameStats,
@@ -25,7 +22,10 @@ from lowlat_mw.metrics import (
     quantile,
     stage_sum,
 )
-from lowlat_mw.model import Models
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.compression import CompressionSelector
+from lowlat_mw.protocol.server import SendFrame, ServerConnection, StartStream
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from lowlat_mw.events import ChatMessage
 from lowlat_mw.model import (
     DONE,
     READY,
@@ -30,6 +29,7 @@ from lowlat_mw.model import (
     step_now,
     stream_model,
 )
+from lowlat_mw.protocol.events import ChatMessage
 
 SESSION = SessionInfo(session_id="sess")
 REQ = ModelRequest(stream_id=1, model="m", text="hi", session=SESSION)

@@ -1,4 +1,4 @@
-"""docs/observability.md and docs/grafana/lowlat-mw.json cannot drift from lowlat_mw.metrics.
+"""docs/observability.md and docs/grafana/lowlat-mw.json cannot drift from lowlat_mw.observability.metrics.
 
 The metrics reference embedded in the guide must be the generated one; every ``lowlat_*`` name in
 the PromQL cheat sheet and in the Grafana dashboard must be a sample name a scrape really shows.
@@ -17,8 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lowlat_mw import docs, metrics
-from lowlat_mw.metrics import FrameStats, Metrics
+from lowlat_mw import docs
+from lowlat_mw.observability import metrics
+from lowlat_mw.observability.metrics import FrameStats, Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "observability.md"

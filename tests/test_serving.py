@@ -1,4 +1,4 @@
-"""The server options lowlat_mw.serving derives from the settings, and the shims they name."""
+"""The server options lowlat_mw.servers.serving derives from the settings, and the shims they name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lowlat_mw.serving import (
+from lowlat_mw.servers.serving import (
     HANDSHAKE_HEADER_LIMIT,
     SMALL_FRAGMENT,
     UVICORN_WS,
@@ -32,7 +32,7 @@ def test_uvicorn_runs_the_hardened_protocol_of_either_implementation():
     assert args[args.index("--ws-max-size") + 1] == str(transport_limit(settings)) == "201024"
 
 
-@pytest.mark.parametrize("name", [UVICORN_WS, UVICORN_WSPROTO, "lowlat_mw.adapters.uvicorn:Http"])
+@pytest.mark.parametrize("name", [UVICORN_WS, UVICORN_WSPROTO, "lowlat_mw.servers.uvicorn:Http"])
 def test_the_uvicorn_shims_import(name):
     from uvicorn.importer import import_from_string
 
@@ -43,7 +43,7 @@ def test_daphne_open_handshake_timeout_is_never_shorter_than_asked():
     """autobahn arms it on txaio's batched timer, which rounds the deadline down to a whole second: with
     the option as given, a handshake that straddles a second boundary was dropped milliseconds in."""
     pytest.importorskip("daphne")
-    from lowlat_mw.adapters.daphne import ClosingWebSocketFactory
+    from lowlat_mw.servers.daphne import ClosingWebSocketFactory
 
     args = daphne_args(Settings(handshake_timeout=1.0))
     assert args[args.index("--websocket_connect_timeout") + 1] == "1"
@@ -67,13 +67,13 @@ def test_lowlat_mw_serve_runs_the_hardened_protocols(monkeypatch, capsys, argv, 
     """`lowlat-mw serve` passes --ws through run(), which must not replace the shim by the plain name."""
     import uvicorn
 
-    from lowlat_mw.cli import main
+    from lowlat_mw.servers.cli import main
 
     seen: list[uvicorn.Config] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: seen.append(self.config))
     assert main(["serve", "--port", "0", *argv]) == 0
     (config,) = seen
-    assert (config.ws, config.http) == (expected, "lowlat_mw.adapters.uvicorn:HttpToolsProtocol")
+    assert (config.ws, config.http) == (expected, "lowlat_mw.servers.uvicorn:HttpToolsProtocol")
     assert config.ws_max_size == transport_limit(Settings()) and config.ws_per_message_deflate is False
 
 
@@ -83,7 +83,7 @@ def test_wsproto_shim_without_wsproto_says_what_to_install():
     import sys
 
     code = ("import sys; sys.modules['wsproto'] = None\n"
-            "import lowlat_mw.adapters.uvicorn as m\n"
+            "import lowlat_mw.servers.uvicorn as m\n"
             "try:\n    m.WSProtoProtocol\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lowlat_mw import events as ev
-from lowlat_mw import session as session_module
-from lowlat_mw.codec import codec_for
-from lowlat_mw.connection import CancelStream, ResumeSession, SendFrame, ServerConnection, StartStream
 from lowlat_mw.errors import ErrorCode
-from lowlat_mw.session import DELTA_OVERHEAD, MAX_FINISHED, MemorySessionStore, Session
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol import session as session_module
+from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.server import CancelStream, ResumeSession, SendFrame, ServerConnection, StartStream
+from lowlat_mw.protocol.session import DELTA_OVERHEAD, MAX_FINISHED, MemorySessionStore, Session
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 T0 = 1000.0

@@ -1,6 +1,6 @@
 """ASGI entry point of the Django Channels example, served by daphne at ws://127.0.0.1:8000/ws.
 
-Run:  python -m lowlat_mw.adapters.daphne -b 127.0.0.1 -p 8000 examples.django_project.asgi:application
+Run:  python -m lowlat_mw.servers.daphne -b 127.0.0.1 -p 8000 examples.django_project.asgi:application
       (daphne plus a handshake deadline and 1009 for oversized messages; docs/security.md "Transport")
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
 Metrics: curl http://127.0.0.1:8000/metrics  (Prometheus text: lowlat_* series; the view is in urls.py)

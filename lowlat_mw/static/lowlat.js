@@ -6,7 +6,7 @@
 //   const client = new LowLatClient();                 // ws(s)://<this host>/ws, JSON text frames
 //   for await (const chunk of client.stream("hello")) output.append(chunk);
 //
-// It behaves like the Python client (lowlat_mw/client.py): one WebSocket multiplexing many
+// It behaves like the Python client (lowlat_mw/client/): one WebSocket multiplexing many
 // streams, answers to the server's Pings and Pings of its own when the link is quiet, reconnects
 // with exponential backoff and full jitter, resumes open streams after a drop (Hello with
 // resume_token and last_seq, Acks as the application consumes) and reports close codes and

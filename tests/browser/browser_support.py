@@ -160,7 +160,7 @@ def free_port() -> int:
 def start_serve(log: Path, *args: str) -> ServeProcess:
     """Run `lowlat-mw serve` (the venv's script) on a free loopback port; return once it listens."""
     script = Path(sys.executable).with_name("lowlat-mw")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "lowlat_mw.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "lowlat_mw.servers.cli"]
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
     with log.open("w") as out:

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from browser_support import PageServer, start_uvicorn, wait_until
 
-from lowlat_mw import events as ev
 from lowlat_mw.client import connect_sync
-from lowlat_mw.codec import ProtoCodec
 from lowlat_mw.errors import ErrorCode
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import ProtoCodec
 from lowlat_mw.testing import FaultProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -470,8 +470,8 @@ async def test_client_path_setting_and_serve_defaults(monkeypatch):
     import argparse
 
     from lowlat_mw import static_files
-    from lowlat_mw.cli import _serve_options, build_app
     from lowlat_mw.errors import SettingsError
+    from lowlat_mw.servers.cli import _serve_options, build_app
     from lowlat_mw.settings import Settings
 
     monkeypatch.delenv("LOWLAT_CLIENT_PATH", raising=False)

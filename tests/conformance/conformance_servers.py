@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.serving import daphne_args, gunicorn_args, uvicorn_args
+from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
 from lowlat_mw.settings import Settings
 from lowlat_mw.testing import LoggedProcess
 
@@ -66,7 +66,7 @@ def server_argv(framework: str, port: int, app: str | None = None, extra: Sequen
                 env: Mapping[str, str] | None = None, ws: str = "websockets-sansio") -> list[str]:
     """The command line that serves `framework`'s example (or `app`) on 127.0.0.1:`port`.
 
-    Each server gets the transport options that match the settings in `env` (lowlat_mw.serving,
+    Each server gets the transport options that match the settings in `env` (lowlat_mw.servers.serving,
     docs/security.md "Transport"), as the examples' "Run:" lines do.
     """
     settings = transport_settings(env)
@@ -76,9 +76,9 @@ def server_argv(framework: str, port: int, app: str | None = None, extra: Sequen
         return [str(VENV_BIN / "uvicorn"), app or f"examples.{framework}_app:app", "--host", "127.0.0.1",
                 "--port", str(port), *uvicorn_args(settings, ws), *extra]
     if framework == "django":
-        return [str(VENV_BIN / "python"), "-m", "lowlat_mw.adapters.daphne", "-b", "127.0.0.1", "-p", str(port),
+        return [str(VENV_BIN / "python"), "-m", "lowlat_mw.servers.daphne", "-b", "127.0.0.1", "-p", str(port),
                 *daphne_args(settings), *extra, app or "examples.django_project.asgi:application"]
-    if framework == "serve":  # `lowlat-mw serve` itself (uvicorn, configured by lowlat_mw.serving.run)
+    if framework == "serve":  # `lowlat-mw serve` itself (uvicorn, configured by lowlat_mw.servers.serving.run)
         return [str(VENV_BIN / "lowlat-mw"), "serve", app or "conformance_models:MODELS", "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning", *extra]
     if framework == "flask":

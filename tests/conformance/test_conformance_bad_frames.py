@@ -26,10 +26,10 @@ from conformance_support import (
 )
 from websockets.exceptions import ConnectionClosed
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import ProtoCodec
 from lowlat_mw.errors import ErrorCode, canonical_close_code
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import ProtoCodec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -144,7 +144,7 @@ async def _request_still_served(ws) -> None:
 
 # daphne (autobahn) accepts only 1000 and 3000-4999 from applications, so the Channels adapter sends
 # 1xxx codes as 4100 + (code - 1000) (docs/protocol.md, "Close codes"); tests compare canonical codes.
-# daphne runs as `python -m lowlat_mw.adapters.daphne` with its size limits just above max_frame_size, so an
+# daphne runs as `python -m lowlat_mw.servers.daphne` with its size limits just above max_frame_size, so an
 # oversized frame reaches our Error + 1009 (it used to be dropped by daphne itself without a close frame).
 
 

@@ -8,7 +8,7 @@ import pytest
 from conformance_support import JSON, PROTO, codec_of, hello, raw_connect
 from websockets.exceptions import InvalidStatus
 
-from lowlat_mw import events as ev
+from lowlat_mw.protocol import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -20,8 +20,8 @@ from conformance_servers import SERVERS, base_env, server_argv, start_ready
 from conformance_support import PROTO, codec_of, hello, measure, raw_connect, read_until_closed, recv_event
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
-from lowlat_mw import events as ev
 from lowlat_mw.errors import CloseCode
+from lowlat_mw.protocol import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

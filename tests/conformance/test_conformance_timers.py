@@ -25,9 +25,9 @@ from conformance_support import (
     recv_event,
 )
 
-from lowlat_mw import events as ev
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode
+from lowlat_mw.protocol import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -2,7 +2,7 @@
 
 What the hosting server does before lowlat-mw sees a byte: permessage-deflate bombs, fragment floods,
 slow and oversized opening handshakes. Each server runs the way ``server_argv`` (and the examples'
-"Run:" lines) start it, with the options ``lowlat_mw.serving`` derives from the settings, here the
+"Run:" lines) start it, with the options ``lowlat_mw.servers.serving`` derives from the settings, here the
 defaults (``max_frame_size`` 1 MiB) and a 3 s ``handshake_timeout``. Variants: the four examples,
 Starlette under uvicorn's wsproto implementation, ``lowlat-mw serve`` itself, and Starlette with
 uvicorn's permessage-deflate turned on (not what we configure: websockets bounds inflation by
@@ -31,10 +31,10 @@ from conformance_servers import ServerProcess, base_env, server_argv, start_read
 from conformance_support import PROTO, KnownBug, measure, raw_connect
 from test_conformance_limits import PeakRSS, serving_pid
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import ProtoCodec
 from lowlat_mw.errors import canonical_close_code
-from lowlat_mw.serving import HANDSHAKE_HEADER_LIMIT, transport_limit
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import ProtoCodec
+from lowlat_mw.servers.serving import HANDSHAKE_HEADER_LIMIT, transport_limit
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -17,10 +17,11 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from lowlat_mw import events as ev
-from lowlat_mw.codec import JsonCodec, ProtoCodec, to_json_dict
-from lowlat_mw.compression import available_codecs
-from lowlat_mw.connection import (
+from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec, to_json_dict
+from lowlat_mw.protocol.compression import available_codecs
+from lowlat_mw.protocol.server import (
     Authenticate,
     CancelStream,
     CloseConnection,
@@ -30,7 +31,6 @@ from lowlat_mw.connection import (
     ServerConnection,
     StartStream,
 )
-from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 LIMIT = 64 * 1024

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 
-from lowlat_mw.asgi import LowLatASGI
+from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.model import ModelRequest
 from lowlat_mw.testing import FaultProxy
 

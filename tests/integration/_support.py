@@ -13,9 +13,9 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from lowlat_mw import events as ev
 from lowlat_mw.client import AsyncClient
-from lowlat_mw.codec import JsonCodec, ProtoCodec
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 PROTO = SUBPROTOCOL_PROTO

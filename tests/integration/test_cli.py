@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 def _cli() -> list[str]:
     script = Path(sys.executable).with_name("lowlat-mw")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "lowlat_mw.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "lowlat_mw.servers.cli"]
 
 
 def _free_port() -> int:
@@ -152,8 +152,8 @@ def test_serve_metrics_path_can_be_turned_off(tmp_path):
 
 
 def test_stats_printer_stops(tmp_path):
-    from lowlat_mw.cli import StatsPrinter
-    from lowlat_mw.metrics import Metrics
+    from lowlat_mw.observability.metrics import Metrics
+    from lowlat_mw.servers.cli import StatsPrinter
 
     metrics = Metrics()
     out = io.StringIO()
@@ -173,7 +173,7 @@ def test_stats_printer_stops(tmp_path):
 
 
 def test_serve_metrics_path_options(monkeypatch):
-    from lowlat_mw.cli import _serve_options, main
+    from lowlat_mw.servers.cli import _serve_options, main
 
     def options(*argv: str) -> dict:
         import argparse
@@ -200,7 +200,7 @@ def test_serve_metrics_path_options(monkeypatch):
 
 def test_bench_runs_the_benchmarks_entry_point(capsys, monkeypatch, tmp_path):
     """`lowlat-mw bench ARGS` is `python -m benchmarks ARGS` from a checkout, and says so elsewhere."""
-    from lowlat_mw.cli import main
+    from lowlat_mw.servers.cli import main
 
     repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(repo)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from lowlat_mw.backoff import Backoff
 from lowlat_mw.client import connect, connect_sync
+from lowlat_mw.client.backoff import Backoff
 from lowlat_mw.errors import CloseCode, ConnectionClosed, ErrorCode, ReconnectFailed
 
 from ._support import JSON, wait_for

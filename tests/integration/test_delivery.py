@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from lowlat_mw import events as ev
-from lowlat_mw.backoff import Backoff
 from lowlat_mw.client import AsyncClient
+from lowlat_mw.client.backoff import Backoff
 from lowlat_mw.errors import CloseCode, ErrorCode, ResumeFailed
+from lowlat_mw.protocol import events as ev
 from lowlat_mw.settings import Settings
 from lowlat_mw.testing import FaultProxy
 

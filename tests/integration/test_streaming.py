@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from lowlat_mw import events as ev
 from lowlat_mw.client import connect, connect_sync
 from lowlat_mw.errors import ConnectionClosed, ErrorCode, StreamError
+from lowlat_mw.protocol import events as ev
 
 from ._support import record_frames
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from lowlat_mw import events as ev
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode
+from lowlat_mw.protocol import events as ev
 
 from ._support import JSON, PROTO, hello, raw_connect, read_until_closed, record_frames, wait_for
 

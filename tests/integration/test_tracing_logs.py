@@ -27,10 +27,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from lowlat_mw import events as ev
 from lowlat_mw.client import AsyncClient, connect
 from lowlat_mw.errors import CloseCode, ErrorCode, StreamError
-from lowlat_mw.metrics import STAGES
+from lowlat_mw.observability.metrics import STAGES
+from lowlat_mw.protocol import events as ev
 
 from ._support import JSON, codec_of, raw_connect, read_until_closed
 

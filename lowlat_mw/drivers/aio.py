@@ -8,7 +8,7 @@ Two objects, because a session outlives a connection:
   seconds, models paused once the buffer is full, until a new connection resumes it.
 
 Used by every adapter (Starlette/FastAPI, Django Channels, and through the thread driver, Flask).
-Timers come from the loop's one :class:`~lowlat_mw.timers.AsyncScheduler`.
+Timers come from the loop's one :class:`~lowlat_mw.drivers.timers.AsyncScheduler`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from . import events as ev
-from . import tracing
-from .connection import (
+from ..errors import CloseCode, ErrorCode, close_code_reconnects
+from ..model import DONE, WAIT, ModelFn, ModelRequest, Models, SessionInfo, step_now, stream_model
+from ..observability import tracing
+from ..observability.metrics import Metrics, StreamTimer, close_code_name
+from ..protocol import events as ev
+from ..protocol.server import (
     Authenticate,
     CancelStream,
     CloseConnection,
@@ -37,12 +40,9 @@ from .connection import (
     _split,
     normalize_chunk,
 )
-from .errors import CloseCode, ErrorCode, close_code_reconnects
-from .metrics import Metrics, StreamTimer, close_code_name
-from .model import DONE, WAIT, ModelFn, ModelRequest, Models, SessionInfo, step_now, stream_model
-from .security import Handshake, load_authenticator, run_authenticator
-from .session import MemorySessionStore, Session, SessionStore
-from .settings import Settings
+from ..protocol.session import MemorySessionStore, Session, SessionStore
+from ..security import Handshake, load_authenticator, run_authenticator
+from ..settings import Settings
 from .timers import AsyncScheduler
 
 __all__ = ["AsyncServerSession", "LiveSession", "drain_each", "drain_on_shutdown", "drain_sessions", "draining"]
@@ -666,7 +666,7 @@ class AsyncServerSession:
 # ---------------------------------------------------------------------- server shutdown
 # Every started connection, by the loop that runs it, and the drain in progress on a loop. Servers
 # call drain_sessions() (or drain_on_shutdown()) when they shut down: uvicorn through our protocol
-# shims, daphne through our runner, gunicorn through our worker (lowlat_mw.threads.drain_all).
+# shims, daphne through our runner, gunicorn through our worker (lowlat_mw.drivers.threads.drain_all).
 _LIVE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[AsyncServerSession]] = (
     weakref.WeakKeyDictionary())
 _DRAINS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = weakref.WeakKeyDictionary()

@@ -19,9 +19,9 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from .errors import ClientError, SettingsError
-from .metrics import Metrics
-from .settings import ENV_PREFIX, Settings
+from ..errors import ClientError, SettingsError
+from ..observability.metrics import Metrics
+from ..settings import ENV_PREFIX, Settings
 
 __all__ = ["StatsPrinter", "build_app", "main"]
 
@@ -56,9 +56,9 @@ def build_app(model: Any = None, **options: Any) -> Any:
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 
-    from . import static_files as static
-    from .adapters.starlette import LowLatMiddleware
-    from .demo import demo_model
+    from .. import static_files as static
+    from ..adapters.starlette import LowLatMiddleware
+    from ..demo import demo_model
 
     settings = Settings.load(options)
     metrics = ""
@@ -162,8 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from .backoff import Backoff
-    from .client import connect_sync
+    from ..client import connect_sync
+    from ..client.backoff import Backoff
 
     params = _parse_set(args.param)
     try:

@@ -1,4 +1,4 @@
-"""daphne with lowlat-mw's transport fixes: ``python -m lowlat_mw.adapters.daphne [daphne options] app``.
+"""daphne with lowlat-mw's transport fixes: ``python -m lowlat_mw.servers.daphne [daphne options] app``.
 
 It takes every daphne option and runs daphne itself, with what daphne has no option for:
 
@@ -16,10 +16,10 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response);
 * on shutdown (SIGTERM, SIGINT) lowlat-mw connections are drained before daphne cancels its
   applications: GoAway, running streams finish within the ``drain_grace`` setting, close 4002
-  (:func:`lowlat_mw.aio.drain_sessions`). daphne alone cancels them at once and drops every
+  (:func:`lowlat_mw.drivers.aio.drain_sessions`). daphne alone cancels them at once and drops every
   connection without a close frame.
 
-``lowlat_mw.serving.daphne_args(settings)`` gives the options that match the settings (size limits,
+``lowlat_mw.servers.serving.daphne_args(settings)`` gives the options that match the settings (size limits,
 the WebSocket opening handshake timeout, no protocol pings). permessage-deflate stays off: daphne
 never accepts it.
 """
@@ -37,9 +37,9 @@ from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import defer, reactor
 
-from lowlat_mw.aio import drain_sessions
+from lowlat_mw.drivers.aio import drain_sessions
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.serving import HeaderBudget, add_fragment
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
 
 __all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "DrainingServer", "OneBufferWebSocketProtocol",
@@ -65,7 +65,7 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
 
     autobahn keeps a list with one bytes object per fragment until the message is complete (about
     120 bytes per one-byte fragment: 12 MiB for a 100 KB message sent one byte a frame); here small
-    fragments are appended to one buffer and big ones kept whole (:func:`lowlat_mw.serving.add_fragment`,
+    fragments are appended to one buffer and big ones kept whole (:func:`lowlat_mw.servers.serving.add_fragment`,
     as in the uvicorn shim). autobahn's onMessageEnd joins the list as before. The size limits
     (checked by autobahn as each frame begins) are unchanged.
     """
@@ -170,7 +170,7 @@ class DrainingServer(daphne.server.Server):
 
     def kill_all_applications(self) -> defer.Deferred[Any]:
         # A "before shutdown" trigger: Twisted waits for the Deferred; the listening ports are still
-        # open, and a connection that opens now is closed with 4002 at once (lowlat_mw.aio).
+        # open, and a connection that opens now is closed with 4002 at once (lowlat_mw.drivers.aio).
         drained: defer.Deferred[Any] = defer.Deferred.fromFuture(asyncio.ensure_future(drain_sessions()))
         drained.addErrback(lambda failure: None)
         drained.addCallback(lambda _: super(DrainingServer, self).kill_all_applications())

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ErrorCode, LocalProtocolError
+from ..errors import ErrorCode, LocalProtocolError
 
 __all__ = [
     "Ack",

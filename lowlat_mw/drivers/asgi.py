@@ -12,14 +12,14 @@ import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, ClassVar
 
+from ..errors import CloseCode
+from ..model import ModelFn, Models, ModelSpec, SessionInfo, shared_executor
+from ..observability.metrics import Metrics
+from ..protocol.limits import ConnectionLimiter
+from ..protocol.session import MemorySessionStore, SessionStore
+from ..security import check_handshake
+from ..settings import Settings
 from .aio import AsyncServerSession, drain_each
-from .errors import CloseCode
-from .limits import ConnectionLimiter
-from .metrics import Metrics
-from .model import ModelFn, Models, ModelSpec, SessionInfo, shared_executor
-from .security import check_handshake
-from .session import MemorySessionStore, SessionStore
-from .settings import Settings
 
 __all__ = [
     "LowLatASGI",

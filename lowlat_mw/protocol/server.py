@@ -19,15 +19,15 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from ..observability.metrics import FrameStats, Metrics, StreamTimer, subprotocol_label
+from ..settings import SUBPROTOCOL_JSON, Settings
 from . import events as ev
 from .codec import codec_for
 from .compression import CompressionSelector, available_codecs
-from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
-from .metrics import FrameStats, Metrics, StreamTimer, subprotocol_label
 from .session import Session, StreamState
-from .settings import SUBPROTOCOL_JSON, Settings
 
 __all__ = [
     "Action",
@@ -122,7 +122,7 @@ def negotiate_subprotocol(offered: list[str] | tuple[str, ...], settings: Settin
 class ServerConnection:
     """Protocol state of one accepted WebSocket, driven by an I/O layer.
 
-    Streams live in a :class:`~lowlat_mw.session.Session` that a later connection can take over
+    Streams live in a :class:`~lowlat_mw.protocol.session.Session` that a later connection can take over
     (resume); everything here is about this one socket: codec, compression, heartbeat, idleness.
     """
 

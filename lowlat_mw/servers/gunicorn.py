@@ -1,4 +1,4 @@
-"""gunicorn's gthread worker with a bounded opening handshake: ``gunicorn -k lowlat_mw.adapters.gunicorn.ThreadWorker``.
+"""gunicorn's gthread worker with a bounded opening handshake: ``gunicorn -k lowlat_mw.servers.gunicorn.ThreadWorker``.
 
 gthread waits 5 s (not configurable) for a new connection's first byte in one of its threads, and
 then reads the request with a blocking socket and no deadline: a client that drips its request a
@@ -32,9 +32,9 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 
+from lowlat_mw.drivers.threads import drain_all
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.settings import Settings
-from lowlat_mw.threads import drain_all
 
 __all__ = ["ThreadWorker"]
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .errors import CloseCode, ErrorCode, RemoteProtocolError
+from ..errors import CloseCode, ErrorCode, RemoteProtocolError
 
 __all__ = [
     "CODEC_IDS",

@@ -2,7 +2,7 @@
 
 uvicorn closes every WebSocket with 1012 as soon as it starts shutting down. ``run`` first stops
 accepting connections, then drains every lowlat-mw connection (GoAway, running streams finish for
-up to `drain_grace` seconds, close 4002 so clients reconnect: :func:`lowlat_mw.aio.drain_sessions`,
+up to `drain_grace` seconds, close 4002 so clients reconnect: :func:`lowlat_mw.drivers.aio.drain_sessions`,
 as our ``--ws`` shims do), and only then lets uvicorn shut down.
 """
 
@@ -11,18 +11,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .settings import Settings
+from ..settings import Settings
 
 __all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "daphne_args",
            "gunicorn_args", "run", "run_options", "transport_limit", "uvicorn_args", "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
-UVICORN_HTTP = "lowlat_mw.adapters.uvicorn:HttpToolsProtocol"
-# websockets-sansio, with fragment floods bounded; wsproto, with its close codes and reads bounded (adapters/uvicorn.py)
-UVICORN_WS = "lowlat_mw.adapters.uvicorn:WebSocketProtocol"
-UVICORN_WSPROTO = "lowlat_mw.adapters.uvicorn:WSProtoProtocol"
-GUNICORN_WORKER = "lowlat_mw.adapters.gunicorn.ThreadWorker"
+UVICORN_HTTP = "lowlat_mw.servers.uvicorn:HttpToolsProtocol"
+# websockets-sansio, with fragment floods bounded; wsproto, with its close codes and reads bounded (.uvicorn)
+UVICORN_WS = "lowlat_mw.servers.uvicorn:WebSocketProtocol"
+UVICORN_WSPROTO = "lowlat_mw.servers.uvicorn:WSProtoProtocol"
+GUNICORN_WORKER = "lowlat_mw.servers.gunicorn.ThreadWorker"
 
 
 class HeaderBudget:
@@ -84,7 +84,7 @@ def uvicorn_options(settings: Settings | None = None, ws: str = "websockets-sans
     settings = settings or Settings.load()
     return {
         "ws": {"websockets-sansio": UVICORN_WS, "wsproto": UVICORN_WSPROTO}.get(ws, ws),
-        # request line + headers within handshake_timeout and HANDSHAKE_HEADER_LIMIT (adapters/uvicorn.py)
+        # request line + headers within handshake_timeout and HANDSHAKE_HEADER_LIMIT (lowlat_mw/servers/uvicorn.py)
         "http": UVICORN_HTTP,
         # Our own limit answers first (Error frame + 1009); the server's is a backstop just above it.
         "ws_max_size": transport_limit(settings),
@@ -102,7 +102,7 @@ def uvicorn_args(settings: Settings | None = None, ws: str = "websockets-sansio"
 
 
 def daphne_args(settings: Settings | None = None) -> list[str]:
-    """daphne options for ``python -m lowlat_mw.adapters.daphne`` (daphne with lowlat-mw's transport fixes).
+    """daphne options for ``python -m lowlat_mw.servers.daphne`` (daphne with lowlat-mw's transport fixes).
 
     Size limits just above ``max_frame_size`` (message and frame), the WebSocket opening handshake
     within ``handshake_timeout`` (whole seconds, rounded up), no protocol-level pings (the
@@ -136,7 +136,7 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
     connection's ``drain_grace`` setting)."""
     import uvicorn
 
-    from .aio import drain_sessions
+    from ..drivers.aio import drain_sessions
 
     class DrainingServer(uvicorn.Server):
         # The --ws shims drain on their own; this covers any other `ws` too, through the same mechanism

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import ErrorCode
+from ..observability.metrics import StreamTimer
+from ..settings import Settings
 from . import events as ev
-from .errors import ErrorCode
-from .metrics import StreamTimer
-from .settings import Settings
 
 __all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState"]
 

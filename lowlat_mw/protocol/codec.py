@@ -23,11 +23,11 @@ from typing import Any, Protocol
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from ..observability.metrics import StreamTimer
+from ..proto import lowlat_v1_pb2 as pb
 from . import events as ev
 from .compression import BINARY, TEXT, CompressionSelector, decompress
-from .errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
-from .metrics import StreamTimer
-from .proto import lowlat_v1_pb2 as pb
 
 __all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for", "encode_varint"]
 
@@ -520,6 +520,6 @@ def _has_lone_surrogate(obj: Any) -> bool:
 
 def codec_for(subprotocol: str | None) -> WireCodec:
     """The codec serving `subprotocol` (None, no subprotocol, means JSON)."""
-    from .settings import SUBPROTOCOL_PROTO
+    from ..settings import SUBPROTOCOL_PROTO
 
     return ProtoCodec() if subprotocol == SUBPROTOCOL_PROTO else JsonCodec()

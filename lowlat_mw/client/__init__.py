@@ -30,11 +30,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
-from . import events as ev
-from .backoff import Backoff
-from .codec import codec_for
-from .compression import CompressionSelector, available_codecs
-from .errors import (
+from ..drivers.timers import AsyncScheduler
+from ..errors import (
     ClientError,
     CloseCode,
     ConnectionClosed,
@@ -45,10 +42,13 @@ from .errors import (
     StreamError,
     close_code_reconnects,
 )
-from .heartbeat import Heartbeat, HeartbeatAction
-from .metrics import STAGES
-from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
-from .timers import AsyncScheduler
+from ..observability.metrics import STAGES
+from ..protocol import events as ev
+from ..protocol.codec import codec_for
+from ..protocol.compression import CompressionSelector, available_codecs
+from ..protocol.heartbeat import Heartbeat, HeartbeatAction
+from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
+from .backoff import Backoff
 
 __all__ = ["AsyncClient", "Stream", "StreamTimings", "SyncClient", "connect", "connect_sync"]
 
@@ -61,7 +61,7 @@ class StreamTimings:
 
     Client times run from sending the Request to the first Delta's / the End's arrival. Server
     times come from End.timings_ms: ``server_total_ms`` runs from the Request frame's arrival to
-    the End, and ``server_stages_ms`` splits it into the stages of :data:`lowlat_mw.metrics.STAGES`
+    the End, and ``server_stages_ms`` splits it into the stages of :data:`lowlat_mw.observability.metrics.STAGES`
     (they add up to it). ``network_ms`` is what the client saw beyond the server's total: the
     round trip plus both sides' framing.
     """

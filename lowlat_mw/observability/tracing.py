@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import events as ev
+from ..protocol import events as ev
 from .metrics import STAGES, StreamTimer
 
 try:
@@ -44,7 +44,7 @@ def tracer() -> Any:
     """The lowlat_mw tracer from the global provider (None without opentelemetry-api)."""
     if trace is None:
         return None
-    from . import __version__
+    from .. import __version__
 
     return trace.get_tracer(_SCOPE, __version__)
 

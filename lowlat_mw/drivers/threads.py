@@ -2,7 +2,7 @@
 
 Each connection's own thread only reads frames and blocks on them. Everything else (protocol
 state, model streams, timers) runs on ONE process-wide asyncio loop in a daemon thread, through
-the same :class:`~lowlat_mw.aio.AsyncServerSession` the ASGI adapters use, so heartbeats and
+the same :class:`~lowlat_mw.drivers.aio.AsyncServerSession` the ASGI adapters use, so heartbeats and
 reaping come from that loop's single scheduler, async models run natively and sync models run
 in the shared worker pool. Blocking socket writes go to a small send pool, never onto the loop.
 """
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..model import ModelFn, Models, SessionInfo, shared_executor
+from ..observability.metrics import Metrics
+from ..protocol.session import SessionStore
+from ..settings import Settings
 from .aio import AsyncServerSession, drain_sessions
-from .metrics import Metrics
-from .model import ModelFn, Models, SessionInfo, shared_executor
-from .session import SessionStore
-from .settings import Settings
 
 __all__ = ["ThreadedSession", "background_loop", "drain_all"]
 
@@ -109,7 +109,7 @@ def drain_all(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
 
     GoAway, running streams finish for up to `grace` seconds (default: each connection's
     ``drain_grace`` setting), close 4002; connections that open afterwards are closed with 4002.
-    Call it from any thread but the driver's loop. gunicorn's ``lowlat_mw.adapters.gunicorn.ThreadWorker``
+    Call it from any thread but the driver's loop. gunicorn's ``lowlat_mw.servers.gunicorn.ThreadWorker``
     calls it on SIGTERM.
     """
     loop = _loop

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CloseCode
+from ..errors import CloseCode
 
 __all__ = [
     "LATENCY_BUCKETS",

@@ -1,4 +1,4 @@
-"""uvicorn's HTTP protocols with a bound on the opening handshake (``--http lowlat_mw.adapters.uvicorn:...``).
+"""uvicorn's HTTP protocols with a bound on the opening handshake (``--http lowlat_mw.servers.uvicorn:...``).
 
 uvicorn has no limit on how long a client may take to send its request headers (a socket that
 connects and says nothing, or drips its request a byte at a time, is held forever), and with its
@@ -10,9 +10,9 @@ is buffered whole). These subclasses add both, and change nothing once a request
 * they may take at most ``HANDSHAKE_HEADER_LIMIT`` bytes (16 KiB, as daphne's and h11's own
   limit), or the server answers 431 and closes.
 
-    uvicorn myapp:app --ws websockets-sansio --http lowlat_mw.adapters.uvicorn:HttpToolsProtocol ...
+    uvicorn myapp:app --ws websockets-sansio --http lowlat_mw.servers.uvicorn:HttpToolsProtocol ...
 
-``lowlat-mw serve`` and ``lowlat_mw.serving.run`` use it by default (``lowlat_mw.serving.uvicorn_args``
+``lowlat-mw serve`` and ``lowlat_mw.servers.serving.run`` use it by default (``lowlat_mw.servers.serving.uvicorn_args``
 gives the whole command line).
 """
 
@@ -26,9 +26,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 
-from lowlat_mw.aio import drain_on_shutdown
+from lowlat_mw.drivers.aio import drain_on_shutdown
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.serving import HeaderBudget, add_fragment
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
 
 __all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
@@ -102,7 +102,7 @@ class H11Protocol(_HandshakeBound, _H11Protocol):
     """uvicorn's h11 protocol with a bounded handshake (h11 bounds the header size itself as well)."""
 
 
-Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.adapters.uvicorn:Http
+Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.servers.uvicorn:Http
 
 
 READ_SLICE = 16 * 1024  # bytes handed to the WebSocket parser at a time
@@ -126,7 +126,7 @@ class _DrainOnShutdown:
     uvicorn asks every connection to shut down at once, and a WebSocket then sends 1012 at once:
     running streams are cut. Here the first such call starts the drain of every lowlat-mw connection
     of the process (GoAway, running streams finish within ``drain_grace``, close 4002:
-    :func:`lowlat_mw.aio.drain_sessions`), and each connection's own shutdown waits for it. Other
+    :func:`lowlat_mw.drivers.aio.drain_sessions`), and each connection's own shutdown waits for it. Other
     WebSocket routes of the app get their 1012 when the drain is over.
     """
 
@@ -141,7 +141,7 @@ class _DrainOnShutdown:
 class WebSocketProtocol(_DrainOnShutdown, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
-    (``--ws lowlat_mw.adapters.uvicorn:WebSocketProtocol``; ``lowlat_mw.serving`` uses it.) uvicorn
+    (``--ws lowlat_mw.servers.uvicorn:WebSocketProtocol``; ``lowlat_mw.servers.serving`` uses it.) uvicorn
     parses a whole socket read (up to 256 KiB) into frame objects before handling any, and keeps
     every fragment of a message as a bytes object of its own until the last one arrives: about
     120 bytes of memory per one-byte fragment, 12+ MiB for a 100 KB message sent one byte a frame.
@@ -169,14 +169,15 @@ except ImportError as _missing:  # pragma: no cover - depends on what is install
 
     def __getattr__(name: str) -> Any:
         if name == "WSProtoProtocol":
-            raise ImportError(f"lowlat_mw.adapters.uvicorn:WSProtoProtocol needs wsproto (pip install wsproto): "
+            raise ImportError(f"lowlat_mw.servers.uvicorn:WSProtoProtocol needs wsproto (pip install wsproto): "
                               f"{_WSPROTO_MISSING}")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 else:
     class WSProtoProtocol(_DrainOnShutdown, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
-        (``--ws lowlat_mw.adapters.uvicorn:WSProtoProtocol``; ``lowlat_mw.serving`` uses it for ``ws="wsproto"``.)
+        (``--ws lowlat_mw.servers.uvicorn:WSProtoProtocol``; ``lowlat_mw.servers.serving`` uses it for
+        ``ws="wsproto"``.)
 
         * A frame wsproto cannot accept (RSV1 without permessage-deflate, a bad opcode, invalid UTF-8 in
           a text frame) becomes a ``CloseConnection`` event, which uvicorn answers by dropping the TCP

@@ -8,7 +8,8 @@
 Settings come from ``settings.LOWLAT_MW`` (read lazily, re-read on ``setting_changed``), under
 keyword arguments to ``as_asgi``. It composes with ``AllowedHostsOriginValidator`` and
 ``AuthMiddlewareStack``; the authenticated ``scope["user"]`` reaches the model as
-``req.session.user``.
+``req.session.user``. Admission and the connection are the core's (:func:`lowlat_mw.drivers.asgi.accept`);
+this consumer hands Channels' messages to them.
 """
 
 from __future__ import annotations
@@ -22,66 +23,44 @@ from django.core.signals import setting_changed
 from django.http import HttpRequest, HttpResponse
 
 from lowlat_mw import static_files as static
-from lowlat_mw.drivers.aio import AsyncServerSession
-from lowlat_mw.drivers.asgi import asgi_session, check_scope, client_address, refuse
-from lowlat_mw.errors import SettingsError, app_close_code
+from lowlat_mw.drivers.aio import ConnectionDriver
+from lowlat_mw.drivers.asgi import accept
+from lowlat_mw.endpoint import Endpoint, settings_from_config
+from lowlat_mw.errors import app_close_code
 from lowlat_mw.model import Models, ModelSpec
-from lowlat_mw.observability.metrics import Metrics
-from lowlat_mw.protocol.limits import ConnectionLimiter
-from lowlat_mw.protocol.session import MemorySessionStore
-from lowlat_mw.settings import Settings
 
-__all__ = ["LowLatConsumer", "client_urlpatterns", "client_view", "django_settings_dict", "metrics_view"]
+__all__ = ["LowLatConsumer", "client_urlpatterns", "client_view", "metrics_view"]
 
-_cache: dict[str, Any] = {}
 _generation = [0]  # bumped when settings.LOWLAT_MW changes
-
-
-def django_settings_dict() -> dict[str, Any]:
-    """``settings.LOWLAT_MW`` as a dict (cached until Django reports it changed)."""
-    if "value" not in _cache:
-        value = getattr(django_settings, "LOWLAT_MW", {}) or {}
-        if not isinstance(value, dict):
-            raise SettingsError("settings.LOWLAT_MW must be a dict of lowlat-mw settings")
-        _cache["value"] = dict(value)
-    return _cache["value"]
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "LOWLAT_MW":
-        _cache.clear()
         _generation[0] += 1
 
 
 setting_changed.connect(_on_setting_changed)
 
 
-class _Options:
-    """The kwargs of one ``as_asgi()`` call and the Settings resolved from them (cached)."""
+class _App:
+    """What one ``as_asgi()`` call serves: its Endpoint, re-configured when ``settings.LOWLAT_MW`` changes."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.registry = options.pop("registry", None)
+    def __init__(self, models: Models, options: dict[str, Any]) -> None:
+        registry = options.pop("registry", None)
         self.options = options
-        self.metrics: Metrics | None = None
-        self._settings: tuple[int, Settings] | None = None
-        self.store = MemorySessionStore()  # sessions waiting to be resumed, per as_asgi() app
-        self.limiter: ConnectionLimiter | None = None
+        self.generation = _generation[0]
+        self.endpoint = Endpoint(models, self._settings(), registry=registry)
 
-    def settings(self) -> Settings:
-        if self._settings is None or self._settings[0] != _generation[0]:
-            for name in django_settings_dict():
-                if name not in Settings.names():
-                    raise SettingsError(f"unknown setting {name!r} in settings.LOWLAT_MW")
-            merged = {**django_settings_dict(), **self.options}
-            self._settings = (_generation[0], Settings.load(merged, source="LowLatConsumer.as_asgi()"))
-            s = self._settings[1]
-            self.limiter = ConnectionLimiter(s.max_connections, s.max_connections_per_client)
-            self.metrics = Metrics.for_registry(self.registry) if s.metrics else None
-        return self._settings[1]
+    def _settings(self) -> Any:
+        config = {"LOWLAT_MW": getattr(django_settings, "LOWLAT_MW", None) or {}}
+        return settings_from_config(config, self.options, where="settings")
 
-    def refused(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.inc("handshakes_refused", reason)
+    def current(self) -> Endpoint:
+        """The endpoint, with the settings as they are now."""
+        if self.generation != _generation[0]:
+            self.generation = _generation[0]
+            self.endpoint.configure(self._settings())
+        return self.endpoint
 
 
 class LowLatConsumer(AsyncConsumer):
@@ -89,12 +68,9 @@ class LowLatConsumer(AsyncConsumer):
 
     model: ModelSpec | None = None
 
-    def __init__(self, model: ModelSpec | Models | None = None, options: _Options | None = None) -> None:
-        self.models = Models(model if model is not None else self.model)  # type: ignore[arg-type]
-        self.config = options if options is not None else _Options({})
-        self.session: AsyncServerSession | None = None
-        self.client: str | None = None
-        self.counted = False
+    def __init__(self, app: _App | None = None) -> None:
+        self.app = app if app is not None else _App(Models(self.model), {})  # type: ignore[arg-type]
+        self.driver: ConnectionDriver | None = None
 
     @classmethod
     def as_asgi(cls, **initkwargs: Any) -> Any:  # type: ignore[override]
@@ -107,33 +83,18 @@ class LowLatConsumer(AsyncConsumer):
         model = initkwargs.pop("model", cls.model)
         if model is None:
             raise TypeError("LowLatConsumer.as_asgi() needs model=<callable or 'module.callable'>")
-        models = Models(model)
-        config = _Options(initkwargs)
-        config.settings()
-        return super().as_asgi(model=models, options=config)
+        return super().as_asgi(app=_App(Models(model), initkwargs))
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint this consumer's connection belongs to."""
+        return self.app.endpoint
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
-        """Negotiate, check the Origin, accept and start the session (or refuse with 403)."""
-        settings = self.config.settings()
-        ok, subprotocol = check_scope(self.scope, settings)
-        if not ok:
-            self.config.refused("forbidden")
-            await refuse(self.base_send)
+        """Admission (403, or accept and 4002 / 1013, or accept and start the connection)."""
+        self.driver = await accept(self.app.current(), self.scope, self._send)
+        if self.driver is None:
             raise StopConsumer
-        await self.base_send({"type": "websocket.accept", "subprotocol": subprotocol})
-        self.client = client_address(self.scope)
-        assert self.config.limiter is not None
-        refused = self.config.limiter.acquire(self.client)
-        if refused is not None:
-            self.config.refused("limit")
-            await self._send({"type": "websocket.close", "code": 1013, "reason": refused[:120]})
-            raise StopConsumer
-        self.counted = True
-        self.session = asgi_session(
-            self.scope, self._send, model=self.models, settings=settings, subprotocol=subprotocol,
-            store=self.config.store, metrics=self.config.metrics,
-        )
-        self.session.start()
 
     async def _send(self, message: dict[str, Any]) -> None:
         # daphne (autobahn) refuses close codes other than 1000 and 3000-4999: send 1xxx as 41xx.
@@ -143,17 +104,14 @@ class LowLatConsumer(AsyncConsumer):
 
     async def websocket_receive(self, message: dict[str, Any]) -> None:
         """One frame from the client."""
-        if self.session is not None:
+        if self.driver is not None:
             data = message.get("bytes")
-            await self.session.receive(data if data is not None else message.get("text") or "")
+            await self.driver.receive(data if data is not None else message.get("text") or "")
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
-        """The client went away: stop the models and timers."""
-        if self.session is not None:
-            await self.session.disconnected(message.get("code"))
-        if self.counted and self.config.limiter is not None:
-            self.counted = False
-            self.config.limiter.release(self.client)
+        """The client went away: keep the session for a resume or stop its models."""
+        if self.driver is not None:
+            await self.driver.disconnected(message.get("code"))
         raise StopConsumer
 
 

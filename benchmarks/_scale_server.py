@@ -140,7 +140,7 @@ def make_app(kind: str, heartbeat: float) -> Any:
         gc.collect()
         info = proc.memory_full_info()
         if endpoint is not None:  # sessions of closed connections may linger in the timer heap: not counted
-            open_ws = sum(1 for s in list(endpoint.connections) if not s.conn.closed)
+            open_ws = sum(1 for s in list(endpoint.connections) if not s.protocol.closed)
         else:
             open_ws = state["open"]
         out = {"rss": info.rss, "uss": info.uss, "pss": getattr(info, "pss", info.uss), "open": open_ws,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from lowlat_mw.protocol.compression import _REGISTRY, CODEC_IDS, NONE, TEXT
+from lowlat_mw.protocol.compression import _REGISTRY, CODEC_IDS, NONE
+from lowlat_mw.protocol.selector import TEXT
 
 _SPEEDS = {"zstd": (250e6, 900e6, 0.35), "lz4": (600e6, 2000e6, 0.5), "snappy": (500e6, 1500e6, 0.5)}
 _EWMA = 0.2

@@ -38,7 +38,7 @@ from typing import Any
 import msgpack
 import orjson
 
-from lowlat_mw.observability.metrics import STAGES
+from lowlat_mw.observability.timing import STAGES
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec, to_json_dict, to_protobuf

@@ -1,6 +1,6 @@
 """Overhead suite: what metrics, End stage timings and tracing cost per delta.
 
-In process, one AsyncServerSession per sample is driven directly: a Hello, then S Requests for the
+In process, one ConnectionDriver per sample is driven directly: a Hello, then S Requests for the
 demo model streaming T small tokens each with no delay (it yields to the loop every 64 tokens, so
 the S streams interleave), and a send that only counts frames. The sample's wall time divided by
 S*T is the server's whole per-delta cost (model step, framing, session bookkeeping, send path),
@@ -42,7 +42,8 @@ from typing import Any
 
 import lowlat_mw.observability.tracing
 from lowlat_mw.demo import demo_model
-from lowlat_mw.drivers.aio import AsyncServerSession
+from lowlat_mw.drivers.aio import ConnectionDriver
+from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.observability.metrics import Metrics
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
@@ -163,7 +164,7 @@ def _use_tracer(tracer: Any) -> Iterator[None]:
 
 # ================================================================================ in process
 class InProcess:
-    """Drives AsyncServerSession directly, one fresh session (connection) per sample."""
+    """Drives a ConnectionDriver directly, one fresh connection per sample."""
 
     def __init__(self, size: Size, configs: list[Config]) -> None:
         self.size = size
@@ -173,6 +174,10 @@ class InProcess:
                                          tracing=c.tracing != "off", rate_limit=0) for c in configs}
         # One Metrics per configuration, as a server has one per registry (None: not registered anywhere).
         self.metrics = {c.key: Metrics() if c.metrics else None for c in configs}
+        self.endpoints = {}
+        for c in configs:
+            endpoint = self.endpoints[c.key] = Endpoint(demo_model, self.settings[c.key])
+            endpoint.metrics = self.metrics[c.key]
         params = {"delay": 0, "tokens": size.tokens}
         self.frames: dict[str, list[bytes | str]] = {}
         for name, sp in SUBPROTOCOLS.items():
@@ -187,26 +192,22 @@ class InProcess:
         size = self.size
         sent = 0
 
-        async def send(data: bytes | str) -> None:
+        async def send(message: Any) -> None:
             nonlocal sent
-            sent += 1
-
-        async def close(code: int, reason: str) -> None:
-            pass
+            sent += message["type"] == "websocket.send"
 
         tracer = self.tracers.get(cfg.tracing)
         if collect:
             gc.collect()
         start = time.thread_time()
         with _use_tracer(tracer):
-            session = AsyncServerSession(model=demo_model, settings=self.settings[cfg.key], send=send, close=close,
-                                         subprotocol=SUBPROTOCOLS[sp_name], metrics=self.metrics[cfg.key])
-        session.start()
+            driver = ConnectionDriver(self.endpoints[cfg.key], send=send, subprotocol=SUBPROTOCOLS[sp_name])
+        driver.start()
         for frame in self.frames[sp_name]:
-            await session.receive(frame)
-        while session.tasks:
-            await asyncio.gather(*list(session.tasks.values()))
-        await session.disconnected(1000)
+            await driver.receive(frame)
+        while driver.tasks:
+            await asyncio.gather(*list(driver.tasks.values()))
+        await driver.disconnected(1000)
         elapsed = time.thread_time() - start
         deltas = size.streams * size.tokens
         expected = 1 + deltas + size.streams  # Welcome, the Deltas, one End per stream
@@ -503,7 +504,7 @@ Reproduce: `.venv/bin/python -m benchmarks --suite overhead` (this section comes
 `--quick` is the CI-sized run). Ratio cells: the median over rounds of the ratio measured within each
 round (+% = extra cost per delta), then [25th, 75th percentile] of those per-round ratios.
 
-**In process**: {size.rounds} rounds after {size.warmup} warm-up. A sample is one AsyncServerSession fed a
+**In process**: {size.rounds} rounds after {size.warmup} warm-up. A sample is one ConnectionDriver fed a
 Hello and {size.streams} concurrent Requests for the demo model, each streaming {size.tokens} small tokens with
 no delay ({deltas} deltas per sample), with a send callable that only counts frames. CPU µs/delta is the
 event-loop thread's CPU time (`time.thread_time`: time spent descheduled by other load is not counted,

@@ -498,7 +498,7 @@ product's heartbeat (30 s when idle, docs/protocol.md 9.1), so it is not done.
 *Streams:* the middleware spent {s_await['server_cpu_us_per_delta']:.0f} µs of server CPU per delta against
 {b_await['server_cpu_us_per_delta']:.0f} µs for the bare endpoint ({ratio:.1f}x, per-request work included). With
 {size.streams:,} requests at once, a request's first delta waits until the event loop has gone round the other
-ready tasks, so TTFD p99 grows with streams x cost per delta. Without a socket (an AsyncServerSession
+ready tasks, so TTFD p99 grows with streams x cost per delta. Without a socket (a ConnectionDriver
 driven in process, free send) the middleware's own work is about 40-50 µs per delta on this machine;
 the rest is the ASGI send through uvicorn and the extra task switches. The per-send `asyncio.timeout`
 (-23% CPU per delta once removed), per-chunk wrapper generators and a second `ev.Delta` per chunk were

@@ -1,13 +1,15 @@
 """lowlat-mw: serve any AI model over a low-latency persistent WebSocket.
 
-The core is framework-free and sans-IO where it is a state machine; adapters for Starlette/FastAPI,
-Django Channels and Flask live in :mod:`lowlat_mw.adapters`. See README.md and docs/.
+The core is framework-free: the wire protocol as sans-IO machines (:mod:`lowlat_mw.protocol`), the
+Endpoint that admits connections (:mod:`lowlat_mw.endpoint`), the drivers that run them
+(:mod:`lowlat_mw.drivers`), observability, the Python client (:mod:`lowlat_mw.client`) and what runs
+servers (:mod:`lowlat_mw.servers`); adapters for Starlette/FastAPI, Django Channels and Flask live in
+:mod:`lowlat_mw.adapters`. See README.md, docs/architecture.md and docs/.
 """
 
 from __future__ import annotations
 
-from .client import AsyncClient, Stream, StreamTimings, SyncClient, connect, connect_sync
-from .client.backoff import Backoff
+from .client import AsyncClient, Backoff, Stream, StreamTimings, SyncClient, connect, connect_sync
 from .errors import (
     ClientError,
     CloseCode,
@@ -23,7 +25,8 @@ from .errors import (
     StreamError,
 )
 from .model import ModelRequest, SessionInfo
-from .observability.metrics import STAGES, Metrics
+from .observability.metrics import Metrics
+from .observability.timing import STAGES
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from .observability import metrics
+from .observability import metrics, timing
 from .settings import ENV_PREFIX, Settings
 
 __all__ = ["METRICS_BEGIN", "METRICS_END", "embed_metrics", "exported_names", "metrics_markdown", "settings_markdown"]
@@ -96,20 +96,20 @@ def exported_names() -> frozenset[str]:
 
 
 def _stage_definitions() -> dict[str, str]:
-    """Each stage's definition, from the attribute docstring of ``metrics.STAGES`` ("stage: what. ...")."""
-    tree = ast.parse(inspect.getsource(metrics))
+    """Each stage's definition, from the attribute docstring of ``timing.STAGES`` ("stage: what. ...")."""
+    tree = ast.parse(inspect.getsource(timing))
     text = ""
     for node, nxt in itertools.pairwise(tree.body):
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "STAGES" for t in node.targets)
                 and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
             text = " ".join(str(nxt.value.value).split())
-    pattern = re.compile(r"(?:^|(?<=\s))(" + "|".join(map(re.escape, metrics.STAGES)) + r"): ")
+    pattern = re.compile(r"(?:^|(?<=\s))(" + "|".join(map(re.escape, timing.STAGES)) + r"): ")
     found = list(pattern.finditer(text))
     out = {m.group(1): text[m.end():nxt_m.start() if nxt_m else len(text)].strip()
            for m, nxt_m in itertools.zip_longest(found, found[1:])}
-    missing = [s for s in metrics.STAGES if not out.get(s)]
+    missing = [s for s in timing.STAGES if not out.get(s)]
     if missing:
-        raise RuntimeError(f"metrics.STAGES docstring defines no {', '.join(missing)} (expected 'stage: what.')")
+        raise RuntimeError(f"timing.STAGES docstring defines no {', '.join(missing)} (expected 'stage: what.')")
     return out
 
 

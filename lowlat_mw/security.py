@@ -1,23 +1,18 @@
-"""Handshake checks shared by every adapter (framework-free, pure functions)."""
+"""What security rules need, framework-free: the Origin check and what the ``authenticate`` hook sees.
+
+The Endpoint applies them (:meth:`lowlat_mw.endpoint.Endpoint.admit`); the driver runs the hook
+(:func:`lowlat_mw.drivers.aio.run_authenticator`).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import inspect
-import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .protocol.server import negotiate_subprotocol
-from .settings import Settings
-
-log = logging.getLogger("lowlat_mw")
-
-__all__ = ["Handshake", "check_handshake", "load_authenticator", "origin_allowed", "run_authenticator"]
+__all__ = ["Handshake", "load_authenticator", "origin_allowed"]
 
 
 def _host_of(value: str) -> str:
@@ -61,23 +56,6 @@ def origin_allowed(origin: str | None, host: str | None, allowed: Iterable[str])
     return False
 
 
-def check_handshake(
-    offered: Sequence[str], origin: str | None, host: str | None, settings: Settings
-) -> tuple[bool, str | None]:
-    """(accept?, subprotocol) for a handshake: subprotocol negotiation, then the Origin check.
-
-    Every adapter calls this before accepting, so refusals look the same everywhere (HTTP 403).
-    """
-    ok, subprotocol = negotiate_subprotocol(tuple(offered), settings)
-    if not ok:
-        log.info("refused WebSocket: no supported subprotocol in %s", list(offered))
-        return False, None
-    if not origin_allowed(origin, host, settings.allowed_origins):
-        log.warning("refused cross-origin WebSocket from %s", origin)
-        return False, None
-    return True, subprotocol
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Handshake:
     """What the ``authenticate`` hook sees of a connecting client."""
@@ -115,29 +93,3 @@ def load_authenticator(path: str) -> Callable[[Handshake], Any]:
     from .model import load_callable
 
     return load_callable(path)
-
-
-async def run_authenticator(
-    hook: Callable[[Handshake], Any], handshake: Handshake, executor: Executor | None = None
-) -> tuple[Any, str]:
-    """Call the hook (async, or sync in `executor`): (principal or None, refusal reason).
-
-    A hook admits by returning anything but None/False and refuses by returning None/False or
-    raising PermissionError (its message becomes the reason); other exceptions refuse too and
-    are logged, so a broken hook fails closed.
-    """
-    try:
-        if inspect.iscoroutinefunction(hook):
-            principal = await hook(handshake)
-        else:
-            principal = await asyncio.get_running_loop().run_in_executor(executor, hook, handshake)
-            if inspect.isawaitable(principal):
-                principal = await principal
-    except PermissionError as exc:
-        return None, str(exc) or "authentication failed"
-    except Exception:
-        log.exception("authenticate hook failed")
-        return None, "authentication failed"
-    if principal is None or principal is False:
-        return None, "authentication failed"
-    return principal, ""

@@ -22,7 +22,8 @@ from lowlat_mw.protocol.codec import (
     to_json_dict,
     to_protobuf,
 )
-from lowlat_mw.protocol.compression import CODEC_IDS, CompressionSelector, available_codecs
+from lowlat_mw.protocol.compression import CODEC_IDS, available_codecs
+from lowlat_mw.protocol.selector import CompressionSelector
 
 LIMIT = 8 * 1024 * 1024
 ALL = tuple(available_codecs())

@@ -22,15 +22,13 @@ from lowlat_mw.errors import CloseCode, ErrorCode, RemoteProtocolError
 from lowlat_mw.protocol import compression as cmp
 from lowlat_mw.protocol.codec import encode_varint
 from lowlat_mw.protocol.compression import (
-    BINARY,
     CODEC_IDS,
     CODEC_NAMES,
-    TEXT,
-    CompressionSelector,
     available_codecs,
     compress,
     decompress,
 )
+from lowlat_mw.protocol.selector import BINARY, TEXT, CompressionSelector
 
 MiB = 1024 * 1024
 CODECS = ("zstd", "lz4", "snappy")
@@ -557,7 +555,8 @@ def test_small_zstd_frame_decompresses_without_allocating_the_limit() -> None:
 # ============================================================================ threads
 THREADED = textwrap.dedent("""
     import random, sys, threading
-    from lowlat_mw.protocol.compression import CompressionSelector, compress, decompress
+    from lowlat_mw.protocol.compression import compress, decompress
+    from lowlat_mw.protocol.selector import CompressionSelector
 
     payloads = [random.Random(i).randbytes(64) * 500 for i in range(8)]
     expected = {name: [compress(name, p) for p in payloads] for name in ("zstd", "lz4", "snappy")}

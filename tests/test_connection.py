@@ -1,8 +1,9 @@
-"""ServerConnection, the sans-IO protocol engine, driven through an in-memory client and a fake clock.
+"""ServerProtocol, the server's sans-IO machine, driven through a ConnectionPair and a fake clock.
 
-`Pair` joins a ServerConnection with a client-side codec: the test sends events as the client
-would put them on the wire, the server's SendFrame actions are decoded back into events, and
-time is a number the test moves forward.
+`ConnectionPair` (lowlat_mw.testing) joins a ServerProtocol with the client end of the wire: the test
+sends events as a client would put them on the wire (``send``, ``send_raw``), the server's frames are
+decoded back into events, and time is a number the test moves forward. The client machine's own side
+of these rules is tests/test_client_protocol.py.
 """
 
 from __future__ import annotations
@@ -10,114 +11,34 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lowlat_mw.endpoint import new_session_ids
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
-from lowlat_mw.protocol.compression import CODEC_IDS, CompressionSelector
+from lowlat_mw.protocol.compression import CODEC_IDS
+from lowlat_mw.protocol.selector import CompressionSelector
 from lowlat_mw.protocol.server import (
     CancelStream,
     CloseConnection,
     ConnState,
     SendFrame,
-    ServerConnection,
+    ServerProtocol,
     StartStream,
     negotiate_subprotocol,
 )
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
+from lowlat_mw.testing import ConnectionPair
+from lowlat_mw.testing.pair import T0
 
-T0 = 5000.0  # the fake clock never starts at zero
 PROTO, JSON = SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON
 BOTH = [PROTO, JSON]
 DEFAULT = Settings()
-
-
-@dataclass
-class Pair:
-    """A server connection plus the client end of the wire, with a fake clock."""
-
-    conn: ServerConnection
-    subprotocol: str | None
-    now: float = T0
-
-    @classmethod
-    def open(cls, settings: Settings = DEFAULT, subprotocol: str | None = PROTO, now: float = T0) -> Pair:
-        conn = ServerConnection(settings, subprotocol=subprotocol, now=now, session_id="sess-1")
-        return cls(conn, subprotocol, now)
-
-    @classmethod
-    def ready(cls, settings: Settings = DEFAULT, subprotocol: str | None = PROTO,
-              compression: Sequence[str] = ()) -> Pair:
-        """An open connection after Hello/Welcome."""
-        pair = cls.open(settings, subprotocol)
-        out = pair.send(ev.Hello(client="test", compression=tuple(compression)))
-        assert len(out) == 1 and isinstance(out[0], ev.Welcome)
-        return pair
-
-    @property
-    def codec(self) -> Any:
-        return codec_for(self.subprotocol)
-
-    @property
-    def settings(self) -> Settings:
-        return self.conn.settings
-
-    # ------------------------------------------------------------ client -> server
-    def send(self, event: ev.Event, *, at: float | None = None, compressor: CompressionSelector | None = None
-             ) -> list[Any]:
-        return self.send_raw(self.codec.encode(event, compressor), at=at)
-
-    def send_raw(self, data: bytes | str, *, at: float | None = None) -> list[Any]:
-        if at is not None:
-            self.now = at
-        return self.decode(self.conn.receive(data, self.now))
-
-    # ------------------------------------------------------------ server -> client
-    def decode(self, actions: Iterable[Any]) -> list[Any]:
-        """SendFrame actions become the events the client reads; other actions pass through."""
-        out = []
-        for action in actions:
-            if isinstance(action, SendFrame):
-                assert isinstance(action.data, bytes if self.codec.binary else str)
-                out.append(self.codec.decode(action.data, limit=2**31, allowed=self.conn.compression))
-            else:
-                out.append(action)
-        return out
-
-    def chunk(self, sid: int, chunk: str | bytes, *, at: float | None = None) -> list[Any]:
-        if at is not None:
-            self.now = at
-        return self.decode(self.conn.send_chunk(sid, chunk, self.now))
-
-    def finish(self, sid: int, *, at: float | None = None, **kw: Any) -> list[Any]:
-        if at is not None:
-            self.now = at
-        return self.decode(self.conn.finish_stream(sid, self.now, **kw))
-
-    def tick(self, at: float) -> list[Any]:
-        self.now = at
-        return self.decode(self.conn.tick(at))
-
-    def run_until(self, end: float, *, answer_pings: bool = True, rtt: float = 0.05) -> list[tuple[float, Any]]:
-        """Move the clock to `end`, ticking at every deadline; the client answers Pings after `rtt`."""
-        log: list[tuple[float, Any]] = []
-        while not self.conn.closed:
-            due = self.conn.next_deadline()
-            if due > end:
-                break
-            for item in self.tick(max(due, self.now)):
-                log.append((self.now, item))
-                if isinstance(item, ev.Ping) and answer_pings:
-                    for reply in self.send(ev.Pong(id=item.id), at=self.now + rtt):
-                        log.append((self.now, reply))
-        self.now = max(self.now, end)
-        return log
+Pair = ConnectionPair
 
 
 def close_of(items: Iterable[Any]) -> CloseConnection | None:
@@ -145,7 +66,7 @@ def only(items: Sequence[Any], cls: type) -> Any:
 )
 def test_hello_negotiates_compression_in_server_order(server: tuple[str, ...], client: tuple[str, ...],
                                                       expected: tuple[str, ...]) -> None:
-    pair = Pair.open(Settings(compression=server), PROTO)
+    pair = ConnectionPair(Settings(compression=server), PROTO)
     welcome = only(pair.send(ev.Hello(compression=client)), ev.Welcome)
     assert welcome.compression == expected
     assert pair.conn.compression == expected
@@ -154,7 +75,7 @@ def test_hello_negotiates_compression_in_server_order(server: tuple[str, ...], c
 
 @pytest.mark.parametrize("subprotocol", [JSON, None])
 def test_json_mode_negotiates_no_compression(subprotocol: str | None) -> None:
-    pair = Pair.open(DEFAULT, subprotocol)
+    pair = ConnectionPair(DEFAULT, subprotocol)
     welcome = only(pair.send(ev.Hello(compression=("zstd", "lz4", "snappy"))), ev.Welcome)
     assert welcome.compression == ()
     assert pair.conn.compressor is None
@@ -163,7 +84,7 @@ def test_json_mode_negotiates_no_compression(subprotocol: str | None) -> None:
 def test_welcome_carries_session_and_limits() -> None:
     s = Settings(max_frame_size=4096, max_decompressed_size=65536, max_streams=3, heartbeat_interval=15,
                  heartbeat_max_interval=60, idle_timeout=90.5, server_name="edge-7")
-    pair = Pair.open(s)
+    pair = ConnectionPair(s)
     assert pair.conn.state is ConnState.AWAIT_HELLO
     welcome = only(pair.send(ev.Hello(client="py/1")), ev.Welcome)
     assert welcome.resume_token.startswith("sess-1.") and len(welcome.resume_token) > 30
@@ -175,16 +96,18 @@ def test_welcome_carries_session_and_limits() -> None:
 
 
 def test_welcome_itself_is_never_compressed() -> None:
-    pair = Pair.open(Settings(compression_min_size=0, link_mbps=0.001, server_name="x" * 5000))
-    frames = pair.conn.receive(pair.codec.encode(ev.Hello(compression=("zstd",))), T0)
+    pair = ConnectionPair(Settings(compression_min_size=0, link_mbps=0.001, server_name="x" * 5000))
+    frames = pair.conn.receive_data(pair.codec.encode(ev.Hello(compression=("zstd",))), T0)
     data = only(frames, SendFrame).data
     assert data[0] & 0x0F == 0  # the client learns the codecs from this very frame
 
 
-def test_session_id_is_random_by_default() -> None:
-    a = ServerConnection(DEFAULT, subprotocol=PROTO, now=T0)
-    b = ServerConnection(DEFAULT, subprotocol=PROTO, now=T0)
-    assert a.session_id != b.session_id and len(a.session_id) >= 16
+def test_session_ids_are_random() -> None:
+    # Drawn by the driver (lowlat_mw.endpoint.new_session_ids) and given to the machine, which draws nothing.
+    (a, secret_a), (b, secret_b) = new_session_ids(), new_session_ids()
+    assert a != b and len(a) >= 16 and secret_a != secret_b and len(secret_a) >= 32
+    machine = ServerProtocol(DEFAULT, subprotocol=PROTO, now=T0, session_id=a, secret=secret_a)
+    assert machine.session_id == a
 
 
 @pytest.mark.parametrize("subprotocol", BOTH)
@@ -193,7 +116,7 @@ def test_session_id_is_random_by_default() -> None:
     ev.Error(message="x"), ev.Delta(stream_id=1, seq=1, text="x"),
 ], ids=lambda e: type(e).__name__)
 def test_frames_before_hello_are_a_protocol_error(subprotocol: str, first: ev.Event) -> None:
-    pair = Pair.open(DEFAULT, subprotocol)
+    pair = ConnectionPair(DEFAULT, subprotocol)
     out = pair.send(first)
     assert len(out) == 2
     error, close = out
@@ -210,7 +133,7 @@ def test_second_hello_is_an_error_but_keeps_the_connection() -> None:
 
 
 def test_handshake_timeout_closes_with_4004_exactly_at_the_deadline() -> None:
-    pair = Pair.open(Settings(handshake_timeout=7))
+    pair = ConnectionPair(Settings(handshake_timeout=7))
     assert pair.conn.next_deadline() == T0 + 7
     assert pair.tick(math.nextafter(T0 + 7, 0)) == []
     assert pair.tick(T0 + 7) == [CloseConnection(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")]
@@ -219,7 +142,7 @@ def test_handshake_timeout_closes_with_4004_exactly_at_the_deadline() -> None:
 
 
 def test_hello_in_time_cancels_the_handshake_timeout() -> None:
-    pair = Pair.open(Settings(handshake_timeout=7))
+    pair = ConnectionPair(Settings(handshake_timeout=7))
     pair.send(ev.Hello(), at=T0 + 6.9)
     assert pair.tick(T0 + 7) == []
     assert pair.conn.next_deadline() > T0 + 7
@@ -417,7 +340,7 @@ def test_negotiated_compression_in_both_directions() -> None:
     assert data[0] & 0x0F == CODEC_IDS["lz4"]
     assert only(pair.send_raw(data), StartStream).request == req
     frames = pair.conn.send_chunk(1, text, T0)
-    raw = only(frames, SendFrame).data
+    raw = only(frames, bytes)
     assert raw[0] & 0x0F == CODEC_IDS["lz4"] and len(raw) < len(text) // 4
     assert only(pair.decode(frames), ev.Delta).text == text
 
@@ -463,7 +386,7 @@ def test_huge_chunk_is_split_into_deltas_that_fit_the_frame_limit(subprotocol: s
     pair.send(ev.Request(stream_id=1))
     frames = pair.conn.send_chunk(1, chunk, T0)
     assert len(frames) > 1
-    sizes = [_frame_size(f.data) for f in frames]
+    sizes = [_frame_size(f) for f in frames]
     assert max(sizes) <= frame_limit, sizes
     deltas = pair.decode(frames)
     assert [d.seq for d in deltas] == list(range(1, len(deltas) + 1))
@@ -479,7 +402,7 @@ def test_huge_chunk_is_split_into_deltas_that_fit_the_frame_limit(subprotocol: s
 def test_splitting_terminates_even_when_the_frame_limit_is_tiny(subprotocol: str, frame_limit: int,
                                                                 chunk: str | bytes) -> None:
     # With the largest ids a Delta's JSON envelope alone is ~63 bytes: pieces get down to one character.
-    pair = Pair.open(Settings(max_frame_size=frame_limit), subprotocol)
+    pair = ConnectionPair(Settings(max_frame_size=frame_limit), subprotocol)
     pair.send_raw(b"\x10\x0a\x00" if subprotocol == PROTO else '{"type":"hello"}')
     sid = 2**32 - 1
     assert isinstance(only(pair.send_raw(pair.codec.encode(ev.Request(stream_id=sid))), StartStream), StartStream)
@@ -489,7 +412,7 @@ def test_splitting_terminates_even_when_the_frame_limit_is_tiny(subprotocol: str
     assert type(chunk)().join(d.chunk for d in deltas) == chunk
     for frame, delta in zip(frames, deltas, strict=True):
         if len(delta.chunk) > 1:  # a single character that cannot fit is the only exception
-            assert _frame_size(frame.data) <= frame_limit
+            assert _frame_size(frame) <= frame_limit
 
 
 @pytest.mark.parametrize("subprotocol", BOTH)
@@ -505,7 +428,7 @@ def test_split_with_compression_still_fits() -> None:
     pair.send(ev.Request(stream_id=1))
     chunk = MULTIBYTE * 5000
     frames = pair.conn.send_chunk(1, chunk, T0)
-    assert max(len(f.data) for f in frames) <= 2048
+    assert max(len(f) for f in frames) <= 2048
     assert "".join(d.text for d in pair.decode(frames)) == chunk
 
 
@@ -632,7 +555,7 @@ def test_next_deadline_is_exactly_when_tick_acts(subprotocol: str, interval: flo
                                                 script: list[tuple[str, float]]) -> None:
     s = Settings(heartbeat_interval=interval, heartbeat_max_interval=interval * mult, heartbeat_timeout=timeout,
                  idle_timeout=idle, handshake_timeout=handshake, max_streams=2)
-    pair = Pair.open(s, subprotocol)
+    pair = ConnectionPair(s, subprotocol)
     conn = pair.conn
     for kind, arg in script:
         target = pair.now + (arg if kind == "wait" else 0.5)
@@ -673,9 +596,9 @@ def _assert_inert(pair: Pair) -> None:
     conn = pair.conn
     assert conn.closed and conn.state is ConnState.CLOSED
     assert conn.next_deadline() == math.inf
-    assert conn.receive(pair.codec.encode(ev.Request(stream_id=8)), T0) == []
-    assert conn.receive(pair.codec.encode(ev.Ping(id=1)), T0) == []
-    assert conn.receive(b"\xff garbage", T0) == []
+    assert conn.receive_data(pair.codec.encode(ev.Request(stream_id=8)), T0) == []
+    assert conn.receive_data(pair.codec.encode(ev.Ping(id=1)), T0) == []
+    assert conn.receive_data(b"\xff garbage", T0) == []
     assert conn.tick(T0 + 1e9) == []
     assert conn.send_chunk(1, "x", T0) == []
     assert conn.finish_stream(1, T0) == []
@@ -686,7 +609,7 @@ def _assert_inert(pair: Pair) -> None:
 
 @pytest.mark.parametrize("how", ["server close", "protocol error", "heartbeat", "idle", "handshake", "lost"])
 def test_after_close_every_method_returns_nothing(how: str) -> None:
-    pair = Pair.open() if how == "handshake" else Pair.ready()
+    pair = ConnectionPair() if how == "handshake" else Pair.ready()
     if how != "handshake":
         pair.send(ev.Request(stream_id=1))
     if how == "server close":
@@ -754,5 +677,5 @@ def test_negotiate_subprotocol(offered: list[str], served: tuple[str, ...], expe
 
 @pytest.mark.parametrize(("subprotocol", "binary"), [(PROTO, True), (JSON, False), (None, False)])
 def test_codec_follows_the_subprotocol(subprotocol: str | None, binary: bool) -> None:
-    conn = ServerConnection(DEFAULT, subprotocol=subprotocol, now=T0)
+    conn = ServerProtocol(DEFAULT, subprotocol=subprotocol, now=T0, session_id="s", secret="x" * 32)
     assert conn.codec.binary is binary

@@ -1,7 +1,7 @@
 """Fuzzing the decoders with hypothesis (many examples, bounded) and the atheris harness for a bounded time.
 
 Properties (tests/fuzz/checks.py): arbitrary bytes / text / protobuf wire data / JSON objects reach
-ProtoCodec, JsonCodec and a ServerConnection after Hello, and only the library's own
+ProtoCodec, JsonCodec and a ServerProtocol after Hello, and only the library's own
 RemoteProtocolError (with a documented Error code and close code) or valid events and protocol
 actions come out; whatever is accepted round-trips and is valid Unicode. Crashes found by either
 fuzzer are kept below as regression tests.
@@ -185,7 +185,7 @@ def test_wrong_frame_type_is_unsupported_data(expected: str, frame: str | bytes)
         check_frame(codec, frame)
 
 
-# ================================================================================ ServerConnection
+# ================================================================================ ServerProtocol
 def _frame_for(subprotocol: str) -> st.SearchStrategy[bytes | str]:
     if subprotocol == SUBPROTOCOL_PROTO:
         valid = st.builds(lambda sid, text: PROTO.encode(ev.Request(stream_id=sid, model="m", text=text)),
@@ -264,7 +264,7 @@ def test_json_valid_unicode_still_decodes(frame: str) -> None:
 
 def test_json_request_with_a_surrogate_closes_the_connection_instead_of_muting_it() -> None:
     conn = open_connection(SUBPROTOCOL_JSON)
-    actions = conn.receive('{"type":"request","stream_id":1,"model":"sync","text":"a\\ud800b"}', 2000.0)
+    actions = conn.receive_data('{"type":"request","stream_id":1,"model":"sync","text":"a\\ud800b"}', 2000.0)
     assert [type(a).__name__ for a in actions] == ["SendFrame", "CloseConnection"]
     assert actions[1].code == CloseCode.INVALID_PAYLOAD
 
@@ -275,45 +275,35 @@ def test_model_chunk_with_an_unpaired_surrogate_is_a_local_error(subprotocol: st
     # the WebSocket server could not send, and the connection went silent
     conn = open_connection(subprotocol)
     codec = PROTO if subprotocol == SUBPROTOCOL_PROTO else JSON
-    assert type(conn.receive(codec.encode(ev.Request(stream_id=1, model="m")), 1000.0)[0]).__name__ == "StartStream"
+    assert type(conn.receive_data(codec.encode(ev.Request(stream_id=1, model="m")), 1000.0)[0]).__name__ == \
+        "StartStream"
     with pytest.raises(LocalProtocolError):
         conn.send_chunk(1, "tok\udc80", 1000.0)
     assert len(conn.send_chunk(1, "tok é \U0001f600", 1000.0)) == 1  # valid text still goes out
 
 
 async def test_model_yielding_an_unpaired_surrogate_fails_its_stream_with_model_error() -> None:
-    from lowlat_mw.drivers.aio import AsyncServerSession
-    from lowlat_mw.settings import Settings
-
-    sent: list[Any] = []
-
-    async def send(data: bytes | str) -> None:
-        sent.append(data)
-
-    async def close(code: int, reason: str) -> None:
-        sent.append(("close", code))
+    from driver_support import Peer, endpoint_for
 
     async def model(req: Any) -> Any:
         yield "fine;"
         yield "bad\ud800"
 
-    session = AsyncServerSession(model=model, settings=Settings(), send=send, close=close,
-                                 subprotocol=SUBPROTOCOL_JSON)
-    session.start()
+    peer = Peer(endpoint_for(model), SUBPROTOCOL_JSON)
     try:
-        await session.receive(JSON.encode(ev.Hello()))
-        await session.receive(JSON.encode(ev.Request(stream_id=1, text="x")))
+        await peer.receive(ev.Hello())
+        await peer.receive(ev.Request(stream_id=1, text="x"))
         for _ in range(200):
-            if any(isinstance(d, str) and '"type":"error"' in d for d in sent):
+            if any(isinstance(e, ev.Error) for e in peer.events):
                 break
             await asyncio.sleep(0.01)
-        events = [JSON.decode(d, limit=1 << 20) for d in sent if isinstance(d, str)]
+        events = peer.events
         assert events[1] == ev.Delta(stream_id=1, seq=1, text="fine;")
         assert events[2] == ev.Error(stream_id=1, code=ErrorCode.MODEL_ERROR,
                                      message="model failed (LocalProtocolError)")
-        assert not any(isinstance(d, tuple) for d in sent)  # the connection stays open and usable
+        assert peer.closed is None  # the connection stays open and usable
     finally:
-        await session.disconnected(1000)
+        await peer.gone()
 
 
 # ================================================================================ atheris

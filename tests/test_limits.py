@@ -1,10 +1,11 @@
 """Sans-IO hardening pieces with a fake clock: TokenBucket, ConnectionLimiter, Handshake, the
-authenticate hook runner, and ServerConnection with rate_limit / max_request_size /
+authenticate hook runner, and ServerProtocol with rate_limit / max_request_size /
 max_session_lifetime / authenticate settings."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import threading
@@ -13,22 +14,21 @@ from typing import Any
 
 import pytest
 
+from lowlat_mw.drivers.aio import run_authenticator
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.model import SessionInfo
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
 from lowlat_mw.protocol.limits import ConnectionLimiter, TokenBucket
 from lowlat_mw.protocol.server import (
     Authenticate,
     CloseConnection,
     ConnState,
     ResumeSession,
-    SendFrame,
-    ServerConnection,
     StartStream,
 )
-from lowlat_mw.security import Handshake, load_authenticator, run_authenticator
+from lowlat_mw.security import Handshake, load_authenticator
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
+from lowlat_mw.testing import ConnectionPair
 
 T0 = 1000.0
 BOTH = [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON]
@@ -246,34 +246,22 @@ def test_load_authenticator_imports_a_dotted_path() -> None:
         load_authenticator("test_limits:no_such_hook")
 
 
-# ================================================================================ ServerConnection
-class Client:
-    """A ServerConnection and the client end of the wire (events in, events out), with a fake clock."""
+# ================================================================================ ServerProtocol
+_SESSION_IDS = itertools.count(1)
+
+
+class Client(ConnectionPair):
+    """The ConnectionPair with shortcuts for these tests (each connection's fresh session id its own)."""
 
     def __init__(self, settings: Settings, subprotocol: str | None = SUBPROTOCOL_PROTO, now: float = T0) -> None:
-        self.conn = ServerConnection(settings, subprotocol=subprotocol, now=now, session_id="sess")
-        self.codec = codec_for(subprotocol)
-        self.now = now
-
-    def decode(self, actions: list[Any]) -> list[Any]:
-        return [self.codec.decode(a.data, limit=2**31, allowed=self.conn.compression) if isinstance(a, SendFrame)
-                else a for a in actions]
-
-    def send(self, event: ev.Event, at: float | None = None) -> list[Any]:
-        if at is not None:
-            self.now = at
-        return self.decode(self.conn.receive(self.codec.encode(event), self.now))
+        super().__init__(settings, subprotocol, now=now, session_id=f"sess-{next(_SESSION_IDS)}")
 
     def hello(self, **kw: Any) -> list[Any]:
         return self.send(ev.Hello(client="t", **kw))
 
-    def request(self, sid: int, at: float | None = None, **kw: Any) -> list[Any]:
+    def request(self, sid: int, at: float | None = None, **kw: Any) -> list[Any]:  # type: ignore[override]
         kw.setdefault("model", "m")
-        return self.send(ev.Request(stream_id=sid, **kw), at)
-
-    def tick(self, at: float) -> list[Any]:
-        self.now = at
-        return self.decode(self.conn.tick(at))
+        return self.send(ev.Request(stream_id=sid, **kw), at=at)
 
 
 def opened(settings: Settings, subprotocol: str | None = SUBPROTOCOL_PROTO) -> Client:
@@ -385,7 +373,7 @@ def test_hello_asks_for_authentication_before_welcome(subprotocol: str) -> None:
     out = c.hello(auth="good")
     assert out == [Authenticate(ev.Hello(client="t", auth="good"))]
     assert out[0].hello.auth == "good"
-    assert c.conn.state is ConnState.AWAIT_HELLO and c.conn.session is None
+    assert c.conn.state is ConnState.ADMITTING and c.conn.session is None
     welcome = c.decode(c.conn.authenticated("alice", T0 + 0.01))
     assert len(welcome) == 1 and isinstance(welcome[0], ev.Welcome)
     assert c.conn.open and c.conn.principal == "alice" and c.conn.session.principal == "alice"

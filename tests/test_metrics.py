@@ -1,9 +1,12 @@
-"""The observability core without sockets: the stage timer on a fake clock, the sans-IO connection's
-counting, histogram export through prometheus_client, and the live summary's quantiles."""
+"""The observability core without sockets: the stage timer on a fake clock, what a connection counts
+(the machine's frame counters and measurements, recorded by its driver, in process with fake clocks),
+histogram export through prometheus_client, and the live summary's quantiles."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -11,21 +14,15 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lowlat_mw.drivers.aio import ConnectionDriver, ModelRunner
+from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.model import Models
-from lowlat_mw.observability.metrics import (
-    LATENCY_BUCKETS,
-    STAGES,
-    FrameStats,
-    Metrics,
-    Snapshot,
-    StreamTimer,
-    quantile,
-    stage_sum,
-)
+from lowlat_mw.observability.metrics import LATENCY_BUCKETS, Metrics, Snapshot, quantile
+from lowlat_mw.observability.timing import STAGES, StreamTimer, stage_sum
 from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.base import FrameStats
 from lowlat_mw.protocol.codec import codec_for
-from lowlat_mw.protocol.compression import CompressionSelector
-from lowlat_mw.protocol.server import SendFrame, ServerConnection, StartStream
+from lowlat_mw.protocol.selector import CompressionSelector
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 
@@ -94,8 +91,7 @@ def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
     clock = FakeClock()
     metrics = Metrics()
     timer = StreamTimer(clock, clock.now)
-    timer.ttfd = metrics.hist("time_to_first_delta_seconds", "m")
-    timer.bind_gaps(metrics.hist("inter_delta_seconds", "m"))
+    timer.bind(*metrics.stream_started("m"))
     for dt in (0.003, 0.001, 0.002, 0.0004):
         clock.advance(dt)
         timer.sent()
@@ -103,10 +99,10 @@ def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
     assert ttfd.count == 1 and ttfd.sum == pytest.approx(0.003)
     assert gaps.count == 3
     assert gaps.sum == 0.0  # added when the stream ends
-    timer.close_gaps()
+    metrics.stream_ended("m", "stop", 0.0064, timer)
     assert gaps.sum == pytest.approx(0.0034)
     assert timer.deltas == 4
-    timer.close_gaps()  # once only
+    metrics.stream_ended("m", "stop", 0.0064, timer)  # the gaps are added once only
     assert gaps.sum == pytest.approx(0.0034)
 
 
@@ -190,68 +186,108 @@ def test_snapshot_summary_covers_streams_since_the_previous_line() -> None:
     assert "no new streams" in Snapshot(0, 0, LATENCY_BUCKETS, second.ttfd_counts).summary(second)
 
 
-# ================================================================================ sans-IO counting
+# ================================================================================ what a connection counts
+class Wire:
+    """One ConnectionDriver in this loop (no socket): its sends collected, its clocks fake."""
+
+    def __init__(self, settings: Settings, subprotocol: str, monotonic: FakeClock, clock: FakeClock | None = None,
+                 metrics: Metrics | None = None) -> None:
+        self.endpoint = Endpoint(lambda req: "x", settings, registry=CollectorRegistry())
+        if metrics is not None:
+            self.endpoint.metrics = metrics
+        self.codec = codec_for(subprotocol)
+        self.sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            self.sent.append(message)
+
+        driver = ConnectionDriver.__new__(ConnectionDriver)
+        driver.monotonic = monotonic  # type: ignore[method-assign]
+        if clock is not None:
+            driver.clock = clock  # type: ignore[method-assign]
+        ConnectionDriver.__init__(driver, self.endpoint, send=send, subprotocol=subprotocol)
+        self.driver = driver
+
+    def frames(self) -> list[bytes | str]:
+        return [m.get("bytes", m.get("text")) for m in self.sent if m["type"] == "websocket.send"]
+
+    async def receive(self, event: ev.Event) -> None:
+        await self.driver.receive(self.codec.encode(event))
+
+
 @pytest.mark.parametrize("subprotocol", [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
-def test_connection_counts_frames_bytes_handshake_and_errors(subprotocol: str) -> None:
-    clock = FakeClock()
+async def test_connection_counts_frames_bytes_handshake_and_errors(subprotocol: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[StreamTimer | None] = []
+    monkeypatch.setattr(ModelRunner, "start", lambda self, request, timer: started.append(timer))  # no model runs
+    clock, now = FakeClock(), FakeClock(10.0)
     metrics = Metrics()
     label = "proto" if subprotocol == SUBPROTOCOL_PROTO else "json"
-    conn = ServerConnection(Settings(compression_min_size=64, link_mbps=10), subprotocol=subprotocol, now=10.0,
-                            clock=clock,
-                            metrics=metrics)
-    codec = codec_for(subprotocol)
-    hello = codec.encode(ev.Hello(client="t", compression=("zstd",) if label == "proto" else ()))
-    welcome = conn.receive(hello, 10.25)
-    assert isinstance(welcome[0], SendFrame)
+    wire = Wire(Settings(compression_min_size=64, link_mbps=10), subprotocol, now, clock, metrics)
+    now.advance(0.25)
+    await wire.receive(ev.Hello(client="t", compression=("zstd",) if label == "proto" else ()))
+    assert isinstance(wire.codec.decode(wire.frames()[0], limit=1 << 20), ev.Welcome)
     assert metrics.hist("handshake_seconds").sum == pytest.approx(0.25)
     clock.advance(0.5)
     start = clock.now
     clock.advance(0.001)  # the clock reads at the frame's arrival, then after decoding
-    actions = conn.receive(codec.encode(ev.Request(stream_id=1, text="hi")), 11.0)
-    assert isinstance(actions[0], StartStream)
-    timer = conn.session.streams[1].timer
+    await wire.receive(ev.Request(stream_id=1, text="hi"))
+    [timer] = started
     assert timer is not None and timer.start == start + 0.001
     compression = "zstd" if label == "proto" else "none"
     before = metrics.value("wire_bytes", label, compression), metrics.value("payload_bytes", label, compression)
-    frames = conn.send_chunk(1, "word " * 2000, 11.1)  # compressible, slow link: zstd in binary mode
-    wire = sum(len(f.data) if isinstance(f.data, bytes) else len(f.data.encode()) for f in frames)
-    assert metrics.value("wire_bytes", label, compression) - before[0] == wire
+    sent_before = len(wire.frames())
+    await wire.driver.chunk(1, "word " * 2000, timer)  # compressible, slow link: zstd in binary mode
+    frames = wire.frames()[sent_before:]
+    wire_size = sum(len(f) if isinstance(f, bytes) else len(f.encode()) for f in frames)
+    assert metrics.value("wire_bytes", label, compression) - before[0] == wire_size
     raw = metrics.value("payload_bytes", label, compression) - before[1]
-    assert raw > wire if label == "proto" else raw == wire  # the saving is visible
-    conn.receive(codec.encode(ev.Request(stream_id=1, text="again")), 11.2)  # stream 1 still runs: error
+    assert raw > wire_size if label == "proto" else raw == wire_size  # the saving is visible
+    await wire.receive(ev.Request(stream_id=1, text="again"))  # stream 1 still runs: error
     assert metrics.value("errors", "stream_id_in_use") == 1
     assert metrics.value("frames_received", label) == 3
     assert set(timer.stages) == set(STAGES)
+    await wire.driver.disconnected(1000)
 
 
-def test_connection_records_heartbeat_rtt_and_resume_outcomes() -> None:
+async def test_connection_records_heartbeat_rtt_and_resume_outcomes() -> None:
     metrics = Metrics()
     settings = Settings(heartbeat_interval=1.0, heartbeat_max_interval=1.0)
-    conn = ServerConnection(settings, subprotocol=SUBPROTOCOL_JSON, now=0.0, metrics=metrics)
-    codec = codec_for(SUBPROTOCOL_JSON)
-    conn.receive(codec.encode(ev.Hello(client="t")), 0.0)
-    ping = codec.decode(conn.tick(1.0)[0].data, limit=1 << 20)
+    now = FakeClock(0.0)
+    wire = Wire(settings, SUBPROTOCOL_JSON, now, metrics=metrics)
+    await wire.receive(ev.Hello(client="t"))
+    wire.driver.on_timer(1.0)
+    for _ in range(20):  # the Ping goes out in a task of the connection's own
+        if len(wire.frames()) == 2:
+            break
+        await asyncio.sleep(0)
+    ping = wire.codec.decode(wire.frames()[1], limit=1 << 20)
     assert isinstance(ping, ev.Ping)
-    conn.receive(codec.encode(ev.Pong(id=ping.id)), 1.004)
+    now.now = 1.004
+    await wire.receive(ev.Pong(id=ping.id))
     assert metrics.hist("heartbeat_rtt_seconds").count == 1
     assert metrics.hist("heartbeat_rtt_seconds").sum == pytest.approx(0.004)
-    conn.receive(codec.encode(ev.Pong(id=ping.id)), 1.5)  # a stale Pong is no new sample
+    now.now = 1.5
+    await wire.receive(ev.Pong(id=ping.id))  # a stale Pong is no new sample
     assert metrics.hist("heartbeat_rtt_seconds").count == 1
+    await wire.driver.disconnected(1000)
 
-    other = ServerConnection(settings, subprotocol=SUBPROTOCOL_JSON, now=0.0, metrics=metrics)
-    other.receive(codec.encode(ev.Hello(client="t", resume_token="nope.nope")), 0.0)
-    other.resume(None, 0.0)
+    other = Wire(settings, SUBPROTOCOL_JSON, FakeClock(0.0), metrics=metrics)
+    await other.receive(ev.Hello(client="t", resume_token="nope.nope"))
     assert metrics.value("resumes", "failed") == 1
+    await other.driver.disconnected(1000)
 
 
-def test_no_clock_means_no_stage_timer() -> None:
-    conn = ServerConnection(Settings(), subprotocol=SUBPROTOCOL_PROTO, now=0.0)
-    codec = codec_for(SUBPROTOCOL_PROTO)
-    conn.receive(codec.encode(ev.Hello(client="t")), 0.0)
-    conn.receive(codec.encode(ev.Request(stream_id=1, text="x")), 0.0)
-    assert conn.session.streams[1].timer is None
+async def test_no_clock_means_no_stage_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[StreamTimer | None] = []
+    monkeypatch.setattr(ModelRunner, "start", lambda self, request, timer: started.append(timer))
+    wire = Wire(Settings(stage_timings=False, metrics=False, tracing=False), SUBPROTOCOL_PROTO, FakeClock(0.0))
+    await wire.receive(ev.Hello(client="t"))
+    await wire.receive(ev.Request(stream_id=1, text="x"))
+    assert started == [None]
+    await wire.driver.disconnected(1000)
     sel = CompressionSelector(())
-    assert codec.encode_frame(ev.Ping(id=1), sel)[2] == 0
+    assert codec_for(SUBPROTOCOL_PROTO).encode_frame(ev.Ping(id=1), sel)[2] == 0
 
 
 def test_gap_buckets_match_a_bisect_of_every_gap() -> None:
@@ -264,7 +300,7 @@ def test_gap_buckets_match_a_bisect_of_every_gap() -> None:
     metrics = Metrics()
     timer = StreamTimer(clock, clock.now)
     hist = metrics.hist("inter_delta_seconds", "m")
-    timer.bind_gaps(hist)
+    timer.bind(None, hist)
     expected = [0] * len(hist.counts)
     last = None
     for _ in range(2000):

@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lowlat_mw import docs
 from lowlat_mw.observability import metrics
-from lowlat_mw.observability.metrics import FrameStats, Metrics
+from lowlat_mw.observability.metrics import Metrics
+from lowlat_mw.protocol.base import FrameStats
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "observability.md"

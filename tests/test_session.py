@@ -1,4 +1,4 @@
-"""Session (replay buffers, Acks, flow control, resume) and the ServerConnection's resume, drain
+"""Session (replay buffers, Acks, flow control, resume) and the ServerProtocol's resume, drain
 and Ack handling, sans-IO: fake clock numbers, no sockets, no sleeps (docs/protocol.md 13, 14)."""
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from lowlat_mw.endpoint import new_session_ids
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol import session as session_module
-from lowlat_mw.protocol.codec import codec_for
-from lowlat_mw.protocol.server import CancelStream, ResumeSession, SendFrame, ServerConnection, StartStream
+from lowlat_mw.protocol.server import CancelStream, ResumeSession, StartStream
 from lowlat_mw.protocol.session import DELTA_OVERHEAD, MAX_FINISHED, MemorySessionStore, Session
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
+from lowlat_mw.testing import ConnectionPair
 
 T0 = 1000.0
+SECRET = "c2VjcmV0LW9mLXRoZS10ZXN0LXNlc3Npb24"  # as long as a drawn one
 BOTH = [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON]
 
 
@@ -30,7 +32,13 @@ def cost(piece: str | bytes) -> int:
 
 
 def new_session(**overrides: Any) -> Session:
-    return Session(Settings(**overrides), now=T0, session_id="sess")
+    return Session(Settings(**overrides), now=T0, session_id="sess", secret=SECRET)
+
+
+def another_session(settings: Settings | None = None) -> Session:
+    """A session with ids drawn as the drivers draw them (lowlat_mw.endpoint.new_session_ids)."""
+    session_id, secret = new_session_ids()
+    return Session(settings or Settings(), now=T0, session_id=session_id, secret=secret)
 
 
 def started(*stream_ids: int, **overrides: Any) -> Session:
@@ -41,11 +49,11 @@ def started(*stream_ids: int, **overrides: Any) -> Session:
 
 
 def buffer_cost(s: Session) -> int:
-    return sum(c for stream in s.streams.values() for _, c in stream.buffer)
+    return sum(c for stream in s.streams.values() for _, _, c in stream.buffer)
 
 
 def buffered_seqs(s: Session, sid: int) -> list[int]:
-    return [d.seq for d, _ in s.streams[sid].buffer]
+    return [seq for seq, _, _ in s.streams[sid].buffer]
 
 
 def deltas_of(events: Iterable[ev.Event], sid: int) -> list[int]:
@@ -56,7 +64,9 @@ def deltas_of(events: Iterable[ev.Event], sid: int) -> list[int]:
 def test_start_record_finish() -> None:
     s = started(1)
     pieces = ["Hel", "lo", b"\x00\xff", "é"]
-    deltas = [s.record(1, p, T0 + 0.25 + i) for i, p in enumerate(pieces)]
+    seqs = [s.record(1, p, T0 + 0.25 + i) for i, p in enumerate(pieces)]
+    assert seqs == [1, 2, 3, 4]
+    deltas = s.buffered_deltas(1)
     assert [d.seq for d in deltas] == [1, 2, 3, 4]
     assert [d.chunk for d in deltas] == pieces
     assert deltas[2].data == b"\x00\xff" and deltas[2].text is None
@@ -99,7 +109,7 @@ def test_record_on_unknown_stream_is_ignored() -> None:
 def test_seq_numbering_is_per_stream() -> None:
     s = started(1, 2)
     order = [1, 2, 2, 1, 2, 1, 1]
-    seen = [(sid, s.record(sid, "t", T0).seq) for sid in order]
+    seen = [(sid, s.record(sid, "t", T0)) for sid in order]
     assert [q for sid, q in seen if sid == 1] == [1, 2, 3, 4]
     assert [q for sid, q in seen if sid == 2] == [1, 2, 3]
 
@@ -112,7 +122,7 @@ def test_start_refuses_a_running_id_and_restarts_a_finished_one() -> None:
     s.finish(1, T0)
     assert s.start(ev.Request(stream_id=1, text="again"), T0 + 1) is None
     assert s.streams[1].seq == 0 and s.buffered == 0  # the old stream and its buffer are gone
-    assert s.record(1, "b", T0 + 1).seq == 1
+    assert s.record(1, "b", T0 + 1) == 1
 
 
 def test_max_streams_is_retryable() -> None:
@@ -318,7 +328,7 @@ def test_replay_is_repeatable_after_another_drop() -> None:
 
 # ================================================================================ identity, lifetime
 def test_resume_token_and_session_id_of() -> None:
-    a, b = new_session(), Session(Settings(), now=T0)
+    a, b = new_session(), another_session()
     assert a.resume_token.startswith("sess.") and len(a.resume_token) > 30
     assert Session.session_id_of(a.resume_token) == "sess"
     assert Session.session_id_of(b.resume_token) == b.session_id
@@ -349,7 +359,7 @@ def test_token_matches_uses_a_constant_time_comparison(monkeypatch: pytest.Monke
 
 
 def test_tokens_are_unique_per_session() -> None:
-    tokens = {Session(Settings(), now=T0).resume_token for _ in range(50)}
+    tokens = {another_session().resume_token for _ in range(50)}
     assert len(tokens) == 50
 
 
@@ -397,7 +407,7 @@ class SessionMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.s = Session(Settings(resume_buffer_size=2000, max_streams=4), now=T0)
+        self.s = Session(Settings(resume_buffer_size=2000, max_streams=4), now=T0, session_id="sess", secret=SECRET)
         self.next_id = 1
         self.received: dict[int, int] = {}  # client: last seq received per open stream
         self.done: set[int] = set()         # client got End/Error: it acks done, then forgets
@@ -489,7 +499,7 @@ class SessionMachine(RuleBasedStateMachine):
     @invariant()
     def buffers_are_contiguous_runs_ending_at_seq(self) -> None:
         for stream in self.s.streams.values():
-            seqs = [d.seq for d, _ in stream.buffer]
+            seqs = [seq for seq, _, _ in stream.buffer]
             if seqs:
                 assert seqs == list(range(seqs[0], stream.seq + 1))
                 assert seqs[0] > stream.lost_through
@@ -502,53 +512,34 @@ TestSessionMachine.settings = settings(max_examples=150, stateful_step_count=40,
 
 
 # ================================================================================ connection
-class Client:
-    """The client end of a ServerConnection: encodes what it sends, decodes what comes back."""
-
-    def __init__(self, subprotocol: str, settings_: Settings | None = None) -> None:
-        self.codec = codec_for(subprotocol)
-        self.conn = ServerConnection(settings_ or Settings(), subprotocol=subprotocol, now=T0)
-
-    def decode(self, actions: Iterable[Any]) -> list[Any]:
-        out = []
-        for a in actions:
-            if isinstance(a, SendFrame):
-                out.append(self.codec.decode(a.data, limit=2**30, allowed=self.conn.compression))
-            else:
-                out.append(a)
-        return out
-
-    def send(self, event: ev.Event, now: float = T0) -> list[Any]:
-        return self.decode(self.conn.receive(self.codec.encode(event), now))
-
-    def send_raw(self, data: bytes | str, now: float = T0) -> list[Any]:
-        return self.decode(self.conn.receive(data, now))
-
-
-def opened(subprotocol: str = SUBPROTOCOL_PROTO, **hello: Any) -> tuple[Client, ev.Welcome]:
-    c = Client(subprotocol)
+def opened(subprotocol: str = SUBPROTOCOL_PROTO, **hello: Any) -> tuple[ConnectionPair, ev.Welcome]:
+    c = ConnectionPair(Settings(), subprotocol, now=T0)
     [welcome] = c.send(ev.Hello(client="t", **hello))
     assert isinstance(welcome, ev.Welcome)
     return c, welcome
 
 
-def with_output(subprotocol: str = SUBPROTOCOL_PROTO) -> tuple[Client, ev.Welcome]:
+def with_output(subprotocol: str = SUBPROTOCOL_PROTO) -> tuple[ConnectionPair, ev.Welcome]:
     """A connection whose session has stream 1 (finished, 5 Deltas) and stream 2 (running, 3)."""
     c, welcome = opened(subprotocol, flow_window=1 << 20)
     for sid, n in ((1, 5), (2, 3)):
         [start] = c.send(ev.Request(stream_id=sid, text="go"))
         assert isinstance(start, StartStream)
         for i in range(n):
-            c.decode(c.conn.send_chunk(sid, f"{sid}:{i}", T0))
-    c.decode(c.conn.finish_stream(1, T0))
+            c.chunk(sid, f"{sid}:{i}")
+    c.finish(1)
     c.conn.connection_lost()
     c.conn.session.detach(T0)
     return c, welcome
 
 
+def client_of(subprotocol: str) -> ConnectionPair:
+    return ConnectionPair(Settings(), subprotocol, now=T0, session_id="sess-2")
+
+
 @pytest.mark.parametrize("subprotocol", BOTH)
 def test_hello_with_a_resume_token_asks_the_driver_to_look_the_session_up(subprotocol: str) -> None:
-    c = Client(subprotocol)
+    c = client_of(subprotocol)
     out = c.send(ev.Hello(resume_token="abc.secret", last_seq={1: 4, 2: 0}))
     assert out == [ResumeSession("abc.secret", "abc", {1: 4, 2: 0})]
     assert not c.conn.open  # no Welcome until the driver calls resume()
@@ -558,7 +549,7 @@ def test_hello_with_a_resume_token_asks_the_driver_to_look_the_session_up(subpro
 def test_resume_welcomes_and_replays_what_was_missed(subprotocol: str) -> None:
     old, welcome = with_output(subprotocol)
     session = old.conn.session
-    c = Client(subprotocol)
+    c = client_of(subprotocol)
     c.send(ev.Hello(resume_token=welcome.resume_token, last_seq={1: 2, 2: 1}, flow_window=4096))
     out = c.decode(c.conn.resume(session, T0 + 1))
     resumed = out[0]
@@ -571,13 +562,13 @@ def test_resume_welcomes_and_replays_what_was_missed(subprotocol: str) -> None:
     assert isinstance(rest[3], ev.End) and rest[3].stream_id == 1 and rest[3].last_seq == 5
     assert c.conn.open and c.conn.session is session and session.attached
     # Live output continues with the next seq on the new connection.
-    [live] = c.decode(c.conn.send_chunk(2, "2:3", T0 + 2))
+    [live] = c.chunk(2, "2:3", at=T0 + 2)
     assert live.seq == 4
 
 
 def test_resume_cancels_streams_the_client_no_longer_lists() -> None:
     old, welcome = with_output()
-    c = Client(SUBPROTOCOL_PROTO)
+    c = client_of(SUBPROTOCOL_PROTO)
     c.send(ev.Hello(resume_token=welcome.resume_token, last_seq={}))
     out = c.decode(c.conn.resume(old.conn.session, T0 + 1))
     assert isinstance(out[0], ev.Welcome) and out[0].resumed
@@ -587,7 +578,7 @@ def test_resume_cancels_streams_the_client_no_longer_lists() -> None:
 
 @pytest.mark.parametrize("subprotocol", BOTH)
 def test_resume_of_an_unknown_session_is_a_new_session_and_fails_listed_streams(subprotocol: str) -> None:
-    c = Client(subprotocol)
+    c = client_of(subprotocol)
     c.send(ev.Hello(resume_token="gone.secret", last_seq={3: 7, 4: 0}))
     out = c.decode(c.conn.resume(None, T0))
     welcome, *errors = out
@@ -599,7 +590,7 @@ def test_resume_of_an_unknown_session_is_a_new_session_and_fails_listed_streams(
 
 
 def test_resume_of_an_unknown_session_without_streams_says_so_on_stream_0() -> None:
-    c = Client(SUBPROTOCOL_JSON)
+    c = client_of(SUBPROTOCOL_JSON)
     c.send(ev.Hello(resume_token="gone.secret"))
     welcome, error = c.decode(c.conn.resume(None, T0))
     assert not welcome.resumed
@@ -609,7 +600,7 @@ def test_resume_of_an_unknown_session_without_streams_says_so_on_stream_0() -> N
 def test_resume_with_a_wrong_secret_does_not_take_the_session_over() -> None:
     old, welcome = with_output()
     session = old.conn.session
-    c = Client(SUBPROTOCOL_PROTO)
+    c = client_of(SUBPROTOCOL_PROTO)
     forged = f"{welcome.session_id}.not-the-secret"
     [action] = c.send(ev.Hello(resume_token=forged, last_seq={2: 0}))
     assert action.session_id == welcome.session_id
@@ -631,14 +622,14 @@ def test_drain_sends_goaway_once_then_refuses_requests(subprotocol: str) -> None
     assert refused == ev.Error(stream_id=2, code=ErrorCode.DRAINING, retryable=True, message=refused.message)
     assert 2 not in c.conn.session.streams
     # The running stream goes on.
-    [delta] = c.decode(c.conn.send_chunk(1, "still here", T0))
+    [delta] = c.chunk(1, "still here")
     assert delta.seq == 1
-    [end] = c.decode(c.conn.finish_stream(1, T0))
+    [end] = c.finish(1)
     assert isinstance(end, ev.End)
 
 
 def test_drain_before_welcome_sends_nothing() -> None:
-    c = Client(SUBPROTOCOL_PROTO)
+    c = client_of(SUBPROTOCOL_PROTO)
     assert c.conn.drain() == []
 
 
@@ -646,11 +637,11 @@ def test_ack_frames_in_json() -> None:
     c, _ = opened(SUBPROTOCOL_JSON, flow_window=1 << 20)
     c.send(ev.Request(stream_id=1, text="x"))
     for i in range(4):
-        c.conn.send_chunk(1, f"{i}", T0)
+        c.chunk(1, f"{i}")
     session = c.conn.session
     assert c.send_raw(json.dumps({"type": "ack", "stream_id": 1, "seq": 3})) == []
     assert buffered_seqs(session, 1) == [4]
-    c.conn.finish_stream(1, T0)
+    c.finish(1)
     assert c.send_raw('{"type":"ack","stream_id":1,"seq":4,"done":true}') == []
     assert 1 not in session.streams and session.buffered == 0
 
@@ -661,7 +652,7 @@ def test_ack_frames_in_proto() -> None:
     c.send(ev.Request(stream_id=1, text="x"))
     session = c.conn.session
     while not session.blocked:
-        c.conn.send_chunk(1, "x" * 36, T0)
+        c.chunk(1, "x" * 36)
     assert c.send(ev.Ack(stream_id=1, seq=session.streams[1].seq)) == []
     assert session.buffered == 0 and not session.blocked
 

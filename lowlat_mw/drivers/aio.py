@@ -1,56 +1,52 @@
-"""asyncio driver: owns the clock, the tasks and the sockets' send callables.
+"""The asyncio driver: one :class:`ConnectionDriver` per WebSocket, one :class:`ModelRunner` per session.
 
-Two objects, because a session outlives a connection:
+The driver owns what the protocol machine may not: the socket's ASGI ``send``, the clocks, the
+tasks and the timers. Two objects, because a session outlives a connection:
 
-* :class:`AsyncServerSession` runs one WebSocket (frames in, frames out, its timers).
-* :class:`LiveSession` runs one client session: its model tasks, flow control and replay buffer.
-  When the WebSocket drops it stays in the endpoint's session store for ``resume_window``
-  seconds, models paused once the buffer is full, until a new connection resumes it.
+* :class:`ConnectionDriver` runs one WebSocket: it feeds the frames it receives and the time to its
+  :class:`~lowlat_mw.protocol.server.ServerProtocol` and carries out the actions that come back
+  (write these frames, start or cancel a model, close), and it is the one way out for model output.
+* :class:`ModelRunner` runs one session's models, one task per stream, and hands each chunk to
+  the session's current driver in one call (:meth:`ConnectionDriver.chunk`), or, while no
+  connection is attached, keeps it in the session for a resume. It waits for the flow-control
+  window and, once the connection dropped, for the resume window to end.
 
-Used by every adapter (Starlette/FastAPI, Django Channels, and through the thread driver, Flask).
-Timers come from the loop's one :class:`~lowlat_mw.drivers.timers.AsyncScheduler`.
+Every adapter runs connections through it: the ASGI app (Starlette/FastAPI), the Channels consumer,
+and through the thread bridge (:mod:`~lowlat_mw.drivers.threads`) Flask. Timers come from the loop's
+one :class:`~lowlat_mw.drivers.timers.AsyncScheduler`. Server shutdown: :func:`drain_all`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import math
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from concurrent.futures import Executor
 from typing import Any
 
+from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
-from ..model import DONE, WAIT, ModelFn, ModelRequest, Models, SessionInfo, step_now, stream_model
+from ..model import DONE, WAIT, ModelRequest, SessionInfo, step_now, stream_model
 from ..observability import tracing
-from ..observability.metrics import Metrics, StreamTimer, close_code_name
+from ..observability.metrics import Metrics
+from ..observability.timing import StreamTimer
 from ..protocol import events as ev
-from ..protocol.server import (
-    Authenticate,
-    CancelStream,
-    CloseConnection,
-    ConnState,
-    ResumeSession,
-    SendFrame,
-    ServerConnection,
-    StartStream,
-    _split,
-    normalize_chunk,
-)
-from ..protocol.session import MemorySessionStore, Session, SessionStore
-from ..security import Handshake, load_authenticator, run_authenticator
-from ..settings import Settings
-from .timers import AsyncScheduler
+from ..protocol.base import CloseConnection, Measured, SendFrame
+from ..protocol.server import Authenticate, CancelStream, ResumeSession, ServerProtocol, StartStream
+from ..protocol.session import Session
+from ..security import Handshake, load_authenticator
+from .timers import AsyncScheduler, cpu_clock
 
-__all__ = ["AsyncServerSession", "LiveSession", "drain_each", "drain_on_shutdown", "drain_sessions", "draining"]
+__all__ = ["ConnectionDriver", "ModelRunner", "drain_all", "drain_on_shutdown", "run_authenticator"]
 
 log = logging.getLogger("lowlat_mw")
 
-SendFn = Callable[[bytes | str], Awaitable[None]]
-CloseFn = Callable[[int, str], Awaitable[None]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _ERRORS_LOGGED_AT_INFO = 10  # per connection; later Error frames are logged at DEBUG
 
@@ -59,32 +55,60 @@ _RESUMABLE = frozenset({None, 1001, 1005, 1006, 1011, 1012, 1013, 1014,
                         CloseCode.HEARTBEAT_TIMEOUT, CloseCode.DRAINING, CloseCode.SLOW_CONSUMER})
 
 
-class LiveSession:
-    """A client session's models and buffers; attached to at most one connection at a time."""
+async def run_authenticator(hook: Callable[[Handshake], Any], handshake: Handshake,
+                            executor: Executor | None = None) -> tuple[Any, str]:
+    """Call the hook (async, or sync in `executor`): (principal or None, refusal reason).
 
-    def __init__(self, session: Session, *, models: Models, settings: Settings, executor: Executor | None,
-                 store: SessionStore, scheduler: AsyncScheduler, metrics: Metrics | None = None,
-                 tracer: Any = None) -> None:
+    A hook admits by returning anything but None/False and refuses by returning None/False or
+    raising PermissionError (its message becomes the reason); other exceptions refuse too and
+    are logged, so a broken hook fails closed.
+    """
+    try:
+        if inspect.iscoroutinefunction(hook):
+            principal = await hook(handshake)
+        else:
+            principal = await asyncio.get_running_loop().run_in_executor(executor, hook, handshake)
+            if inspect.isawaitable(principal):
+                principal = await principal
+    except PermissionError as exc:
+        return None, str(exc) or "authentication failed"
+    except Exception:
+        log.exception("authenticate hook failed")
+        return None, "authentication failed"
+    if principal is None or principal is False:
+        return None, "authentication failed"
+    return principal, ""
+
+
+# ================================================================================ the model runner
+class ModelRunner:
+    """A client session's models: one task per stream, their output handed to the attached connection.
+
+    While the session has no connection it stays in the endpoint's session store for
+    ``resume_window`` seconds, its models paused once the replay buffer is full, until a new
+    connection resumes it.
+    """
+
+    def __init__(self, session: Session, endpoint: Endpoint, driver: ConnectionDriver) -> None:
         self.session = session
-        self.metrics = metrics
-        self.tracer = tracer
-        self._detached = False
-        self.models = models
-        self.settings = settings
-        self.executor = executor
-        self.store = store
-        self.scheduler = scheduler
-        self.driver: AsyncServerSession | None = None
-        self.info: SessionInfo = SessionInfo(session_id=session.session_id)
+        self.endpoint = endpoint
+        self.settings = endpoint.settings
+        self.metrics = endpoint.metrics
+        self.driver: ConnectionDriver | None = driver
+        self.info = driver.info
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.window = asyncio.Event()
         self.window.set()
+        self.waiting = 0  # models paused for the flow-control window
         self.destroyed = False
-        store.put(session.session_id, self)
+        self._detached = False
+        self.scheduler = driver.scheduler
+        self.monotonic = driver.monotonic
+        endpoint.store.put(session.session_id, self)
 
     # ------------------------------------------------------------------ lifecycle
-    def attach(self, driver: AsyncServerSession) -> None:
-        """`driver`'s connection now carries this session."""
+    def attach(self, driver: ConnectionDriver) -> None:
+        """`driver`'s connection now carries this session (a resume)."""
         self.driver = driver
         self.info = driver.info
         self.scheduler.cancel(self)
@@ -118,8 +142,9 @@ class LiveSession:
         self.driver = None
         self._set_detached(False)
         self.scheduler.cancel(self)
-        if self.store.get(self.session.session_id) is self:
-            self.store.remove(self.session.session_id)
+        store = self.endpoint.store
+        if store.get(self.session.session_id) is self:
+            store.remove(self.session.session_id)
         for task in list(self.tasks.values()):
             task.cancel()
         self.window.set()  # wake paused streams so their cancellation runs
@@ -142,9 +167,9 @@ class LiveSession:
             self.window.set()
 
     # ------------------------------------------------------------------ streams
-    def start_stream(self, request: ev.Request) -> None:
+    def start(self, request: ev.Request, timer: StreamTimer | None) -> None:
         """Run the model for `request` in its own task."""
-        self.tasks[request.stream_id] = asyncio.get_running_loop().create_task(self._stream(request))
+        self.tasks[request.stream_id] = asyncio.get_running_loop().create_task(self._run(request, timer))
 
     def cancel(self, stream_id: int) -> None:
         """Stop the model of `stream_id` (it ends with End("cancelled"))."""
@@ -152,31 +177,28 @@ class LiveSession:
         if task is not None:
             task.cancel()
 
-    async def _stream(self, req: ev.Request) -> None:
+    async def _run(self, req: ev.Request, timer: StreamTimer | None) -> None:
         sid = req.stream_id
         session = self.session
-        terminal: ev.End | ev.Error | None = None
-        fn = self.models.get(req.model)
-        state = session.streams.get(sid)
-        timer = state.timer if state is not None else None
-        started = state.started_at if state is not None else time.monotonic()
-        label = self.models.label(req.model)
+        models = self.endpoint.models
+        fn = models.get(req.model)
+        label = models.label(req.model)
         metrics = self.metrics
+        started = self.monotonic()
         if metrics is not None:
-            metrics.streams += 1
+            hists = metrics.stream_started(label)
             if timer is not None:
-                timer.ttfd = metrics.hist("time_to_first_delta_seconds", label)
-                timer.bind_gaps(metrics.hist("inter_delta_seconds", label))
-        span = tracing.start_stream(self.tracer, req, session.session_id, label, timer) if self.tracer else None
+                timer.bind(*hists)
+        tracer = self.driver.tracer if self.driver is not None else None
+        span = tracing.start_stream(tracer, req, session.session_id, label, timer) if tracer is not None else None
+        ending: tuple[Any, ...] = ("cancelled",)  # how the stream ends: ("stop",), ("cancelled",) or (code, message)
         try:
             if fn is None:
-                served = ", ".join(self.models.names())
-                terminal = session.fail(sid, time.monotonic(), ErrorCode.UNKNOWN_MODEL,
-                                        f"unknown model {req.model!r}; served: {served}")
+                ending = (ErrorCode.UNKNOWN_MODEL, f"unknown model {req.model!r}; served: {', '.join(models.names())}")
                 return
             mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
                                 messages=req.messages, params=req.params, session=self.info)
-            agen = stream_model(fn, mreq, self.executor, timer.model_running if timer is not None else None)
+            agen = stream_model(fn, mreq, self.endpoint.executor, timer.model_running if timer is not None else None)
             try:
                 if self.settings.merge_deltas:
                     await self._pump_merged(sid, agen, timer)
@@ -189,47 +211,62 @@ class LiveSession:
                     timer.chunk()  # the model's last stretch, up to its return
             finally:
                 await agen.aclose()
-            if timer is not None:  # closing the model (its finally blocks; a thread hop for a sync generator)
-                timer.lap("model")
-            terminal = session.finish(sid, time.monotonic(), timings_ms=self._timings(timer))
+            ending = ("stop",)
         except asyncio.CancelledError:
-            if timer is not None:
-                timer.lap("model")
             if self.destroyed:
                 raise
-            terminal = session.finish(sid, time.monotonic(), reason="cancelled", timings_ms=self._timings(timer))
         except Exception as exc:
-            if timer is not None:
-                timer.lap("model")
             log.exception("model failed on stream %s of %s", sid, session.session_id,
                           extra={"session_id": session.session_id, "stream_id": sid})
             text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
-            terminal = session.fail(sid, time.monotonic(), ErrorCode.MODEL_ERROR, f"model failed ({text})")
+            ending = (ErrorCode.MODEL_ERROR, f"model failed ({text})")
         finally:
+            if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
+                timer.lap("model")
             self.tasks.pop(sid, None)
+            # The End or Error is recorded, observed, and only then sent: whoever reads it finds the
+            # metrics and the span already there.
+            driver, terminal = self._end(sid, ending, timer) if not self.destroyed else (None, None)
             if metrics is not None:
-                self._observe(metrics, label, terminal, time.monotonic() - started, timer)
+                metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error", self.monotonic() - started,
+                                     timer)
             if span is not None:
                 tracing.end_stream(span, terminal, timer)
-            if terminal is not None and not self.destroyed:
-                await self._deliver([terminal])
+            if driver is not None:
+                await driver.send_pending()
 
-    def _timings(self, timer: StreamTimer | None) -> dict[str, float] | None:
-        return timer.timings_ms() if timer is not None and self.settings.stage_timings else None
+    def _end(self, sid: int, ending: tuple[Any, ...], timer: StreamTimer | None
+             ) -> tuple[ConnectionDriver | None, ev.End | ev.Error | None]:
+        """Record the stream's End or Error: in the attached connection's machine (which frames it; that
+        driver sends it next), else in the session, for the resume."""
+        now = self.monotonic()
+        driver = self.driver
+        if len(ending) == 1:
+            timings = timer.timings_ms() if timer is not None and self.settings.stage_timings else None
+            if driver is not None:
+                return driver, driver.end_stream(sid, now, reason=ending[0], timings_ms=timings)
+            return None, self.session.finish(sid, now, reason=ending[0], timings_ms=timings)
+        if driver is not None:
+            return driver, driver.end_stream(sid, now, error=ending)  # type: ignore[arg-type]
+        return None, self.session.fail(sid, now, *ending)
 
-    @staticmethod
-    def _observe(metrics: Metrics, label: str, terminal: ev.End | ev.Error | None, seconds: float,
-                 timer: StreamTimer | None) -> None:
-        """A stream ended: its outcome, duration and stages into the metrics."""
-        metrics.streams -= 1
-        outcome = "error" if isinstance(terminal, ev.Error) else (
-            terminal.finish_reason if terminal is not None else "cancelled")
-        metrics.inc("streams_finished", label, outcome)
-        metrics.observe("stream_duration_seconds", seconds, label, outcome)
-        if timer is not None:
-            timer.close_gaps()
-            for stage, seconds in timer.stages.items():
-                metrics.observe("stage_seconds", seconds, stage, label)
+    async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
+        """One chunk out: through the attached connection, else into the session for the resume."""
+        driver = self.driver
+        if driver is not None:
+            await driver.chunk(sid, chunk, timer)
+        else:
+            self.session.keep(sid, chunk, self.monotonic())
+            if timer is not None:
+                timer.sent()
+        if self.session.blocked:
+            self.waiting += 1
+            try:
+                await self._wait_window()
+            finally:
+                self.waiting -= 1
+                if timer is not None:
+                    timer.lap("flow")
 
     async def _pump_merged(self, sid: int, agen: Any, timer: StreamTimer | None) -> None:
         """Emit `agen`'s chunks, merging text chunks it yields back to back into one Delta (merge_deltas).
@@ -289,33 +326,6 @@ class LiveSession:
             await self._emit(sid, chunk, timer)
         await flush()
 
-    async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
-        driver = self.driver
-        now = time.monotonic()
-        try:
-            if driver is not None and driver.conn.open:
-                actions = driver.conn.send_chunk(sid, chunk, now)  # records and frames it: SendFrames only
-                if actions:
-                    await driver._send_frames([a.data for a in actions])
-            else:  # no connection: buffer it for the resume (same checks as a live send)
-                for piece in _split(normalize_chunk(chunk), self.settings.max_frame_size - 32):
-                    self.session.record(sid, piece, now)
-        finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
-            if timer is not None:
-                timer.sent()
-        if self.session.blocked:
-            try:
-                await self._wait_window()
-            finally:
-                if timer is not None:
-                    timer.lap("flow")
-
-    async def _deliver(self, events: list[ev.Event]) -> None:
-        driver = self.driver
-        if driver is not None and driver.conn.open:
-            await driver.run(driver.conn.deliver(events, time.monotonic()))
-            driver.reschedule()
-
     async def _wait_window(self) -> None:
         """Pause the model until the client acknowledges output (or resumes); 4003 if stuck."""
         while self.session.blocked and not self.destroyed:
@@ -329,45 +339,43 @@ class LiveSession:
                     await self.window.wait()
             except TimeoutError:
                 if self.driver is driver and self.session.blocked:
-                    await driver.close_with(CloseCode.SLOW_CONSUMER, "client did not acknowledge output")
+                    await driver.close(CloseCode.SLOW_CONSUMER, "client did not acknowledge output")
 
 
-class AsyncServerSession:
-    """Runs one WebSocket connection: frames in, frames out, its timers from the shared scheduler."""
+# ================================================================================ the connection driver
+class ConnectionDriver:
+    """Runs one WebSocket: frames in, frames out through the ASGI `send`, its timers from the loop's scheduler.
 
-    def __init__(
-        self,
-        *,
-        model: ModelFn | Models,
-        settings: Settings,
-        send: SendFn,
-        close: CloseFn,
-        subprotocol: str | None,
-        info: SessionInfo | None = None,
-        executor: Executor | None = None,
-        scheduler: AsyncScheduler | None = None,
-        store: SessionStore | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.metrics = metrics
+    `send` takes ASGI messages (``websocket.send`` and ``websocket.close``): the ASGI server's own,
+    or an adapter's that speaks to its socket the same way. The endpoint admitted the connection.
+    """
+
+    monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
+    clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
+
+    def __init__(self, endpoint: Endpoint, *, send: Send, subprotocol: str | None, address: str | None = None,
+                 client: tuple[str, int] | None = None, headers: Mapping[str, str] | None = None, user: Any = None,
+                 extra: Mapping[str, Any] | None = None) -> None:
+        """`address`: what the endpoint admitted the connection as (released when it ends); `client`,
+        `headers`, `user` and `extra`: what models and the authenticate hook see of it (SessionInfo)."""
+        settings = self.settings = endpoint.settings
+        self.endpoint = endpoint
+        self.metrics: Metrics | None = endpoint.metrics
         self.tracer = tracing.tracer() if settings.tracing else None
-        timed = settings.stage_timings or metrics is not None or self.tracer is not None
-        self.conn = ServerConnection(settings, subprotocol=subprotocol, now=time.monotonic(),
-                                     clock=time.perf_counter if timed else None, metrics=metrics)
-        if metrics is not None:
-            metrics.connections += 1
-            metrics.inc("connections_opened", self.conn.stats.label)
-        self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
-        self.models = model if isinstance(model, Models) else Models(model)
-        self.settings = settings
+        self.timed = settings.stage_timings or self.metrics is not None or self.tracer is not None
+        session_id, secret = new_session_ids()
+        self.opened_at = now = self.monotonic()
+        self.protocol = ServerProtocol(settings, subprotocol=subprotocol, now=now, session_id=session_id,
+                                       secret=secret, meter=cpu_clock)
         self._send = send
-        self._close = close
-        self.info = info or SessionInfo(session_id=self.conn.session_id, subprotocol=subprotocol)
-        self.executor = executor
-        self.scheduler = scheduler or AsyncScheduler.current()
-        self.store: SessionStore = store if store is not None else MemorySessionStore()
-        self.live: LiveSession | None = None
-        self._timer_tasks: set[asyncio.Task[None]] = set()
+        self.address = address
+        self.info = SessionInfo(session_id=session_id, subprotocol=subprotocol, client=client, headers=headers or {},
+                                user=user, extra=extra or {})
+        self.scheduler = AsyncScheduler.current()
+        self.loop = asyncio.get_running_loop()
+        self.runner: ModelRunner | None = None
+        self._arrived = 0.0  # when the frame being handled arrived (perf_counter), for a Request's stage timer
+        self._pending: list[Any] = []  # End and Error frames framed by end_stream, to send
         self._send_lock = asyncio.Lock()
         # The send in progress (the task holding the lock) and when it began: on_timer closes the
         # connection when one stays blocked for slow_consumer_timeout, without a loop timer per frame.
@@ -375,38 +383,43 @@ class AsyncServerSession:
         self._send_since = math.inf
         self._stuck_task: asyncio.Task[Any] | None = None  # the sender on_timer cancelled
         self._scheduled = math.inf
+        self._timer_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._close_sent = False
         self._gone = False
         self._welcomed = False
         self._errors_logged = 0
         self._superseded = False  # a resume moved this connection's session to another connection
+        self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
+        if self.metrics is not None:
+            self.metrics.connection_opened(self.protocol.stats)
 
     @property
     def tasks(self) -> dict[int, asyncio.Task[None]]:
         """Model tasks of the session this connection carries."""
-        return self.live.tasks if self.live is not None else {}
+        return self.runner.tasks if self.runner is not None else {}
 
-    # ------------------------------------------------------------------ driver API
+    # ------------------------------------------------------------------ from the socket
     def start(self) -> None:
-        """Register the connection's timers (and the connection, for :func:`drain_sessions`)."""
+        """Register the connection with its endpoint (for drains) and arm its timer."""
+        self.endpoint.connection_started(self)
         self.reschedule()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # driven without a loop (unit tests): nothing to drain it from
-            return
-        _LIVE.setdefault(loop, weakref.WeakSet()).add(self)
-        if loop in _DRAINS:  # the server is shutting down: this one goes at once, so clients retry elsewhere
-            self._spawn(loop, self.close_with(CloseCode.DRAINING, "server draining"))
 
     async def receive(self, data: bytes | str) -> None:
         """Feed one WebSocket message from the client."""
         if self._superseded:
             return  # stale socket: its session lives on another connection (the resume listed what it needs)
-        await self.run(self.conn.receive(data, time.monotonic()))
-        if self.live is not None:
-            self.live.window_changed()
-        self.reschedule()
+        proto = self.protocol
+        if self.timed:
+            self._arrived = self.clock()
+        actions = proto.receive_data(data, self.monotonic())
+        if actions:
+            await self._act(actions)
+        runner = self.runner
+        if runner is not None and runner.waiting:
+            runner.window_changed()
+        if proto.deadline_moved:
+            self.reschedule()
 
     async def disconnected(self, code: int | None = None) -> None:
         """The socket is gone (`code`: the peer's close code, if any): keep or end the session."""
@@ -414,99 +427,246 @@ class AsyncServerSession:
             return
         self._gone = True
         self._closing = True
-        self._count_close(code)
-        self.conn.connection_lost()
+        self._ended(code)
+        self.protocol.connection_lost()
         self.scheduler.cancel(self)
         self._scheduled = math.inf
-        live = self.live
-        if live is None or live.driver is not self:
+        runner = self.runner
+        if runner is None or runner.driver is not self:
             return
-        if self.conn.close_code is not None:
-            code = self.conn.close_code  # we closed: our reason decides
-        if code in _RESUMABLE and close_code_reconnects(code) and live.session.worth_keeping():
-            live.detach(time.monotonic())
+        if self.protocol.close_code is not None:
+            code = self.protocol.close_code  # we closed: our reason decides
+        if code in _RESUMABLE and close_code_reconnects(code) and runner.session.worth_keeping():
+            runner.detach(self.monotonic())
         else:
-            live.destroy()
-            await live.wait_closed()
+            runner.destroy()
+            await runner.wait_closed()
 
-    def _log_error(self, error: ev.Error) -> None:
-        """Log an Error sent to the client (model failures are logged where they happen, with the traceback).
-
-        The first few per connection at INFO, the rest at DEBUG: a client cannot flood the log.
-        """
-        if error.code is ErrorCode.MODEL_ERROR:
+    # ------------------------------------------------------------------ from the models
+    async def chunk(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
+        """The model of stream `sid` produced `chunk`: frame it, record it for resume, write it."""
+        proto = self.protocol
+        if timer is None:
+            frames = proto.send_chunk(sid, chunk, self.monotonic())
+            if frames:
+                await self._write(frames)
             return
-        self._errors_logged += 1
-        level = logging.INFO if self._errors_logged <= _ERRORS_LOGGED_AT_INFO else logging.DEBUG
-        log.log(level, "error sent on connection %s, stream %s: %s: %s", self.conn.session_id, error.stream_id,
-                error.code.wire_name, error.message,
-                extra={"session_id": self.conn.session_id, "stream_id": error.stream_id,
-                       "error_code": error.code.wire_name, "client": self.info.client})
+        compressor = proto.compressor
+        spent = compressor.spent if compressor is not None else 0.0
+        try:
+            frames = proto.send_chunk(sid, chunk, self.monotonic())
+            timer.encoded(compressor.spent - spent if compressor is not None else 0.0)
+            if frames:
+                await self._write(frames)
+        finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
+            timer.sent()
 
-    def _count_close(self, peer_code: int | None) -> None:
-        """Log and count the connection's end (who closed it, with which code)."""
-        by = "server" if self.conn.close_code is not None else "client"
-        code = self.conn.close_code if self.conn.close_code is not None else (peer_code or 1006)
-        log.info("connection %s closed by %s: %s %s", self.conn.session_id, by, code, self.conn.close_reason,
-                 extra={"session_id": self.conn.session_id, "close_code": code, "closed_by": by,
-                        "client": self.info.client})
-        if self._handshake_span is not None:  # never got past Hello: the handshake failed with this close
-            self._end_handshake(code)
+    def end_stream(self, sid: int, now: float, *, reason: str = "stop", timings_ms: dict[str, float] | None = None,
+                   error: tuple[ErrorCode, str] | None = None) -> ev.End | ev.Error | None:
+        """The model of `sid` ended: the machine records and frames its End (or Error), which
+        :meth:`send_pending` then writes. Returns the End or Error (None if the stream was not running)."""
+        proto = self.protocol
+        if error is None:
+            actions = proto.finish_stream(sid, now, reason=reason, timings_ms=timings_ms)
+        else:
+            actions = proto.fail_stream(sid, now, *error)
+        self._pending += actions
+        st = proto.session.streams.get(sid) if proto.session is not None else None
+        return st.terminal if st is not None else None
+
+    async def send_pending(self) -> None:
+        """Write the Ends and Errors :meth:`end_stream` framed."""
+        actions, self._pending = self._pending, []
+        if actions:
+            await self._act(actions)
+        if self.protocol.deadline_moved:
+            self.reschedule()
+
+    # ------------------------------------------------------------------ actions
+    async def _act(self, actions: list[Any]) -> None:
+        """Carry out the machine's actions (consecutive frames go out in one locked write)."""
+        frames: list[bytes | str] = []
+        for action in actions:
+            kind = type(action)
+            if kind is SendFrame:
+                frames.append(action.data)
+                if action.error is not None:
+                    self._sent_error(action.error)
+                continue
+            if frames:
+                await self._write(frames)
+                frames = []
+            if kind is StartStream:
+                self._start_stream(action.request)
+            elif kind is CancelStream:
+                if self.runner is not None:
+                    self.runner.cancel(action.stream_id)
+            elif kind is CloseConnection:
+                await self._close_socket(action.code, action.reason)
+            elif kind is Measured:
+                if self.metrics is not None:
+                    self.metrics.observe(action.name, action.value)
+            elif kind is ResumeSession:
+                await self._resume(action)
+            elif kind is Authenticate:
+                await self._authenticate(action)
+        if frames:
+            await self._write(frames)
+        if not self._welcomed and self.protocol.open:
+            self._opened()
+
+    def _start_stream(self, request: ev.Request) -> None:
+        runner = self.runner
+        if runner is None:
+            if self._superseded or self.protocol.session is None:
+                return
+            runner = self.runner = ModelRunner(self.protocol.session, self.endpoint, self)
+        timer = None
+        if self.timed:
+            timer = StreamTimer(self.clock, self._arrived)
+            timer.lap("decode")
+        runner.start(request, timer)
+
+    def _opened(self) -> None:
+        """Welcome went out: log it, time the handshake."""
+        self._welcomed = True
+        proto = self.protocol
+        if self.info.session_id != proto.session_id:
+            self.info = dataclasses.replace(self.info, session_id=proto.session_id)
+        log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or "json",
+                 ",".join(proto.compression) or "none", " (resumed)" if proto.resumed else "",
+                 extra={"session_id": proto.session_id, "subprotocol": proto.subprotocol, "client": self.info.client,
+                        "resumed": proto.resumed})
         if self.metrics is not None:
-            self.metrics.detach(self.conn.stats)
-            self.metrics.connections -= 1
-            self.metrics.inc("connections_closed", str(code), close_code_name(code), by)
+            self.metrics.observe("handshake_seconds", self.monotonic() - self.opened_at)
+        if self._handshake_span is not None:
+            self._end_handshake()
 
-    def _end_handshake(self, close_code: int | None = None) -> None:
-        span, self._handshake_span = self._handshake_span, None
-        conn = self.conn
-        tracing.end_handshake(span, session_id=conn.session_id, resumed=conn.resumed, compression=conn.compression,
-                              close_code=conn.close_code if conn.close_code is not None else close_code,
-                              client=self.info.client)
+    async def _authenticate(self, action: Authenticate) -> None:
+        hook = load_authenticator(self.settings.authenticate)
+        principal, reason = await run_authenticator(hook, Handshake.from_info(self.info, action.hello.auth),
+                                                     self.endpoint.executor)
+        if principal is not None:
+            self.info = dataclasses.replace(self.info, principal=principal)
+        else:
+            log.warning("refused client %s: %s", self.info.client, reason,
+                        extra={"session_id": self.protocol.session_id, "client": self.info.client})
+        await self._act(self.protocol.authenticated(principal, self.monotonic(), reason))
 
-    async def shutdown(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
-        """Close from the server side."""
-        await self.run(self.conn.close(code, reason))
+    async def _resume(self, action: ResumeSession) -> None:
+        found = self.endpoint.store.get(action.session_id)
+        runner = found if isinstance(found, ModelRunner) and not found.destroyed else None
+        actions = self.protocol.resume(runner.session if runner is not None else None, self.monotonic())
+        resumed = runner is not None and self.protocol.session is runner.session
+        if self.metrics is not None:
+            self.metrics.inc("resumes", "resumed" if resumed else "failed")
+        old: ConnectionDriver | None = None
+        if resumed:
+            assert runner is not None
+            old = runner.driver
+            self.runner = runner
+            self.info = dataclasses.replace(self.info, session_id=runner.session.session_id)
+            runner.attach(self)  # from now on the model tasks send through this connection
+            if old is not None and old is not self:
+                old.runner = None  # its socket is stale: it must not touch the session any more
+                old._superseded = True  # nor start a second runner for it (see _start_stream)
+            log.info("session %s resumed", runner.session.session_id, extra={"session_id": runner.session.session_id})
+        # Welcome and the replay go out before any await lets a model task run: the live Deltas
+        # it now sends through this connection must follow them (never a Delta before Welcome).
+        await self._act(actions)
+        if old is not None and old is not self:
+            await old.close(CloseCode.GOING_AWAY, "session resumed on another connection")
+        if self.runner is not None:
+            self.runner.window_changed()
 
+    # ------------------------------------------------------------------ output
+    async def _write(self, frames: list[bytes | str]) -> None:
+        if self._closing:
+            return
+        send = self._send
+        try:
+            async with self._send_lock:
+                if self._closing:  # closed while this waited for the lock
+                    return
+                # No loop timer per send (asyncio.timeout costs a TimerHandle each time): the
+                # connection's own timer checks _send_since. Its next deadline is normally the
+                # heartbeat's; if none is due before this send's, arm one, so a stuck send is
+                # caught between 1x and 1.5x slow_consumer_timeout after it began.
+                self._sender = asyncio.current_task()
+                self._send_since = since = self.monotonic()
+                timeout = self.settings.slow_consumer_timeout
+                if self._scheduled > since + 1.5 * timeout:
+                    self._scheduled = since + timeout
+                    self.scheduler.schedule(self, self._scheduled)
+                try:
+                    for data in frames:
+                        if type(data) is bytes:
+                            await send({"type": "websocket.send", "bytes": data})
+                        else:
+                            await send({"type": "websocket.send", "text": data})
+                finally:
+                    self._sender = None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task is not self._stuck_task:
+                raise
+            self._stuck_task = None
+            if task.uncancel() > 0:  # also cancelled for another reason
+                raise
+            log.warning("send blocked for %.0f s: closing slow consumer", self.settings.slow_consumer_timeout)
+            self.protocol.close(CloseCode.SLOW_CONSUMER, "send blocked")
+            await self._close_socket(CloseCode.SLOW_CONSUMER, "send blocked", locked=False)
+            await self.disconnected()
+        except Exception as exc:  # the socket went away under us
+            log.debug("send failed, treating as disconnect: %r", exc)
+            self._closing = True
+
+    async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
+        """Close the WebSocket from the server side with `code` (idempotent)."""
+        await self._act(self.protocol.close(code, reason))
+
+    async def _close_socket(self, code: int, reason: str, *, locked: bool = True) -> None:
+        self._closing = True
+        self.scheduler.cancel(self)
+        self._scheduled = math.inf
+        if self._close_sent:
+            return
+        self._close_sent = True
+        log.debug("closing connection %s: %s %s", self.protocol.session_id, code, reason,
+                  extra={"session_id": self.protocol.session_id, "close_code": code})
+        # A plain int: servers may check type(code) is int (daphne/autobahn refuse an IntEnum).
+        message = {"type": "websocket.close", "code": int(code), "reason": reason}
+        try:
+            async with asyncio.timeout(5.0):
+                if locked:
+                    async with self._send_lock:
+                        await self._send(message)
+                else:
+                    await self._send(message)
+        except Exception as exc:
+            log.debug("close failed: %r", exc)
+        runner = self.runner
+        if runner is not None and runner.driver is self and not close_code_reconnects(code):
+            # A final close (protocol error, idle...): nothing to resume, stop the models now.
+            runner.destroy()
+
+    # ------------------------------------------------------------------ time
     def on_timer(self, now: float) -> float:
         """Called by the scheduler when a deadline is due."""
         sender = self._sender
         stuck_at = self._send_since + self.settings.slow_consumer_timeout
         if sender is not None and self._stuck_task is None and now >= stuck_at:
             self._stuck_task = sender
-            sender.cancel()  # _send_frames turns this into the slow-consumer close
-        actions = self.conn.tick(now)
+            sender.cancel()  # _write turns this into the slow-consumer close
+        actions = self.protocol.tick(now)
         if actions:
-            self._spawn(asyncio.get_running_loop(), self.run(actions))
+            self._spawn(self._act(actions))
         self._scheduled = self._next_deadline()
         return self._scheduled
 
-    async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
-        """GoAway, let running streams finish for up to `grace` seconds (default: the ``drain_grace``
-        setting), then close with 4002."""
-        await self.run(self.conn.drain(reconnect_after_ms))
-        deadline = time.monotonic() + (self.settings.drain_grace if grace is None else grace)
-        # Wait on the model tasks, not the session's running count: a task ends only after its
-        # End/Error went out, so the 4002 close never overtakes a stream's last message.
-        while self.live is not None and self.live.tasks and time.monotonic() < deadline:
-            if self.conn.closed:
-                return
-            await asyncio.sleep(0.05)
-        await self.close_with(CloseCode.DRAINING, "server shutting down")
-
-    async def close_with(self, code: int, reason: str) -> None:
-        """Close the WebSocket with `code` (idempotent)."""
-        await self.run(self.conn.close(code, reason))
-
-    # ------------------------------------------------------------------ internals
-    def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Awaitable[None]) -> None:
-        """Run `coro` as a task of this connection's own, kept referenced until it is done."""
-        task = loop.create_task(coro)  # type: ignore[arg-type]
-        self._timer_tasks.add(task)
-        task.add_done_callback(self._timer_tasks.discard)
-
     def _next_deadline(self) -> float:
-        when = self.conn.next_deadline()
+        self.protocol.deadline_moved = False
+        when = self.protocol.next_deadline()
         if self._sender is not None and self._stuck_task is None:
             when = min(when, self._send_since + self.settings.slow_consumer_timeout)
         return when
@@ -518,194 +678,89 @@ class AsyncServerSession:
             self._scheduled = when
             self.scheduler.schedule(self, when)
 
-    async def run(self, actions: list[Any]) -> None:
-        """Carry out the state machine's actions (consecutive frames go out under one lock)."""
-        frames: list[bytes | str] = []
-        for action in actions:
-            if isinstance(action, SendFrame):
-                frames.append(action.data)
-                if action.error is not None:
-                    self._log_error(action.error)
-                continue
-            if frames:
-                await self._send_frames(frames)
-                frames = []
-            if isinstance(action, StartStream):
-                self._ensure_live()
-                self.live.start_stream(action.request)  # type: ignore[union-attr]
-            elif isinstance(action, CancelStream):
-                if self.live is not None:
-                    self.live.cancel(action.stream_id)
-            elif isinstance(action, ResumeSession):
-                await self._resume(action)
-            elif isinstance(action, Authenticate):
-                await self._authenticate(action)
-            elif isinstance(action, CloseConnection):
-                await self._close_with(action.code, action.reason)
-        if frames:
-            await self._send_frames(frames)
-        if self.live is None and self.conn.session is not None:
-            self._ensure_live()
-        if not self._welcomed and self.conn.state is ConnState.OPEN:
-            self._welcomed = True
-            conn = self.conn
-            log.info("connection %s open: %s, compression %s%s", conn.session_id, conn.subprotocol or "json",
-                     ",".join(conn.compression) or "none", " (resumed)" if conn.resumed else "",
-                     extra={"session_id": conn.session_id, "subprotocol": conn.subprotocol, "client": self.info.client,
-                            "resumed": conn.resumed})
-        if self._handshake_span is not None and self.conn.state is not ConnState.AWAIT_HELLO:
-            self._end_handshake()
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        """Run `coro` as a task of this connection's own, kept referenced until it is done."""
+        task = self.loop.create_task(coro)  # type: ignore[arg-type]
+        self._timer_tasks.add(task)
+        task.add_done_callback(self._timer_tasks.discard)
 
-    def _ensure_live(self) -> None:
-        if self.live is None and self.conn.session is not None and not self._superseded:
-            self.live = LiveSession(self.conn.session, models=self.models, settings=self.settings,
-                                    executor=self.executor, store=self.store, scheduler=self.scheduler,
-                                    metrics=self.metrics, tracer=self.tracer)
-            self._refresh_info()
-            self.live.attach(self)
+    # ------------------------------------------------------------------ shutdown
+    async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
+        """GoAway, let running streams finish for up to `grace` seconds (default: the ``drain_grace``
+        setting), then close with 4002."""
+        await self._act(self.protocol.drain(reconnect_after_ms))
+        deadline = self.monotonic() + (self.settings.drain_grace if grace is None else grace)
+        # Wait on the model tasks, not the session's running count: a task ends only after its
+        # End/Error went out, so the 4002 close never overtakes a stream's last message.
+        while self.runner is not None and self.runner.tasks and self.monotonic() < deadline:
+            if self.protocol.closed:
+                return
+            await asyncio.sleep(0.05)
+        await self.close(CloseCode.DRAINING, "server shutting down")
 
-    def _refresh_info(self) -> None:
-        sid = self.conn.session_id
-        if self.info.session_id != sid:
-            self.info = dataclasses.replace(self.info, session_id=sid)
-
-    async def _authenticate(self, action: Authenticate) -> None:
-        hook = load_authenticator(self.settings.authenticate)
-        principal, reason = await run_authenticator(hook, Handshake.from_info(self.info, action.hello.auth),
-                                                     self.executor)
-        if principal is not None:
-            self.info = dataclasses.replace(self.info, principal=principal)
-        else:
-            log.warning("refused client %s: %s", self.info.client, reason,
-                        extra={"session_id": self.conn.session_id, "client": self.info.client})
-        await self.run(self.conn.authenticated(principal, time.monotonic(), reason))
-
-    async def _resume(self, action: ResumeSession) -> None:
-        found = self.store.get(action.session_id)
-        live = found if isinstance(found, LiveSession) and not found.destroyed else None
-        actions = self.conn.resume(live.session if live is not None else None, time.monotonic())
-        old: AsyncServerSession | None = None
-        if live is not None and self.conn.session is live.session:
-            old = live.driver
-            self.live = live
-            self._refresh_info()
-            live.attach(self)  # from now on the model tasks send through this connection
-            if old is not None and old is not self:
-                old.live = None  # its socket is stale: it must not touch the session any more
-                old._superseded = True  # nor start a second LiveSession for it (see _ensure_live)
-            log.info("session %s resumed", live.session.session_id, extra={"session_id": live.session.session_id})
-        # Welcome and the replay go out before any await lets a model task run: the live Deltas
-        # it now sends through this connection must follow them (never a Delta before Welcome).
-        await self.run(actions)
-        if old is not None and old is not self:
-            await old.close_with(CloseCode.GOING_AWAY, "session resumed on another connection")
-        if self.live is not None:
-            self.live.window_changed()
-
-    async def _send_frames(self, frames: list[bytes | str]) -> None:
-        if self._closing:
+    # ------------------------------------------------------------------ logs and metrics
+    def _sent_error(self, error: ev.Error) -> None:
+        """Count an Error sent to the client, and log it (model failures are logged where they happen,
+        with the traceback). The first few per connection at INFO, the rest at DEBUG: a client cannot
+        flood the log."""
+        if self.metrics is not None:
+            self.metrics.inc("errors", error.code.wire_name)
+        if error.code is ErrorCode.MODEL_ERROR:
             return
-        try:
-            async with self._send_lock:
-                if self._closing:  # closed while this waited for the lock
-                    return
-                # No loop timer per send (asyncio.timeout costs a TimerHandle each time): the
-                # connection's own timer checks _send_since. Its next deadline is normally the
-                # heartbeat's; if none is due before this send's, arm one, so a stuck send is
-                # caught between 1x and 1.5x slow_consumer_timeout after it began.
-                self._sender = asyncio.current_task()
-                self._send_since = since = time.monotonic()
-                timeout = self.settings.slow_consumer_timeout
-                if self._scheduled > since + 1.5 * timeout:
-                    self._scheduled = since + timeout
-                    self.scheduler.schedule(self, self._scheduled)
-                try:
-                    for data in frames:
-                        await self._send(data)
-                finally:
-                    self._sender = None
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task is not self._stuck_task:
-                raise
-            self._stuck_task = None
-            if task.uncancel() > 0:  # also cancelled for another reason
-                raise
-            log.warning("send blocked for %.0f s: closing slow consumer", self.settings.slow_consumer_timeout)
-            self.conn.close(CloseCode.SLOW_CONSUMER, "send blocked")
-            await self._close_with(CloseCode.SLOW_CONSUMER, "send blocked", locked=False)
-            await self.disconnected()
-        except Exception as exc:  # the socket went away under us
-            log.debug("send failed, treating as disconnect: %r", exc)
-            self._closing = True
+        self._errors_logged += 1
+        level = logging.INFO if self._errors_logged <= _ERRORS_LOGGED_AT_INFO else logging.DEBUG
+        log.log(level, "error sent on connection %s, stream %s: %s: %s", self.protocol.session_id, error.stream_id,
+                error.code.wire_name, error.message,
+                extra={"session_id": self.protocol.session_id, "stream_id": error.stream_id,
+                       "error_code": error.code.wire_name, "client": self.info.client})
 
-    async def _close_with(self, code: int, reason: str, *, locked: bool = True) -> None:
-        self._closing = True
-        self.scheduler.cancel(self)
-        self._scheduled = math.inf
-        if self._close_sent:
-            return
-        self._close_sent = True
-        log.debug("closing connection %s: %s %s", self.conn.session_id, code, reason,
-                 extra={"session_id": self.conn.session_id, "close_code": code})
-        try:
-            async with asyncio.timeout(5.0):
-                if locked:
-                    async with self._send_lock:
-                        await self._close(code, reason)
-                else:
-                    await self._close(code, reason)
-        except Exception as exc:
-            log.debug("close failed: %r", exc)
-        live = self.live
-        if live is not None and live.driver is self and not close_code_reconnects(code):
-            # A final close (protocol error, idle...): nothing to resume, stop the models now.
-            live.destroy()
+    def _ended(self, peer_code: int | None) -> None:
+        """Log and count the connection's end (who closed it, with which code)."""
+        proto = self.protocol
+        by = "server" if proto.close_code is not None else "client"
+        code = proto.close_code if proto.close_code is not None else (peer_code or 1006)
+        log.info("connection %s closed by %s: %s %s", proto.session_id, by, code, proto.close_reason,
+                 extra={"session_id": proto.session_id, "close_code": code, "closed_by": by,
+                        "client": self.info.client})
+        if self._handshake_span is not None:  # never got past Hello: the handshake failed with this close
+            self._end_handshake(code)
+        if self.metrics is not None:
+            self.metrics.connection_closed(proto.stats, code, by)
+        self.endpoint.connection_ended(self)
+
+    def _end_handshake(self, close_code: int | None = None) -> None:
+        span, self._handshake_span = self._handshake_span, None
+        proto = self.protocol
+        tracing.end_handshake(span, session_id=proto.session_id, resumed=proto.resumed, compression=proto.compression,
+                              close_code=proto.close_code if proto.close_code is not None else close_code,
+                              client=self.info.client)
 
 
-# ---------------------------------------------------------------------- server shutdown
-# Every started connection, by the loop that runs it, and the drain in progress on a loop. Servers
-# call drain_sessions() (or drain_on_shutdown()) when they shut down: uvicorn through our protocol
-# shims, daphne through our runner, gunicorn through our worker (lowlat_mw.drivers.threads.drain_all).
-_LIVE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[AsyncServerSession]] = (
-    weakref.WeakKeyDictionary())
+# ================================================================================ server shutdown
+# The drain in progress on a loop. Servers call drain_all() (or drain_on_shutdown()) when they shut
+# down: uvicorn through our protocol shims, daphne through our runner, gunicorn through our worker
+# (lowlat_mw.drivers.threads.drain_all_sync); an app can drain one endpoint with Endpoint.drain().
 _DRAINS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = weakref.WeakKeyDictionary()
 
 
-def draining(loop: asyncio.AbstractEventLoop | None = None) -> bool:
-    """True once :func:`drain_sessions` began on `loop` (default: the running loop)."""
-    return (loop or asyncio.get_running_loop()) in _DRAINS
+async def drain_all(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
+    """Drain every lowlat-mw connection of the running loop at once, for a server shutting down.
 
-
-async def drain_sessions(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
-    """Drain every connection of the running loop at once, for a server shutting down.
-
-    Each gets GoAway; its running streams finish for up to `grace` seconds (default: its own
-    ``drain_grace`` setting); then it is closed with 4002, and clients resume elsewhere. From then on
-    a connection that starts on this loop is closed with 4002 at once. A second call waits for the first.
+    Each endpoint with connections on this loop stops admitting (new connections are closed with
+    4002) and drains them: GoAway, running streams finish for up to `grace` seconds (default: its
+    ``drain_grace`` setting), close 4002, and clients resume elsewhere. A second call waits for the first.
     """
     await asyncio.shield(_drain_task(asyncio.get_running_loop(), grace, reconnect_after_ms))
-
-
-def _open_sessions(loop: asyncio.AbstractEventLoop) -> list[AsyncServerSession]:
-    return [s for s in _LIVE.get(loop, ()) if not s.conn.closed]
 
 
 def _drain_task(loop: asyncio.AbstractEventLoop, grace: float | None, reconnect_after_ms: int) -> asyncio.Task[None]:
     task = _DRAINS.get(loop)
     if task is None:
-        sessions = _open_sessions(loop)
-        if sessions:
-            log.info("draining %d connection(s) for shutdown", len(sessions))
-        task = _DRAINS[loop] = loop.create_task(drain_each(sessions, grace, reconnect_after_ms))
+        endpoints = Endpoint.on_loop(loop)
+        if endpoints:
+            log.info("draining %d connection(s) for shutdown", sum(len(e.open_connections(loop)) for e in endpoints))
+        task = _DRAINS[loop] = loop.create_task(Endpoint.drain_each(endpoints, grace, reconnect_after_ms, loop=loop))
     return task
-
-
-async def drain_each(sessions: list[AsyncServerSession], grace: float | None = None,
-                     reconnect_after_ms: int = 0) -> None:
-    """Drain `sessions` side by side (:meth:`AsyncServerSession.drain`); one failing stops none of the others."""
-    if sessions:
-        await asyncio.gather(*(s.drain(grace, reconnect_after_ms) for s in sessions), return_exceptions=True)
 
 
 def drain_on_shutdown(then: Callable[[], Any]) -> bool:
@@ -713,7 +768,7 @@ def drain_on_shutdown(then: Callable[[], Any]) -> bool:
     of this loop's connections and call `then` once it is over. False (and `then` not called) when
     there is nothing of ours to drain on this loop."""
     loop = asyncio.get_running_loop()
-    if loop not in _DRAINS and not _open_sessions(loop):
+    if loop not in _DRAINS and not any(e.open_connections(loop) for e in Endpoint.on_loop(loop)):
         return False
     _drain_task(loop, None, 0).add_done_callback(lambda _task: then())
     return True

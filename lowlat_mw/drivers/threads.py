@@ -1,27 +1,24 @@
-"""Thread driver: runs sessions for thread-per-connection servers (Flask/werkzeug, gunicorn).
+"""The thread bridge: thread-per-connection servers (Flask on werkzeug or gunicorn) on the asyncio driver.
 
-Each connection's own thread only reads frames and blocks on them. Everything else (protocol
-state, model streams, timers) runs on ONE process-wide asyncio loop in a daemon thread, through
-the same :class:`~lowlat_mw.drivers.aio.AsyncServerSession` the ASGI adapters use, so heartbeats and
-reaping come from that loop's single scheduler, async models run natively and sync models run
-in the shared worker pool. Blocking socket writes go to a small send pool, never onto the loop.
+Each connection's own thread only reads frames and blocks on them. Everything else (protocol,
+models, timers) runs on ONE process-wide asyncio loop in a daemon thread, through the same
+:class:`~lowlat_mw.drivers.aio.ConnectionDriver` the ASGI adapters use, so heartbeats and reaping
+come from that loop's single scheduler, async models run natively and sync models run in the
+shared worker pool. Blocking socket writes go to a small send pool, never onto the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..model import ModelFn, Models, SessionInfo, shared_executor
-from ..observability.metrics import Metrics
-from ..protocol.session import SessionStore
-from ..settings import Settings
-from .aio import AsyncServerSession, drain_sessions
+from ..endpoint import Endpoint
+from .aio import ConnectionDriver, drain_all
 
-__all__ = ["ThreadedSession", "background_loop", "drain_all"]
+__all__ = ["ThreadDriver", "background_loop", "drain_all_sync"]
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -48,44 +45,32 @@ def background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-class ThreadedSession:
-    """One connection driven from its own (blocking) thread: call receive() per frame."""
+class ThreadDriver:
+    """One connection served from its own (blocking) thread: call :meth:`receive` per frame.
 
-    def __init__(
-        self,
-        *,
-        model: ModelFn | Models,
-        settings: Settings,
-        send: Callable[[bytes | str], Any],
-        close: Callable[[int, str], Any],
-        subprotocol: str | None,
-        info: Callable[[str], SessionInfo] | None = None,
-        store: SessionStore | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.loop = background_loop()
+    `send(data)` and `close(code, reason)` write to the socket (blocking); they run in the send pool,
+    in order (the driver's send lock keeps one write at a time).
+    """
+
+    def __init__(self, endpoint: Endpoint, *, send: Callable[[bytes | str], Any], close: Callable[[int, str], Any],
+                 subprotocol: str | None, address: str | None = None, **facts: Any) -> None:
+        """`address` and `facts` (client, headers, user, extra): as for ConnectionDriver."""
+        self.loop = loop = background_loop()
         pool = _send_pool
-        loop = self.loop
 
-        async def send_frame(data: bytes | str) -> None:
-            # The session's send lock keeps frames in order; the write itself may block.
-            await loop.run_in_executor(pool, send, data)
+        async def asgi_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "websocket.send":
+                data = message.get("bytes")
+                await loop.run_in_executor(pool, send, data if data is not None else message["text"])
+            else:
+                await loop.run_in_executor(pool, close, message.get("code", 1000), message.get("reason", ""))
 
-        async def close_ws(code: int, reason: str) -> None:
-            await loop.run_in_executor(pool, close, code, reason)
+        async def make() -> ConnectionDriver:
+            driver = ConnectionDriver(endpoint, send=asgi_send, subprotocol=subprotocol, address=address, **facts)
+            driver.start()
+            return driver
 
-        async def make() -> AsyncServerSession:
-            session = AsyncServerSession(
-                model=model, settings=settings, send=send_frame, close=close_ws,
-                subprotocol=subprotocol, executor=shared_executor(settings.model_threads), store=store,
-                metrics=metrics,
-            )
-            if info is not None:
-                session.info = info(session.conn.session_id)
-            session.start()
-            return session
-
-        self.session: AsyncServerSession = self._call(make())
+        self.driver: ConnectionDriver = self._call(make())
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -93,26 +78,30 @@ class ThreadedSession:
     @property
     def closed(self) -> bool:
         """True once the protocol decided to close (the reading thread should stop)."""
-        return self.session.conn.closed
+        return self.driver.protocol.closed
 
     def receive(self, data: bytes | str) -> None:
         """Feed one message; returns when it has been handled (backpressure for the reader)."""
-        self._call(self.session.receive(data))
+        self._call(self.driver.receive(data))
 
     def disconnected(self, code: int | None = None) -> None:
         """The socket is gone (`code`: the peer's close code): keep the session for resume or end it."""
-        self._call(self.session.disconnected(code))
+        self._call(self.driver.disconnected(code))
 
 
-def drain_all(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
-    """Drain every thread-driven connection of the process (a server shutting down; blocks until done).
-
-    GoAway, running streams finish for up to `grace` seconds (default: each connection's
-    ``drain_grace`` setting), close 4002; connections that open afterwards are closed with 4002.
-    Call it from any thread but the driver's loop. gunicorn's ``lowlat_mw.servers.gunicorn.ThreadWorker``
-    calls it on SIGTERM.
-    """
+def drain_all_sync(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
+    """:func:`~lowlat_mw.drivers.aio.drain_all` for the thread-driven connections (a server shutting down;
+    blocks until done, from any thread but the driver's loop). gunicorn's
+    ``lowlat_mw.servers.gunicorn.ThreadWorker`` calls it on SIGTERM."""
     loop = _loop
     if loop is None or loop.is_closed():
         return
-    asyncio.run_coroutine_threadsafe(drain_sessions(grace, reconnect_after_ms), loop).result()
+    asyncio.run_coroutine_threadsafe(drain_all(grace, reconnect_after_ms), loop).result()
+
+
+def facts_from_environ(environ: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """What models see of a WSGI connection (client, headers, user, extra), from its environ."""
+    headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+    return {"client": (environ.get("REMOTE_ADDR", ""), int(environ.get("REMOTE_PORT") or 0)), "headers": headers,
+            "user": environ.get("REMOTE_USER"),
+            "extra": {"path": path, "query_string": environ.get("QUERY_STRING", "")}}

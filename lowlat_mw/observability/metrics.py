@@ -1,236 +1,39 @@
-"""Observability: per-stream stage timings and process metrics exported to Prometheus.
+"""Process metrics exported to Prometheus: counters, gauges and histograms of lowlat-mw's connections.
 
-Two pieces, both fed by the drivers (the sans-IO state machines only count):
-
-* :class:`StreamTimer` splits one stream's server time into contiguous *stages* (lap timing), so
-  the stages of End.timings_ms add up to the stream's total. It reads the clock it is given.
-* :class:`Metrics` keeps counters, gauges and histograms in plain Python numbers (a histogram
-  observation is a bisect and two additions, ~0.2 us, against ~3 us for ``prometheus_client``'s
-  locked Histogram) and hands them to Prometheus through a custom collector at scrape time.
-  Disabled (setting ``metrics=False``) there is no Metrics object and no call at all.
+:class:`Metrics` keeps them in plain Python numbers (a histogram observation is a bisect and two
+additions, ~0.2 us, against ~3 us for ``prometheus_client``'s locked Histogram) and hands them to
+Prometheus through a custom collector at scrape time. The drivers feed it what the protocol machines
+report (frame counters, Errors, heartbeat round trips) and what they time themselves (stages, streams,
+handshakes), one call per event. Disabled (setting ``metrics=False``) there is no Metrics object and
+no call at all.
 
 A collector reports the process it runs in: with several worker processes, scrape each one.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
 import weakref
-from bisect import bisect_left as _bisect_left
-from collections.abc import Callable, Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CloseCode
+from ..protocol.base import FrameStats
+from .timing import STAGES, StreamTimer
 
 __all__ = [
     "LATENCY_BUCKETS",
-    "STAGES",
-    "FrameStats",
     "Metrics",
     "Snapshot",
-    "StreamTimer",
     "quantile",
-    "stage_sum",
 ]
-
-STAGES = ("decode", "queue", "model", "encode", "compress", "send", "flow")
-"""The additive stages of a stream, in End.timings_ms (milliseconds); they sum to ``total``.
-
-decode: parsing the Request frame. queue: waiting for the model to start running (task
-scheduling, or a free worker thread for sync models, per chunk for sync generators). model:
-inside the model callable. encode: building Delta frames. compress: compressing them. send:
-bookkeeping and handing frames to the server (including waiting for the connection's send lock).
-flow: paused because the client's flow-control window was full or the connection was gone.
-"""
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
                     300.0, 600.0)
-
-
-def stage_sum(timings_ms: Mapping[str, float]) -> float:
-    """Sum of the additive stages in an End's timings_ms (compare with ``timings_ms["total"]``)."""
-    return sum(timings_ms.get(s, 0.0) for s in STAGES)
-
-
-# ================================================================================ stream timer
-class StreamTimer:
-    """Lap timer of one stream: each lap charges the time since the previous one to a stage.
-
-    Created when the Request frame arrives (`start`: the clock value before it was decoded) and
-    carried by the stream's state, so a resumed stream keeps counting. The per-delta laps
-    (:meth:`chunk`, :meth:`encoded`, :meth:`compressed`, :meth:`sent`) are written out rather than
-    shared, because they run for every delta: one clock read and two additions each.
-    """
-
-    __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gap_bounds", "gap_counts",
-                 "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "model", "model_first_chunk",
-                 "model_started", "queue", "send", "start", "ttfd")
-
-    def __init__(self, clock: Callable[[], float], start: float) -> None:
-        self.clock = clock
-        self.start = start
-        self.last = start
-        self.decode = self.queue = self.model = self.encode = self.compress = self.send = self.flow = 0.0
-        self.model_started: float | None = None
-        self.model_first_chunk: float | None = None
-        self.deltas = 0
-        self.last_delta = 0.0
-        self.first_delta: float | None = None
-        self.ttfd: _Hist | None = None  # metric children bound at stream start (None: metrics off)
-        self.gaps: _Hist | None = None  # see bind_gaps
-        self.gap_counts: list[int] | None = None
-        self.gap_bounds: tuple[float, ...] = ()
-        # the bucket the last gap fell in, (gap_lo, gap_hi]: consecutive gaps mostly share one
-        self.gap_lo, self.gap_hi, self.gap_i = 0.0, -1.0, 0
-
-    def bind_gaps(self, hist: _Hist) -> None:
-        """Count this stream's inter-delta gaps into `hist` (its sum is added by :meth:`close_gaps`)."""
-        self.gaps, self.gap_counts, self.gap_bounds = hist, hist.counts, hist.bounds
-
-    def _new_gap_bucket(self, counts: list[int], gap: float) -> None:
-        bounds = self.gap_bounds
-        i = _bisect_left(bounds, gap)
-        counts[i] += 1
-        self.gap_i = i
-        self.gap_lo = bounds[i - 1] if i > 0 else float("-inf")
-        self.gap_hi = bounds[i] if i < len(bounds) else float("inf")
-
-    def close_gaps(self) -> None:
-        """The stream ended: add the sum of its gaps (last Delta's time - first's) to the histogram.
-
-        Per Delta only the bucket count moves (one bisect): the gaps add up to that difference, so
-        the sum is added once, at the end. A scrape during a stream sees its counts, not yet its sum.
-        """
-        if self.gaps is not None and self.first_delta is not None and self.deltas > 1:
-            self.gaps.sum += self.last_delta - self.first_delta
-        self.gaps = self.gap_counts = None
-
-    @property
-    def stages(self) -> dict[str, float]:
-        """Seconds per stage, in STAGES order."""
-        return {name: getattr(self, name) for name in STAGES}
-
-    def lap(self, stage: str) -> float:
-        """Charge the time since the last lap to `stage` (one of STAGES); returns the clock value."""
-        now = self.clock()
-        setattr(self, stage, getattr(self, stage) + now - self.last)
-        self.last = now
-        return now
-
-    def model_running(self) -> None:
-        """The model's code starts (or resumes, for a sync generator's next chunk): end of a queue wait."""
-        now = self.lap("queue")
-        if self.model_started is None:
-            self.model_started = now
-
-    def chunk(self) -> None:
-        """The model produced a chunk (or finished)."""
-        now = self.clock()
-        self.model += now - self.last
-        self.last = now
-        if self.model_first_chunk is None and self.model_started is not None:
-            self.model_first_chunk = now
-
-    def encoded(self) -> None:
-        """A frame was serialized."""
-        now = self.clock()
-        self.encode += now - self.last
-        self.last = now
-
-    def compressed(self) -> None:
-        """A frame was compressed."""
-        now = self.clock()
-        self.compress += now - self.last
-        self.last = now
-
-    def sent(self) -> None:
-        """A Delta went to the server: charge send time, feed time-to-first-delta and inter-delta gap."""
-        now = self.clock()
-        self.send += now - self.last
-        self.last = now
-        self.deltas += 1
-        if self.deltas == 1:
-            self.first_delta = now
-            if self.ttfd is not None:
-                self.ttfd.observe(now - self.start)
-        else:
-            counts = self.gap_counts
-            if counts is not None:  # the bucket of this gap (the sum is added at the end: close_gaps)
-                gap = now - self.last_delta
-                if self.gap_lo < gap <= self.gap_hi:
-                    counts[self.gap_i] += 1
-                else:
-                    self._new_gap_bucket(counts, gap)
-        self.last_delta = now
-
-    def timings_ms(self) -> dict[str, float]:
-        """The stages in milliseconds; ``total`` on the same clock (the Request frame's arrival to the last
-        lap); and ``model_first_chunk`` (model start to its first chunk).
-
-        ``total`` is the stages' own span: read from another clock at another moment, a pause between
-        the two reads (a garbage collection in a big heap) opened a gap the stages did not cover.
-        """
-        out = {name: getattr(self, name) * 1000.0 for name in STAGES}
-        out["total"] = (self.last - self.start) * 1000.0
-        if self.model_first_chunk is not None and self.model_started is not None:
-            out["model_first_chunk"] = (self.model_first_chunk - self.model_started) * 1000.0
-        return out
-
-
-CODEC_SLOTS = 5  # compression codec ids counted per connection: none, zstd, lz4, snappy, and the reserved 4
-
-
-class FrameStats:
-    """Frames and bytes of one connection, by compression codec id: what the connection counts anyway.
-
-    ``sent[3 * codec_id : 3 * codec_id + 3]`` is ``frames, bytes before compression, bytes on the
-    wire`` (one flat list: small, as every connection has one) and ``received`` is ``[frames, bytes]``.
-    :class:`Metrics` reads the open connections' counters at scrape time and folds a connection's
-    into its totals when it closes, so metrics cost nothing per frame.
-    """
-
-    __slots__ = ("__weakref__", "label", "received", "sent")
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.sent = [0] * (3 * CODEC_SLOTS)
-        self.received = [0, 0]
-
-    def count_sent(self, codec_id: int, raw: int, wire: int) -> None:
-        """One frame sent."""
-        sent, base = self.sent, 3 * codec_id
-        sent[base] += 1
-        sent[base + 1] += raw
-        sent[base + 2] += wire
-
-    def by_codec(self) -> list[tuple[int, int, int]]:
-        """(frames, bytes before compression, bytes on the wire) per codec id."""
-        s = self.sent
-        return [(s[i], s[i + 1], s[i + 2]) for i in range(0, len(s), 3)]
-
-    @property
-    def frames_out(self) -> int:
-        return sum(self.sent[0::3])
-
-    @property
-    def payload_bytes_out(self) -> int:
-        return sum(self.sent[1::3])
-
-    @property
-    def bytes_out(self) -> int:
-        return sum(self.sent[2::3])
-
-    @property
-    def frames_in(self) -> int:
-        return self.received[0]
-
-    @property
-    def bytes_in(self) -> int:
-        return self.received[1]
 
 
 # ================================================================================ aggregation
@@ -245,7 +48,7 @@ class _Hist:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
     @property
@@ -295,12 +98,6 @@ _SPECS = (
 )
 _SPEC_BY_NAME = {s.name: s for s in _SPECS}
 _COMPRESSION_NAMES = {0: "none", 1: "zstd", 2: "lz4", 3: "snappy"}
-_SUBPROTOCOL_LABEL = {"lowlat.v1.proto": "proto", "lowlat.v1.json": "json", None: "json"}
-
-
-def subprotocol_label(subprotocol: str | None) -> str:
-    """The short label value for a subprotocol ("proto" or "json")."""
-    return _SUBPROTOCOL_LABEL.get(subprotocol, "json")
 
 
 def close_code_name(code: int) -> str:
@@ -428,6 +225,44 @@ class Metrics:
     def observe(self, name: str, value: float, *labels: str) -> None:
         """Observe `value` in histogram `name`."""
         self.hist(name, *labels).observe(value)
+
+    # ------------------------------------------------------------------ one call per event (the drivers')
+    def connection_opened(self, stats: FrameStats) -> None:
+        """A WebSocket was accepted: count it, and its frames from now on (read at scrape time)."""
+        self.connections += 1
+        self.inc("connections_opened", stats.label)
+        self.attach(stats)
+
+    def connection_closed(self, stats: FrameStats, code: int, by: str) -> None:
+        """A connection ended with close `code`, closed `by` "server" or "client"."""
+        self.connections -= 1
+        self.detach(stats)
+        self.inc("connections_closed", str(code), close_code_name(code), by)
+
+    def stream_started(self, label: str) -> tuple[_Hist, _Hist]:
+        """A model started for `label`: the time-to-first-delta and inter-delta histograms to bind its timer to."""
+        self.streams += 1
+        return self.hist("time_to_first_delta_seconds", label), self.hist("inter_delta_seconds", label)
+
+    def stream_ended(self, label: str, outcome: str, seconds: float, timer: StreamTimer | None) -> None:
+        """A stream ended (`outcome`: stop, cancelled, error) after `seconds`: its counters, duration and stages."""
+        self.streams -= 1
+        self.inc("streams_finished", label, outcome)
+        self.hist("stream_duration_seconds", label, outcome).observe(seconds)
+        if timer is None:
+            return
+        gaps = timer.gaps
+        if gaps is not None:  # per Delta only the gap's bucket was counted: the sum is added once, here
+            gaps.sum += timer.gap_sum()
+            timer.gaps = timer.gap_counts = None
+        series = self._values["stage_seconds"]
+        for stage, value in zip(STAGES, (timer.decode, timer.queue, timer.model, timer.encode, timer.compress,
+                                         timer.send, timer.flow), strict=True):
+            h = series.get((stage, label))
+            if h is None:
+                h = series[(stage, label)] = _Hist(LATENCY_BUCKETS)
+            h.counts[bisect_left(h.bounds, value)] += 1
+            h.sum += value
 
     def snapshot(self) -> Snapshot:
         """Gauges and the summed time-to-first-delta histogram, for a live summary line."""

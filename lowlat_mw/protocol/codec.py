@@ -24,10 +24,11 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
-from ..observability.metrics import StreamTimer
 from ..proto import lowlat_v1_pb2 as pb
+from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
-from .compression import BINARY, TEXT, CompressionSelector, decompress
+from .compression import decompress
+from .selector import BINARY, TEXT, CompressionSelector
 
 __all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for", "encode_varint"]
 
@@ -49,9 +50,14 @@ class WireCodec(Protocol):
         """Parse one WebSocket message; raise RemoteProtocolError on bad input."""
         ...
 
-    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None,
-                     timer: StreamTimer | None = None) -> tuple[bytes | str, int, int]:
-        """(frame, size before compression, compression codec id), lapping `timer` per stage."""
+    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None
+                     ) -> tuple[bytes | str, int, int]:
+        """(frame, size before compression, compression codec id)."""
+        ...
+
+    def encode_delta(self, stream_id: int, seq: int, chunk: str | bytes, compressor: CompressionSelector | None = None
+                     ) -> tuple[bytes | str, int, int]:
+        """The Delta (`stream_id`, `seq`, `chunk`) as :meth:`encode_frame` would, without building the event."""
         ...
 
 
@@ -93,14 +99,19 @@ def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
 
     Byte-for-byte what the protobuf library produces; tests/test_codec.py checks that.
     """
-    body = chunk.encode() if isinstance(chunk, str) else chunk
-    tag = b"\x1a" if isinstance(chunk, str) else b"\x22"
+    small = _SMALL_VARINTS
+    if type(chunk) is str:
+        body, tag = chunk.encode(), b"\x1a"
+    else:
+        body, tag = bytes(chunk), b"\x22"
+    n = len(body)
     inner = (
-        (b"\x08" + encode_varint(stream_id) if stream_id else b"")
-        + (b"\x10" + encode_varint(seq) if seq else b"")
-        + tag + encode_varint(len(body)) + body
+        (b"\x08" + (small[stream_id] if stream_id < 0x80 else encode_varint(stream_id)) if stream_id else b"")
+        + (b"\x10" + (small[seq] if seq < 0x80 else encode_varint(seq)) if seq else b"")
+        + tag + (small[n] if n < 0x80 else encode_varint(n)) + body
     )
-    return b"\x22" + encode_varint(len(inner)) + inner
+    m = len(inner)
+    return b"\x22" + (small[m] if m < 0x80 else encode_varint(m)) + inner
 
 
 def _struct_to_dict(struct: Any) -> dict[str, Any]:
@@ -249,27 +260,30 @@ class ProtoCodec:
         """Serialize `event` as a binary frame, compressed when `compressor` says it pays."""
         return self.encode_frame(event, compressor)[0]
 
-    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None,
-                     timer: StreamTimer | None = None) -> tuple[bytes, int, int]:
-        """(frame, its size before compression, compression codec id); `timer` laps encode and compress."""
+    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None) -> tuple[bytes, int, int]:
+        """(frame, its size before compression, compression codec id)."""
         if isinstance(event, ev.Delta):
-            payload = encode_delta_fast(event.stream_id, event.seq, event.chunk)
-            kind = TEXT if event.text is not None else BINARY
-        else:
-            payload = to_protobuf(event).SerializeToString()
-            kind = BINARY if isinstance(event, ev.Request) and event.data is not None else TEXT
-        if compressor is None or len(payload) < compressor.min_size:  # too small to try: no compress stage
+            return self.encode_delta(event.stream_id, event.seq, event.chunk, compressor)
+        payload = to_protobuf(event).SerializeToString()
+        return self._frame(payload, BINARY if isinstance(event, ev.Request) and event.data is not None else TEXT,
+                           compressor)
+
+    def encode_delta(self, stream_id: int, seq: int, chunk: str | bytes, compressor: CompressionSelector | None = None
+                     ) -> tuple[bytes, int, int]:
+        """The Delta (`stream_id`, `seq`, `chunk`) as :meth:`encode_frame` would, without building the event."""
+        payload = encode_delta_fast(stream_id, seq, chunk)
+        if compressor is None or len(payload) < compressor.min_size:  # too small to try (the common case)
             frame = _HEADER_NONE + payload
-            if timer is not None:
-                timer.encoded()
             return frame, len(frame), 0
-        if timer is not None:
-            timer.encoded()
+        return self._frame(payload, TEXT if type(chunk) is str else BINARY, compressor)
+
+    @staticmethod
+    def _frame(payload: bytes, kind: str, compressor: CompressionSelector | None) -> tuple[bytes, int, int]:
+        if compressor is None or len(payload) < compressor.min_size:
+            frame = _HEADER_NONE + payload
+            return frame, len(frame), 0
         codec_id, out = compressor.compress(payload, kind)
-        frame = bytes((_HEADER_BASE | codec_id,)) + out
-        if timer is not None:
-            timer.compressed()
-        return frame, len(payload) + 1, codec_id
+        return bytes((_HEADER_BASE | codec_id,)) + out, len(payload) + 1, codec_id
 
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
         """Parse a binary frame (RemoteProtocolError with the close code to use on bad input)."""
@@ -282,7 +296,8 @@ class ProtoCodec:
             raise RemoteProtocolError(
                 f"unsupported frame version {header >> 4}",
                 error_code=ErrorCode.PROTOCOL_ERROR, close_code=CloseCode.PROTOCOL_ERROR)
-        payload = decompress(header & 0x0F, bytes(frame[1:]), limit, allowed)
+        codec_id = header & 0x0F
+        payload = bytes(frame[1:]) if not codec_id else decompress(codec_id, bytes(frame[1:]), limit, allowed)
         if len(payload) > limit:
             raise RemoteProtocolError(
                 f"payload exceeds max_decompressed_size ({limit} bytes)",
@@ -483,14 +498,20 @@ class JsonCodec:
         """Serialize `event` as compact JSON text."""
         return json.dumps(to_json_dict(event), separators=(",", ":"), ensure_ascii=False)
 
-    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None,
-                     timer: StreamTimer | None = None) -> tuple[str, int, int]:
-        """(frame, its UTF-8 size, 0): text frames are never compressed; `timer` laps encode."""
+    def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None) -> tuple[str, int, int]:
+        """(frame, its UTF-8 size, 0): text frames are never compressed."""
         text = json.dumps(to_json_dict(event), separators=(",", ":"), ensure_ascii=False)
-        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-        if timer is not None:
-            timer.encoded()
-        return text, size, 0
+        return text, len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")), 0
+
+    def encode_delta(self, stream_id: int, seq: int, chunk: str | bytes, compressor: CompressionSelector | None = None
+                     ) -> tuple[str, int, int]:
+        """The Delta (`stream_id`, `seq`, `chunk`) as :meth:`encode_frame` would, without building the event."""
+        if type(chunk) is str:
+            d = {"type": "delta", "stream_id": stream_id, "seq": seq, "text": chunk}
+        else:
+            d = {"type": "delta", "stream_id": stream_id, "seq": seq, "data": _b64(chunk)}  # type: ignore[arg-type]
+        text = json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+        return text, len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")), 0
 
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
         """Parse a text frame (RemoteProtocolError with the close code to use on bad input)."""
@@ -518,8 +539,9 @@ def _has_lone_surrogate(obj: Any) -> bool:
     return False
 
 
+_PROTO, _JSON = ProtoCodec(), JsonCodec()  # stateless: one of each serves every connection
+
+
 def codec_for(subprotocol: str | None) -> WireCodec:
     """The codec serving `subprotocol` (None, no subprotocol, means JSON)."""
-    from ..settings import SUBPROTOCOL_PROTO
-
-    return ProtoCodec() if subprotocol == SUBPROTOCOL_PROTO else JsonCodec()
+    return _PROTO if subprotocol == SUBPROTOCOL_PROTO else _JSON

@@ -1,33 +1,32 @@
 """The server side of one lowlat-mw connection as a sans-IO state machine.
 
-Drivers feed it received WebSocket messages, model output and the time; it answers with
-actions (send these bytes, start/cancel a model stream, close with this code). It owns the
-handshake, stream bookkeeping, heartbeat, idle reaping and the codec, and never does I/O.
-
-States::
-
-    AWAIT_HELLO --Hello--> OPEN --close/error/timeout--> CLOSED
-         \\--------------- timeout / bad frame -------------^
+Drivers feed it received WebSocket messages, the model's output and the time; it answers with
+actions (send these bytes, start or cancel a model, close with this code). It owns the handshake,
+the streams of its session (numbering, recording for resume, End and Error), flow control, the
+heartbeat, idle reaping and the codec. It reads no clock, draws no random numbers and records no
+metric: session ids and secrets are given to it, measurements come out as data (its
+:class:`~lowlat_mw.protocol.base.FrameStats`, :class:`~lowlat_mw.protocol.base.Measured` actions, the
+Errors in :class:`~lowlat_mw.protocol.base.SendFrame`). Which message it accepts in which state is the
+table in :mod:`~lowlat_mw.protocol.state`.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import math
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
-from ..observability.metrics import FrameStats, Metrics, StreamTimer, subprotocol_label
+from ..errors import CloseCode, ErrorCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_JSON, Settings
 from . import events as ev
-from .codec import codec_for
-from .compression import CompressionSelector, available_codecs
+from .base import CloseConnection, Measured, Protocol, SendFrame
+from .compression import available_codecs
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
-from .session import Session, StreamState
+from .session import Session, StreamState, encoded_len, normalize_chunk, split_chunk
+from .state import SERVER_RECEIVES, ConnState, handlers
 
 __all__ = [
     "Action",
@@ -35,38 +34,22 @@ __all__ = [
     "CancelStream",
     "CloseConnection",
     "ConnState",
+    "Measured",
     "ResumeSession",
     "SendFrame",
-    "ServerConnection",
+    "ServerProtocol",
     "StartStream",
     "negotiate_subprotocol",
     "normalize_chunk",
+    "split_chunk",
 ]
 
 
 # ------------------------------------------------------------------------------------ actions
 @dataclass(frozen=True, slots=True)
-class SendFrame:
-    """Send this WebSocket message (bytes: binary frame, str: text frame).
-
-    `error` is the Error it carries, if any, so the driver can log it (the state machine does no I/O).
-    """
-
-    data: bytes | str
-    error: ev.Error | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CloseConnection:
-    """Close the WebSocket with `code` and `reason`; cancel every running stream."""
-
-    code: int
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class StartStream:
-    """Run the model for `request`; report its chunks with ``send_chunk`` and its end."""
+    """Run the model for `request`; report its output with ``send_chunk`` and its end with
+    ``finish_stream`` / ``fail_stream``."""
 
     request: ev.Request
 
@@ -80,29 +63,21 @@ class CancelStream:
 
 @dataclass(frozen=True, slots=True)
 class Authenticate:
-    """Run the authenticate hook for `hello`, then call ``conn.authenticated(principal, now)``."""
+    """Run the authenticate hook for `hello`, then call ``authenticated(principal, now)``."""
 
     hello: ev.Hello
 
 
 @dataclass(frozen=True, slots=True)
 class ResumeSession:
-    """The client asks to resume: look the session up by token, then call ``conn.resume(...)``."""
+    """The client asks to resume: look the session up by id, then call ``resume(session, now)``."""
 
     token: str
     session_id: str
     last_seq: Mapping[int, int]
 
 
-Action = SendFrame | CloseConnection | StartStream | CancelStream | ResumeSession | Authenticate
-
-
-class ConnState(enum.Enum):
-    """Where the connection is in its life."""
-
-    AWAIT_HELLO = "await_hello"
-    OPEN = "open"
-    CLOSED = "closed"
+Action = SendFrame | CloseConnection | Measured | StartStream | CancelStream | ResumeSession | Authenticate
 
 
 def negotiate_subprotocol(offered: list[str] | tuple[str, ...], settings: Settings) -> tuple[bool, str | None]:
@@ -119,56 +94,44 @@ def negotiate_subprotocol(offered: list[str] | tuple[str, ...], settings: Settin
     return False, None
 
 
-class ServerConnection:
+# ------------------------------------------------------------------------------------ the machine
+class ServerProtocol(Protocol):
     """Protocol state of one accepted WebSocket, driven by an I/O layer.
 
-    Streams live in a :class:`~lowlat_mw.protocol.session.Session` that a later connection can take over
-    (resume); everything here is about this one socket: codec, compression, heartbeat, idleness.
+    Streams live in a :class:`~lowlat_mw.protocol.session.Session` that a later connection can take
+    over (resume); everything else here is about this one socket: codec, compression, heartbeat,
+    idleness. ``deadline_moved`` is set when :meth:`next_deadline` may have moved earlier (the driver
+    then re-arms its timer and clears it); otherwise it only moves later, and a timer that fires
+    early finds nothing to do.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        subprotocol: str | None,
-        now: float,
-        session_id: str | None = None,
-        clock: Callable[[], float] | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        """`clock` (e.g. time.perf_counter) turns on per-stage stream timings; `metrics` counts."""
+    HANDLERS: Any = {}
+    APPLICATION = frozenset({ev.Request, ev.Cancel})  # Hello, Ping, Pong and Ack only prove the peer alive
+
+    def __init__(self, settings: Settings, *, subprotocol: str | None, now: float, session_id: str, secret: str,
+                 meter: Callable[[], float] | None = None) -> None:
+        """`session_id` and `secret` name the session a Hello without a (valid) resume token starts;
+        `meter`: a CPU clock the compressor times its own work with (None: its priors decide)."""
+        super().__init__(subprotocol, state=ConnState.AWAIT_HELLO, max_frame_size=settings.max_frame_size,
+                         max_decompressed_size=settings.max_decompressed_size, meter=meter)
         self.settings = settings
-        self.clock = clock
-        self.metrics = metrics
-        self._frame_at = 0.0  # clock value when the frame being handled arrived
-        self.subprotocol = subprotocol
-        self.codec = codec_for(subprotocol)
-        self.state = ConnState.AWAIT_HELLO
-        self._new_session_id = session_id or secrets.token_urlsafe(12)
+        self._new_session = (session_id, secret)
         self.session: Session | None = None
         self.hello: ev.Hello | None = None
-        self.heartbeat = Heartbeat(
-            settings.heartbeat_interval, settings.heartbeat_max_interval, settings.heartbeat_timeout, now
-        )
+        self.heartbeat = Heartbeat(settings.heartbeat_interval, settings.heartbeat_max_interval,
+                                   settings.heartbeat_timeout, now)
         self.reaper = IdleReaper(settings.idle_timeout, now)
         self.handshake_deadline = now + settings.handshake_timeout
-        self.compression: tuple[str, ...] = ()
-        self.compressor: CompressionSelector | None = None
-        self.close_code: int | None = None
-        self.close_reason = ""
         self.draining = False
         self.resumed = False  # Welcome continued an earlier session
         self.opened_at = now
         self.principal: object | None = None
         self.bucket = TokenBucket(settings.rate_limit, settings.rate_burst, now) if settings.rate_limit else None
-        self.stats = FrameStats(subprotocol_label(subprotocol))  # frames and bytes by compression codec
-        if metrics is not None:
-            metrics.attach(self.stats)
 
     @property
     def session_id(self) -> str:
-        """The session's id (a fresh one until a Hello resumes another)."""
-        return self.session.session_id if self.session is not None else self._new_session_id
+        """The session's id (the one a new session would get, until a Hello starts or resumes one)."""
+        return self.session.session_id if self.session is not None else self._new_session[0]
 
     @property
     def streams(self) -> dict[int, StreamState]:
@@ -178,127 +141,47 @@ class ServerConnection:
         return self.session.running
 
     # ------------------------------------------------------------------ helpers
-    def _send(self, event: ev.Event) -> SendFrame:
-        data, raw, codec_id = self.codec.encode_frame(event, self.compressor)
-        self.stats.count_sent(codec_id, raw, len(data) if isinstance(data, bytes) else raw)
-        if isinstance(event, ev.Error):
-            if self.metrics is not None:
-                self.metrics.inc("errors", event.code.wire_name)
-            return SendFrame(data, event)
-        return SendFrame(data)
-
-    def deliver(self, events: list[ev.Event], now: float) -> list[Action]:
-        """Frames for events the session already recorded (an End/Error, output made while detached)."""
-        if self.state is not ConnState.OPEN:
-            return []
-        self.reaper.touch(now)
-        return [self._send(e) for e in events]
-
-    @property
-    def open(self) -> bool:
-        """True between Welcome and close: frames can be sent."""
-        return self.state is ConnState.OPEN
-
-    def _close(self, code: int, reason: str) -> list[Action]:
-        if self.state is ConnState.CLOSED:
-            return []
-        self.state = ConnState.CLOSED
-        self.close_code, self.close_reason = code, reason
-        return [CloseConnection(code, reason)]
-
     def _error(self, stream_id: int, code: ErrorCode, message: str, *, retryable: bool = False) -> SendFrame:
-        return self._send(ev.Error(stream_id=stream_id, code=code, message=message, retryable=retryable))
+        return self._send_error(ev.Error(stream_id=stream_id, code=code, message=message, retryable=retryable))
 
-    @property
-    def closed(self) -> bool:
-        """True once a CloseConnection was returned or the peer went away."""
-        return self.state is ConnState.CLOSED
+    def _send_error(self, error: ev.Error) -> SendFrame:
+        return SendFrame(self._frame(error), error)
 
-    # ------------------------------------------------------------------ input
-    def receive(self, data: bytes | str, now: float) -> list[Action]:
-        """Handle one WebSocket message from the client."""
-        if self.state is ConnState.CLOSED:
-            return []
-        if self.clock is not None:
-            self._frame_at = self.clock()
-        size = len(data) if isinstance(data, bytes | bytearray) or len(data) * 4 <= self.settings.max_frame_size \
-            else len(data.encode("utf-8", "surrogatepass"))
-        received = self.stats.received
-        received[0] += 1
-        received[1] += size
-        if size > self.settings.max_frame_size:
-            self.heartbeat.on_receive(now)
-            return [
-                self._error(0, ErrorCode.MESSAGE_TOO_BIG,
+    def _send(self, event: ev.Event) -> SendFrame:
+        return self._send_error(event) if type(event) is ev.Error else SendFrame(self._frame(event))
+
+    def _too_big(self, size: int) -> list[Any]:
+        return [self._error(0, ErrorCode.MESSAGE_TOO_BIG,
                             f"frame of {size} bytes exceeds max_frame_size ({self.settings.max_frame_size})"),
-                *self._close(CloseCode.MESSAGE_TOO_BIG, "frame too big"),
-            ]
-        try:
-            event = self.codec.decode(
-                data, limit=self.settings.max_decompressed_size, allowed=self.compression
-            )
-        except RemoteProtocolError as exc:
-            self.heartbeat.on_receive(now)
-            actions: list[Action] = [self._error(exc.stream_id, exc.error_code, str(exc))]
-            if exc.close_code is not None:
-                actions += self._close(exc.close_code, exc.error_code.wire_name)
-            return actions
-        # Requests and Cancels are application traffic (they stretch the ping interval); Hello,
-        # Ping, Pong and Ack only prove the peer alive.
-        self.heartbeat.on_receive(now, application=isinstance(event, ev.Request | ev.Cancel))
-        return self._handle(event, now)
+                *self._close(CloseCode.MESSAGE_TOO_BIG, "frame too big")]
 
-    def _handle(self, event: ev.Event, now: float) -> list[Action]:
-        if self.state is ConnState.AWAIT_HELLO:
-            if not isinstance(event, ev.Hello) or self.hello is not None:
-                return [
-                    self._error(0, ErrorCode.PROTOCOL_ERROR, f"expected hello, got {type(event).__name__.lower()}"),
-                    *self._close(CloseCode.PROTOCOL_ERROR, "expected hello"),
-                ]
-            return self._on_hello(event, now)
-        session = self.session
-        assert session is not None
-        if isinstance(event, ev.Request):
-            return self._on_request(event, now)
-        if isinstance(event, ev.Ack):
-            session.ack(event.stream_id, event.seq, event.done)
-            return []
-        if isinstance(event, ev.Cancel):
-            self.reaper.touch(now)
-            stream = session.streams.get(event.stream_id)
-            if stream is None or not stream.running or stream.cancelling:
-                return []  # already finished: the End/Error is on its way
-            stream.cancelling = True
-            return [CancelStream(event.stream_id)]
-        if isinstance(event, ev.Ping):
-            return [self._send(event.response())]
-        if isinstance(event, ev.Pong):
-            awaited = self.heartbeat.awaiting
-            self.heartbeat.on_pong(event.id, now)
-            if self.metrics is not None and awaited is not None and self.heartbeat.awaiting is None:
-                self.metrics.observe("heartbeat_rtt_seconds", self.heartbeat.rtt or 0.0)
-            return []
-        if isinstance(event, ev.Error):
-            return []  # the client reports a problem; nothing to answer
-        return [self._error(0, ErrorCode.PROTOCOL_ERROR,
-                            f"{type(event).__name__.lower()} is not sent by clients")]
+    def _bad_frame(self, exc: RemoteProtocolError) -> list[Any]:
+        actions: list[Any] = [self._error(exc.stream_id, exc.error_code, str(exc))]
+        if exc.close_code is not None:
+            actions += self._close(exc.close_code, exc.error_code.wire_name)
+        return actions
 
-    def _on_hello(self, hello: ev.Hello, now: float) -> list[Action]:
+    def _unexpected(self, event: ev.Event) -> list[Any]:
+        if self.state is ConnState.OPEN:
+            return [self._error(0, ErrorCode.PROTOCOL_ERROR, f"{type(event).__name__.lower()} is not sent by clients")]
+        return [self._error(0, ErrorCode.PROTOCOL_ERROR, f"expected hello, got {type(event).__name__.lower()}"),
+                *self._close(CloseCode.PROTOCOL_ERROR, "expected hello")]
+
+    # ------------------------------------------------------------------ handshake
+    def _on_hello(self, hello: ev.Hello, now: float) -> list[Any]:
         self.hello = hello
-        server_codecs = [c for c in self.settings.compression if c in available_codecs()]
         if self.codec.binary:
-            self.compression = tuple(c for c in server_codecs if c in hello.compression)
-        if self.compression:
-            self.compressor = CompressionSelector(
-                self.compression, min_size=self.settings.compression_min_size, link_mbps=self.settings.link_mbps
-            )
+            offered = hello.compression
+            self._negotiated(tuple(c for c in self.settings.compression if c in offered and c in available_codecs()),
+                             min_size=self.settings.compression_min_size, link_mbps=self.settings.link_mbps)
         if self.settings.authenticate:
+            self.state = ConnState.ADMITTING
             return [Authenticate(hello)]
         return self._admitted(now)
 
-    def authenticated(self, principal: object | None, now: float, reason: str = "") -> list[Action]:
+    def authenticated(self, principal: object | None, now: float, reason: str = "") -> list[Any]:
         """Answer an :class:`Authenticate`: `principal` admits the client, None refuses it (1008)."""
-        if self.state is not ConnState.AWAIT_HELLO or self.hello is None:
+        if self.state is not ConnState.ADMITTING or self.hello is None:
             return []
         if principal is None:
             return [self._error(0, ErrorCode.UNAUTHORIZED, reason or "authentication failed"),
@@ -306,42 +189,43 @@ class ServerConnection:
         self.principal = principal
         return self._admitted(now)
 
-    def _admitted(self, now: float) -> list[Action]:
+    def _admitted(self, now: float) -> list[Any]:
         hello = self.hello
         assert hello is not None
         if hello.resume_token:
+            self.state = ConnState.ADMITTING
             return [ResumeSession(hello.resume_token, Session.session_id_of(hello.resume_token), hello.last_seq)]
-        return self._welcome(Session(self.settings, now=now, session_id=self._new_session_id), now, resumed=False)
+        return self._welcome(self._fresh_session(now), now, resumed=False)
 
-    def resume(self, session: Session | None, now: float) -> list[Action]:
-        """Answer a :class:`ResumeSession`: `session` is what the store had for the token (or None).
+    def _fresh_session(self, now: float) -> Session:
+        session_id, secret = self._new_session
+        return Session(self.settings, now=now, session_id=session_id, secret=secret)
+
+    def resume(self, session: Session | None, now: float) -> list[Any]:
+        """Answer a :class:`ResumeSession`: `session` is what the store had for the id (or None).
 
         Returns Welcome (``resumed`` true or false), then everything the client missed, and
         CancelStream for streams the client no longer wants. A failed resume starts a new
         session and fails each stream the client listed with ``resume_failed``.
         """
         hello = self.hello
-        assert hello is not None and self.state is ConnState.AWAIT_HELLO
+        assert hello is not None and self.state is ConnState.ADMITTING
         if (session is None or not session.token_matches(hello.resume_token)
                 or (session.principal is not None and session.principal != self.principal)):
-            if self.metrics is not None:
-                self.metrics.inc("resumes", "failed")
-            actions = self._welcome(Session(self.settings, now=now), now, resumed=False)
+            actions = self._welcome(self._fresh_session(now), now, resumed=False)
             actions += [self._error(sid, ErrorCode.RESUME_FAILED, "session expired or unknown")
                         for sid in hello.last_seq]
             if not hello.last_seq:
                 actions.append(self._error(0, ErrorCode.RESUME_FAILED, "session expired or unknown"))
             return actions
         session.attach()
-        if self.metrics is not None:
-            self.metrics.inc("resumes", "resumed")
         actions = self._welcome(session, now, resumed=True)
         events, cancels = session.replay(hello.last_seq)
         actions += [self._send(e) for e in events]
         actions += [CancelStream(sid) for sid in cancels]
         return actions
 
-    def _welcome(self, session: Session, now: float, *, resumed: bool) -> list[Action]:
+    def _welcome(self, session: Session, now: float, *, resumed: bool) -> list[Any]:
         assert self.hello is not None
         self.session = session
         self.resumed = resumed
@@ -349,9 +233,8 @@ class ServerConnection:
             session.principal = self.principal
         window = session.set_client_window(self.hello.flow_window)
         self.state = ConnState.OPEN
+        self.deadline_moved = True
         self.reaper.touch(now)
-        if self.metrics is not None:
-            self.metrics.observe("handshake_seconds", now - self.opened_at)
         s = self.settings
         welcome = ev.Welcome(
             session_id=session.session_id,
@@ -369,142 +252,162 @@ class ServerConnection:
         )
         # Welcome itself is never compressed: the client learns the codecs from it.
         compressor, self.compressor = self.compressor, None
-        frame = self._send(welcome)
+        frame = SendFrame(self._frame(welcome))
         self.compressor = compressor
         return [frame]
 
-    def _on_request(self, req: ev.Request, now: float) -> list[Action]:
+    # ------------------------------------------------------------------ client messages
+    def _on_request(self, req: ev.Request, now: float) -> list[Any]:
         self.reaper.touch(now)
-        assert self.session is not None
+        session = self.session
+        assert session is not None
         sid = req.stream_id
         if self.draining:
             return [self._error(sid, ErrorCode.DRAINING, "server is draining: retry after reconnecting",
                                 retryable=True)]
-        if self.bucket is not None and not self.bucket.take(now):
+        bucket = self.bucket
+        if bucket is not None and not bucket.take(now):
             return [self._error(sid, ErrorCode.RATE_LIMITED, retryable=True,
                                 message=f"more than {self.settings.rate_limit:g} requests/s: "
-                                        f"retry in {self.bucket.retry_after():.2f} s")]
-        size = _request_size(req)
+                                        f"retry in {bucket.retry_after():.2f} s")]
+        size = request_size(req)
         if size > self.settings.max_request_size:
             return [self._error(sid, ErrorCode.MESSAGE_TOO_BIG,
                                 f"request of {size} bytes exceeds max_request_size ({self.settings.max_request_size})")]
-        error = self.session.start(req, now)
+        error = session.start(req, now)
         if error is not None:
-            return [self._send(error)]
-        if self.clock is not None:
-            timer = self.session.streams[sid].timer = StreamTimer(self.clock, self._frame_at)
-            timer.lap("decode")
+            return [self._send_error(error)]
         return [StartStream(req)]
 
+    def _on_ack(self, ack: ev.Ack, now: float) -> list[Any]:
+        self.session.ack(ack.stream_id, ack.seq, ack.done)  # type: ignore[union-attr]
+        return []
+
+    def _on_cancel(self, cancel: ev.Cancel, now: float) -> list[Any]:
+        self.reaper.touch(now)
+        stream = self.session.streams.get(cancel.stream_id)  # type: ignore[union-attr]
+        if stream is None or not stream.running or stream.cancelling:
+            return []  # already finished: the End/Error is on its way
+        stream.cancelling = True
+        return [CancelStream(cancel.stream_id)]
+
+    def _on_peer_error(self, error: ev.Error, now: float) -> list[Any]:
+        return []  # the client reports a problem; nothing to answer
+
     # ------------------------------------------------------------------ model output
-    def send_chunk(self, stream_id: int, chunk: str | bytes, now: float) -> list[Action]:
-        """The model of `stream_id` produced `chunk`: frame it as one Delta (or several if huge)."""
+    def send_chunk(self, stream_id: int, chunk: str | bytes, now: float) -> list[bytes | str]:
+        """The model of `stream_id` produced `chunk`: its Delta frame (several if it is huge), recorded for resume."""
         session = self.session
-        stream = session.streams.get(stream_id) if session is not None else None
-        if stream is None or not stream.running or self.state is ConnState.CLOSED:
+        if session is None:
+            return []
+        if self.state is not ConnState.OPEN:  # closing: the output is kept for a resume
+            session.keep(stream_id, chunk, now)
+            return []
+        st = session.streams.get(stream_id)
+        if st is None or st.terminal is not None:
             return []
         if type(chunk) is not str or not chunk.isascii():  # plain ASCII text (most tokens) needs no check
             chunk = normalize_chunk(chunk)
-        self.reaper.touch(now)
-        limit = self.settings.max_frame_size
-        # The common case, far below the frame limit, is one piece without splitting.
-        pending = [chunk] if len(chunk) * 4 <= limit - 32 else _split(chunk, limit - 32)[::-1]
-        out: list[Action] = []
+        self.reaper.last_activity = now  # (IdleReaper.touch, inlined: once per Delta)
+        limit = self.max_frame_size
+        sent = self.stats.sent
+        if len(chunk) * 4 <= limit - 32:  # the common case, far below the frame limit: one Delta as it is
+            data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, self.compressor)
+            size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
+            if size <= limit or len(chunk) <= 1:
+                session.record(stream_id, chunk, now)
+                base = 3 * codec_id
+                sent[base] += 1
+                sent[base + 1] += raw
+                sent[base + 2] += size
+                return [data]
+            pending = [chunk]  # a tiny frame limit and a long envelope: split below
+        else:
+            pending = split_chunk(chunk, limit - 32)[::-1]
+        out: list[bytes | str] = []
         while pending:
             piece = pending.pop()
-            probe = ev.Delta.of(stream_id, stream.seq + 1, piece)
-            data, raw, codec_id = self.codec.encode_frame(probe, self.compressor, stream.timer)
-            # A text frame's size is its UTF-8 length (len(str) counts characters).
-            size = len(data) if isinstance(data, bytes) else raw
+            data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, piece, self.compressor)
+            size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
             if size > limit and len(piece) > 1:
                 # JSON escaping or base64 made it too big for one frame: halve and try again.
-                halves = _split(piece, max(1, _encoded_len(piece) // 2))
-                pending.extend(reversed(halves))
+                pending.extend(reversed(split_chunk(piece, max(1, encoded_len(piece) // 2))))
                 continue
-            session.record(stream_id, piece, now, probe)  # type: ignore[union-attr]
+            session.record(stream_id, piece, now)
             self.stats.count_sent(codec_id, raw, size)
-            out.append(SendFrame(data))
+            out.append(data)
         return out
 
-    def finish_stream(
-        self,
-        stream_id: int,
-        now: float,
-        *,
-        reason: str = "stop",
-        timings_ms: Mapping[str, float] | None = None,
-    ) -> list[Action]:
-        """The model of `stream_id` finished (reason "stop") or was cancelled ("cancelled")."""
-        if self.session is None:
+    def finish_stream(self, stream_id: int, now: float, *, reason: str = "stop",
+                      timings_ms: Mapping[str, float] | None = None) -> list[Any]:
+        """The model of `stream_id` finished (reason "stop") or was cancelled ("cancelled"): its End."""
+        session = self.session
+        if session is None:
             return []
-        end = self.session.finish(stream_id, now, reason=reason, timings_ms=timings_ms)
-        if end is None or self.state is ConnState.CLOSED:
-            return []
-        self.reaper.touch(now)
-        return [self._send(end)]
+        end = session.finish(stream_id, now, reason=reason, timings_ms=timings_ms)
+        return self._terminal(end, session, now)
 
-    def fail_stream(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Action]:
+    def fail_stream(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
         """The model of `stream_id` failed: end the stream with an Error."""
-        if self.session is None:
+        session = self.session
+        if session is None:
             return []
-        err = self.session.fail(stream_id, now, code, message)
-        if err is None or self.state is ConnState.CLOSED:
+        return self._terminal(session.fail(stream_id, now, code, message), session, now)
+
+    def _terminal(self, event: ev.End | ev.Error | None, session: Session, now: float) -> list[Any]:
+        if event is None or self.state is ConnState.CLOSED:
             return []
         self.reaper.touch(now)
-        return [self._send(err)]
+        if not session.running_count():
+            self.deadline_moved = True  # idle from now: the reaper's (or the lifetime's) deadline starts
+        return [self._send(event)]
 
     # ------------------------------------------------------------------ time and teardown
-    def _running_count(self) -> int:
-        """Running streams, counted without building a dict (the timers ask on every heartbeat)."""
-        return self.session.running_count() if self.session is not None else 0
-
     def next_deadline(self) -> float:
         """When :meth:`tick` next has something to do (inf when closed)."""
-        if self.state is ConnState.CLOSED:
+        state = self.state
+        if state is ConnState.CLOSED:
             return math.inf
-        if self.state is ConnState.AWAIT_HELLO:
+        if state is not ConnState.OPEN:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
-        running = self._running_count()
+        running = self.session.running_count() if self.session is not None else 0
         lifetime = (self.opened_at + self.settings.max_session_lifetime
                     if self.settings.max_session_lifetime and not running else math.inf)
         return min(self.heartbeat.deadline(), self.reaper.deadline(running), lifetime)
 
-    def tick(self, now: float) -> list[Action]:
-        """Timers: handshake timeout, heartbeat pings and timeouts, idle reaping."""
-        if self.state is ConnState.CLOSED:
+    def tick(self, now: float) -> list[Any]:
+        """Timers: handshake timeout, heartbeat pings and timeouts, idle reaping, session lifetime."""
+        state = self.state
+        if state is ConnState.CLOSED:
             return []
-        if self.state is ConnState.AWAIT_HELLO:
+        if state is not ConnState.OPEN:
             # A client may send nothing but Hello before Welcome (protocol.md 7), so it could not
             # answer a Ping: until Welcome only the handshake timeout (4004) applies.
             if now >= self.handshake_deadline:
                 return self._close(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")
             return []
-        hb = self.heartbeat.poll(now)
-        if hb is HeartbeatAction.PEER_DEAD:
+        action = self.heartbeat.poll(now)
+        if action is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
-        running = self._running_count()
+        running = self.session.running_count() if self.session is not None else 0
         if self.reaper.expired(now, running):
             return self._close(CloseCode.IDLE_TIMEOUT, "idle")
         lifetime = self.settings.max_session_lifetime
         if lifetime and not running and now >= self.opened_at + lifetime:
             return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
-        if hb is HeartbeatAction.SEND_PING:
-            return [self._send(ev.Ping(id=self.heartbeat.ping_id))]
+        if action is HeartbeatAction.SEND_PING:
+            return [SendFrame(self._frame(ev.Ping(id=self.heartbeat.ping_id)))]
         return []
 
-    def drain(self, reconnect_after_ms: int = 0) -> list[Action]:
+    def drain(self, reconnect_after_ms: int = 0) -> list[Any]:
         """Server shutdown begins: send GoAway and refuse new streams (running ones go on)."""
         if self.state is not ConnState.OPEN or self.draining:
             return []
         self.draining = True
         return [self._send(ev.GoAway(reason="server draining", reconnect_after_ms=reconnect_after_ms))]
 
-    def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> list[Action]:
-        """Close from our side (e.g. server shutdown)."""
-        return self._close(code, reason)
-
-    def connection_lost(self) -> list[Action]:
-        """The peer went away and the session will not be resumed: cancel every running stream."""
+    def connection_lost(self) -> list[Any]:
+        """The peer went away: the running streams, to cancel unless the session waits for a resume."""
         if self.state is ConnState.CLOSED:
             return []
         running = [CancelStream(sid) for sid in (self.session.running if self.session is not None else ())]
@@ -512,27 +415,14 @@ class ServerConnection:
         return running
 
 
-def normalize_chunk(chunk: object) -> str | bytes:
-    """A model's chunk as str or bytes; LocalProtocolError for anything a frame cannot carry."""
-    if isinstance(chunk, bytearray | memoryview):
-        return bytes(chunk)
-    if isinstance(chunk, bytes):
-        return chunk
-    if not isinstance(chunk, str):
-        raise LocalProtocolError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
-    if not chunk.isascii():
-        try:  # an unpaired surrogate cannot go out in a text frame (the send would fail and mute the socket)
-            chunk.encode("utf-8")
-        except UnicodeEncodeError:
-            raise LocalProtocolError("model chunks must be valid Unicode text (unpaired surrogate)") from None
-    return chunk
+ServerProtocol.HANDLERS = handlers(ServerProtocol, SERVER_RECEIVES)
 
 
-def _request_size(req: ev.Request) -> int:
+def request_size(req: ev.Request) -> int:
     """Bytes of a Request's input, for max_request_size."""
     size = len(req.model)
     if req.text is not None:
-        size += len(req.text.encode("utf-8", "surrogatepass"))
+        size += len(req.text) if req.text.isascii() else len(req.text.encode("utf-8", "surrogatepass"))
     if req.data is not None:
         size += len(req.data)
     if req.messages:
@@ -540,33 +430,3 @@ def _request_size(req: ev.Request) -> int:
     if req.params:
         size += len(json.dumps(req.params, default=str))
     return size
-
-
-def _encoded_len(piece: str | bytes) -> int:
-    return len(piece) if isinstance(piece, bytes) else len(piece.encode("utf-8", "surrogatepass"))
-
-
-def _split(chunk: str | bytes, limit: int) -> list[str | bytes]:
-    """Split a chunk so each piece's encoded size fits in `limit` bytes (at character boundaries)."""
-    if isinstance(chunk, bytes):
-        if len(chunk) <= limit:
-            return [chunk]
-        return [chunk[i:i + limit] for i in range(0, len(chunk), limit)]
-    if len(chunk) * 4 <= limit:
-        return [chunk]
-    raw = chunk.encode()
-    if len(raw) <= limit:
-        return [chunk]
-    pieces: list[str | bytes] = []
-    start = 0
-    while start < len(raw):
-        end = min(start + limit, len(raw))
-        while end < len(raw) and (raw[end] & 0xC0) == 0x80:  # don't cut inside a UTF-8 sequence
-            end -= 1
-        if end == start:  # `limit` is smaller than this character: take the whole character
-            end += 1
-            while end < len(raw) and (raw[end] & 0xC0) == 0x80:
-                end += 1
-        pieces.append(raw[start:end].decode())
-        start = end
-    return pieces

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import hmac
 import math
-import secrets
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ErrorCode
-from ..observability.metrics import StreamTimer
+from ..errors import ErrorCode, LocalProtocolError
 from ..settings import Settings
 from . import events as ev
 
-__all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState"]
+__all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState", "encoded_len",
+           "normalize_chunk", "split_chunk"]
 
 DELTA_OVERHEAD = 64  # bytes charged per buffered Delta on top of its chunk (object overhead)
 MAX_FINISHED = 64    # finished streams remembered per session for resume, newest kept
@@ -43,9 +42,8 @@ class StreamState:
     cancelling: bool = False
     acked: int = 0
     lost_through: int = 0  # Deltas with seq <= this were dropped unacknowledged: no replay below
-    buffer: deque[tuple[ev.Delta, int]] = field(default_factory=deque)  # (delta, cost)
+    buffer: deque[tuple[int, str | bytes, int]] = field(default_factory=deque)  # (seq, chunk, cost) of each Delta
     terminal: ev.End | ev.Error | None = None
-    timer: StreamTimer | None = None  # stage timings (set by the connection when a clock is given)
 
     @property
     def running(self) -> bool:
@@ -56,10 +54,11 @@ class StreamState:
 class Session:
     """Streams of one client session; attached to at most one connection at a time."""
 
-    def __init__(self, settings: Settings, *, now: float, session_id: str | None = None) -> None:
+    def __init__(self, settings: Settings, *, now: float, session_id: str, secret: str) -> None:
+        """`session_id` and `secret` make the resume token (the driver draws them: this module draws nothing)."""
         self.settings = settings
-        self.session_id = session_id or secrets.token_urlsafe(12)
-        self._secret = secrets.token_urlsafe(24)
+        self.session_id = session_id
+        self._secret = secret
         self.streams: dict[int, StreamState] = {}
         self._running = 0  # streams without a terminal (asked on every timer tick: counted, not scanned)
         self.buffered = 0
@@ -132,28 +131,34 @@ class Session:
         self._running += 1
         return None
 
-    def record(self, stream_id: int, piece: str | bytes, now: float, delta: ev.Delta | None = None) -> ev.Delta | None:
-        """Number and buffer one piece of output (already sized to fit a frame).
-
-        `delta`: the Delta the caller already built for this piece (its next seq), to keep.
-        """
+    def record(self, stream_id: int, piece: str | bytes, now: float) -> int | None:
+        """Number and buffer one piece of output (already sized to fit a frame): its seq (None: not running)."""
         st = self.streams.get(stream_id)
         if st is None or st.terminal is not None:
             return None
         if st.first_chunk_at is None:
             st.first_chunk_at = now
-        st.seq += 1
-        ascii_or_bytes = isinstance(piece, bytes) or piece.isascii()
-        n = len(piece) if ascii_or_bytes else len(piece.encode("utf-8", "surrogatepass"))
+        seq = st.seq = st.seq + 1
+        n = len(piece) if type(piece) is bytes or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
         st.out_bytes += n
-        if delta is None or delta.seq != st.seq:
-            delta = ev.Delta.of(stream_id, st.seq, piece)
         cost = n + DELTA_OVERHEAD
-        st.buffer.append((delta, cost))
+        st.buffer.append((seq, piece, cost))
         self.buffered += cost
         if self.buffered > self.settings.resume_buffer_size:
             self._enforce_buffer_limit(st)
-        return delta
+        return seq
+
+    def keep(self, stream_id: int, chunk: object, now: float) -> None:
+        """A model's chunk while no connection is attached: record it for the resume, in pieces that
+        each fit a frame (as a live connection would have sent them)."""
+        if stream_id in self.streams:
+            for piece in split_chunk(normalize_chunk(chunk), self.settings.max_frame_size - 32):
+                self.record(stream_id, piece, now)
+
+    def buffered_deltas(self, stream_id: int) -> list[ev.Delta]:
+        """The Deltas of `stream_id` kept for a resume, oldest first."""
+        st = self.streams.get(stream_id)
+        return [ev.Delta.of(stream_id, seq, chunk) for seq, chunk, _ in st.buffer] if st is not None else []
 
     def _enforce_buffer_limit(self, current: StreamState) -> None:
         limit = self.settings.resume_buffer_size
@@ -171,9 +176,9 @@ class Session:
                 self._drop_oldest(st)
 
     def _drop_oldest(self, st: StreamState) -> None:
-        delta, cost = st.buffer.popleft()
+        seq, _, cost = st.buffer.popleft()
         self.buffered -= cost
-        st.lost_through = max(st.lost_through, delta.seq)
+        st.lost_through = max(st.lost_through, seq)
 
     def finish(self, stream_id: int, now: float, *, reason: str = "stop",
                timings_ms: Mapping[str, float] | None = None) -> ev.End | None:
@@ -211,7 +216,7 @@ class Session:
     def _forget(self, sid: int) -> None:
         st = self.streams.pop(sid, None)
         if st is not None:
-            self.buffered -= sum(cost for _, cost in st.buffer)
+            self.buffered -= sum(cost for _, _, cost in st.buffer)
             if st.terminal is None:
                 self._running -= 1
         try:
@@ -231,9 +236,8 @@ class Session:
     def _trim(self, st: StreamState, seq: int) -> None:
         seq = min(seq, st.seq)
         st.acked = max(st.acked, seq)
-        while st.buffer and st.buffer[0][0].seq <= seq:
-            _, cost = st.buffer.popleft()
-            self.buffered -= cost
+        while st.buffer and st.buffer[0][0] <= seq:
+            self.buffered -= st.buffer.popleft()[2]
 
     # ------------------------------------------------------------------ connection changes
     def detach(self, now: float) -> None:
@@ -286,7 +290,7 @@ class Session:
                 self._forget(sid)
                 continue
             self._trim(st, have)
-            events.extend(delta for delta, _ in st.buffer if delta.seq > have)
+            events.extend(ev.Delta.of(sid, seq, chunk) for seq, chunk, _ in st.buffer if seq > have)
             if st.terminal is not None:
                 events.append(st.terminal)
         self._awaited = set()
@@ -334,3 +338,50 @@ class MemorySessionStore:
     def remove(self, session_id: str) -> None:
         """Forget a session."""
         self._items.pop(session_id, None)
+
+
+def normalize_chunk(chunk: object) -> str | bytes:
+    """A model's chunk as str or bytes; LocalProtocolError for anything a frame cannot carry."""
+    if isinstance(chunk, bytearray | memoryview):
+        return bytes(chunk)
+    if isinstance(chunk, bytes):
+        return chunk
+    if not isinstance(chunk, str):
+        raise LocalProtocolError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
+    if not chunk.isascii():
+        try:  # an unpaired surrogate cannot go out in a text frame (the send would fail and mute the socket)
+            chunk.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LocalProtocolError("model chunks must be valid Unicode text (unpaired surrogate)") from None
+    return chunk
+
+
+def encoded_len(piece: str | bytes) -> int:
+    """Bytes of `piece` in a frame (UTF-8 for text)."""
+    return len(piece) if isinstance(piece, bytes) else len(piece.encode("utf-8", "surrogatepass"))
+
+
+def split_chunk(chunk: str | bytes, limit: int) -> list[str | bytes]:
+    """Split a chunk so each piece's encoded size fits in `limit` bytes (at character boundaries)."""
+    if isinstance(chunk, bytes):
+        if len(chunk) <= limit:
+            return [chunk]
+        return [chunk[i:i + limit] for i in range(0, len(chunk), limit)]
+    if len(chunk) * 4 <= limit:
+        return [chunk]
+    raw = chunk.encode()
+    if len(raw) <= limit:
+        return [chunk]
+    pieces: list[str | bytes] = []
+    start = 0
+    while start < len(raw):
+        end = min(start + limit, len(raw))
+        while end < len(raw) and (raw[end] & 0xC0) == 0x80:  # don't cut inside a UTF-8 sequence
+            end -= 1
+        if end == start:  # `limit` is smaller than this character: take the whole character
+            end += 1
+            while end < len(raw) and (raw[end] & 0xC0) == 0x80:
+                end += 1
+        pieces.append(raw[start:end].decode())
+        start = end
+    return pieces

@@ -17,13 +17,14 @@ import json
 import os
 import sys
 import threading
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import ClientError, SettingsError
 from ..observability.metrics import Metrics
 from ..settings import ENV_PREFIX, Settings
 
-__all__ = ["StatsPrinter", "build_app", "main"]
+__all__ = ["StatsPrinter", "build_app", "main", "source_checkout"]
 
 _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 <h1>lowlat-mw is serving</h1><p>WebSocket endpoint: <code>{path}</code>
@@ -47,34 +48,41 @@ def _parse_set(pairs: list[str]) -> dict[str, Any]:
 
 
 def build_app(model: Any = None, **options: Any) -> Any:
-    """A Starlette app serving `model` (default: the demo model) with `options` as settings.
+    """The ASGI app ``serve`` runs: `model` (default: the demo model) with `options` as settings, on a
+    home page. No web framework: :class:`~lowlat_mw.drivers.asgi.LowLatASGI` over a one-page ASGI app.
 
     With ``client_path`` set, ``/`` is the browser demo page (lowlat_mw/static/demo.html);
-    otherwise a short text page.
+    otherwise a short text page. Other paths are 404.
     """
-    from starlette.applications import Starlette
-    from starlette.responses import HTMLResponse, Response
-    from starlette.routing import Route
-
     from .. import static_files as static
-    from ..adapters.starlette import LowLatMiddleware
     from ..demo import demo_model
+    from ..drivers.asgi import LowLatASGI
 
     settings = Settings.load(options)
     metrics = ""
     if settings.metrics and settings.metrics_path:
         mp = settings.metrics_path
         metrics = f'\n<p>Prometheus metrics: <a href="{mp}"><code>{mp}</code></a></p>'
+    text_page = _HOME_PAGE.format(path=settings.path, metrics=metrics).encode()
 
-    async def home(request: Any) -> Response:
-        if settings.client_path:
-            answer = static.respond(static.demo_page(settings), request.method, request.headers.get("if-none-match"))
-            return Response(answer.body, status_code=answer.status, headers=dict(answer.headers))
-        return HTMLResponse(_HOME_PAGE.format(path=settings.path, metrics=metrics))
+    async def home(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1000})  # not our path: the server answers 403
+            return
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/":
+            answer = static.respond(None)
+        elif settings.client_path:
+            etag = dict(scope.get("headers") or ()).get(b"if-none-match")
+            answer = static.respond(static.demo_page(settings), scope.get("method", "GET"),
+                                    etag.decode("latin-1") if etag is not None else None)
+        else:
+            answer = static.StaticResponse(200, (("content-type", "text/html; charset=utf-8"),
+                                                 ("content-length", str(len(text_page)))), text_page)
+        await static.send_asgi(answer, send)
 
-    app = Starlette(routes=[Route("/", home)])
-    app.add_middleware(LowLatMiddleware, model=model or demo_model, settings=settings)
-    return app
+    return LowLatASGI(model or demo_model, app=home, settings=settings)
 
 
 class StatsPrinter:
@@ -183,16 +191,30 @@ def _chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def source_checkout() -> Path | None:
+    """The source checkout this package runs from (an editable install), which holds the benchmarks; None
+    for an installed package (the suites are not in the wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "benchmarks" / "__main__.py").is_file() and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
 def _bench(args: argparse.Namespace) -> int:
-    """`lowlat-mw bench ...` = `python -m benchmarks ...`: the suites live in the source tree, not the wheel."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        from benchmarks.__main__ import main as bench_main
-    except ImportError as exc:
-        raise ImportError("the benchmarks are not installed with the package: run `lowlat-mw bench` from the "
-                          f"root of a lowlat-mw source checkout ({exc})") from exc
-    return bench_main(args.rest)
+    """`lowlat-mw bench ...` = `python -m benchmarks ...` of the checkout this package runs from."""
+    root = source_checkout()
+    if root is None:
+        raise ImportError("the benchmark suites are not installed with the package: they need a lowlat-mw source "
+                          "checkout (clone it, `pip install -e '.[bench]'`, then `lowlat-mw bench` or "
+                          "`python -m benchmarks` there)")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks.__main__ import main as bench_main
+
+    rest = list(args.rest)
+    if not any(a == "--output" or a.startswith("--output=") for a in rest):
+        rest = ["--output", str(root / "docs" / "benchmarks.md"), *rest]  # the checkout's, from any directory
+    return bench_main(rest)
 
 
 def main(argv: list[str] | None = None) -> int:

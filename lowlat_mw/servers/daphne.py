@@ -16,7 +16,7 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response);
 * on shutdown (SIGTERM, SIGINT) lowlat-mw connections are drained before daphne cancels its
   applications: GoAway, running streams finish within the ``drain_grace`` setting, close 4002
-  (:func:`lowlat_mw.drivers.aio.drain_sessions`). daphne alone cancels them at once and drops every
+  (:func:`lowlat_mw.drivers.aio.drain_all`). daphne alone cancels them at once and drops every
   connection without a close frame.
 
 ``lowlat_mw.servers.serving.daphne_args(settings)`` gives the options that match the settings (size limits,
@@ -37,7 +37,8 @@ from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import defer, reactor
 
-from lowlat_mw.drivers.aio import drain_sessions
+from lowlat_mw.drivers.aio import drain_all
+from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
@@ -47,15 +48,13 @@ __all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "DrainingServer", "O
 
 
 def _handshake_timeout() -> float:
-    values: dict[str, Any] = {}
+    """The app's handshake_timeout: the shortest of the endpoints the application made when daphne loaded it
+    (each ``LowLatConsumer.as_asgi()``, from ``settings.LOWLAT_MW``); without one, the environment's or the default."""
+    endpoints = list(Endpoint.instances)
+    if endpoints:
+        return min(e.settings.handshake_timeout for e in endpoints)
     try:
-        from lowlat_mw.adapters.channels import django_settings_dict
-
-        values = dict(django_settings_dict())
-    except Exception:  # no Django settings: the LOWLAT_* environment alone
-        values = {}
-    try:
-        return Settings.load(values, source="settings.LOWLAT_MW").handshake_timeout
+        return Settings.load().handshake_timeout
     except SettingsError:  # the app reports the bad setting itself; bound the handshake all the same
         return Settings().handshake_timeout
 
@@ -171,7 +170,7 @@ class DrainingServer(daphne.server.Server):
     def kill_all_applications(self) -> defer.Deferred[Any]:
         # A "before shutdown" trigger: Twisted waits for the Deferred; the listening ports are still
         # open, and a connection that opens now is closed with 4002 at once (lowlat_mw.drivers.aio).
-        drained: defer.Deferred[Any] = defer.Deferred.fromFuture(asyncio.ensure_future(drain_sessions()))
+        drained: defer.Deferred[Any] = defer.Deferred.fromFuture(asyncio.ensure_future(drain_all()))
         drained.addErrback(lambda failure: None)
         drained.addCallback(lambda _: super(DrainingServer, self).kill_all_applications())
         return drained

@@ -32,7 +32,7 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 
-from lowlat_mw.drivers.threads import drain_all
+from lowlat_mw.drivers.threads import drain_all_sync
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.settings import Settings
 
@@ -72,7 +72,7 @@ class ThreadWorker(_ThreadWorker):
         if not self._lowlat_draining:
             self._lowlat_draining = True
             grace = max(0.0, min(self._lowlat_drain_grace, self.cfg.graceful_timeout - 1))
-            threading.Thread(target=drain_all, args=(grace,), name="lowlat-mw-drain", daemon=True).start()
+            threading.Thread(target=drain_all_sync, args=(grace,), name="lowlat-mw-drain", daemon=True).start()
 
     def enqueue_req(self, conn: Any) -> None:
         if not getattr(conn, "_lowlat_seen", False):  # a new connection (not a kept-alive or deferred one)

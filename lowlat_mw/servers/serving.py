@@ -136,7 +136,7 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
     connection's ``drain_grace`` setting)."""
     import uvicorn
 
-    from ..drivers.aio import drain_sessions
+    from ..drivers.aio import drain_all
 
     class DrainingServer(uvicorn.Server):
         # The --ws shims drain on their own; this covers any other `ws` too, through the same mechanism
@@ -144,7 +144,7 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
         async def shutdown(self, sockets: Any = None) -> None:
             for server in self.servers:
                 server.close()  # stop accepting first
-            await drain_sessions(drain_grace)
+            await drain_all(drain_grace)
             await super().shutdown(sockets)
 
     config = uvicorn.Config(app, **run_options(settings, **uvicorn_kwargs))

@@ -126,7 +126,7 @@ class _DrainOnShutdown:
     uvicorn asks every connection to shut down at once, and a WebSocket then sends 1012 at once:
     running streams are cut. Here the first such call starts the drain of every lowlat-mw connection
     of the process (GoAway, running streams finish within ``drain_grace``, close 4002:
-    :func:`lowlat_mw.drivers.aio.drain_sessions`), and each connection's own shutdown waits for it. Other
+    :func:`lowlat_mw.drivers.aio.drain_all`), and each connection's own shutdown waits for it. Other
     WebSocket routes of the app get their 1012 when the drain is over.
     """
 

@@ -1,4 +1,5 @@
-"""Test helpers for lowlat-mw users and our own suites: a fault-injecting TCP proxy, a logged subprocess.
+"""Test helpers for lowlat-mw users and our own suites: a fault-injecting TCP proxy, a logged subprocess,
+and the two protocol machines joined in memory (``ConnectionPair``, :mod:`lowlat_mw.testing.pair`).
 
     with FaultProxy(("127.0.0.1", server_port)) as proxy:
         url = f"ws://127.0.0.1:{proxy.port}/ws"
@@ -15,7 +16,8 @@ Loopback only: it refuses to forward anywhere but 127.0.0.0/8 or ::1.
 
 from __future__ import annotations
 
+from .pair import ConnectionPair
 from .process import LoggedProcess
 from .proxy import FaultProxy
 
-__all__ = ["FaultProxy", "LoggedProcess"]
+__all__ = ["ConnectionPair", "FaultProxy", "LoggedProcess"]

@@ -22,7 +22,7 @@ from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import ErrorCode, StreamError
 from lowlat_mw.client import connect
-from lowlat_mw.observability.metrics import STAGES, stage_sum
+from lowlat_mw.observability.timing import STAGES, stage_sum
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -6,7 +6,7 @@ A violated property raises ``FuzzFailure`` (or lets an unexpected exception esca
 * ``check_frame``: ``codec.decode`` returns an event or raises ``RemoteProtocolError`` whose Error
   code / close code pair is one the spec documents; a decoded payload never exceeds the limit; an
   accepted event re-encodes, as text that is valid Unicode, and decodes back to itself.
-* ``check_connection``: a ``ServerConnection`` fed frames after Hello only ever answers with protocol
+* ``check_connection``: a ``ServerProtocol`` fed frames after Hello only ever answers with protocol
   actions, every frame it sends is valid (UTF-8 text / a decodable binary frame), a close is final.
 """
 
@@ -26,12 +26,14 @@ from lowlat_mw.protocol.server import (
     CancelStream,
     CloseConnection,
     ConnState,
+    Measured,
     ResumeSession,
     SendFrame,
-    ServerConnection,
+    ServerProtocol,
     StartStream,
 )
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
+from lowlat_mw.testing import ConnectionPair
 
 LIMIT = 64 * 1024
 ALL_CODECS = tuple(available_codecs())
@@ -104,22 +106,22 @@ def check_frame(codec: ProtoCodec | JsonCodec, frame: bytes | str, *, limit: int
     return event
 
 
-# ================================================================================ ServerConnection
+# ================================================================================ ServerProtocol
 FUZZ_SETTINGS = Settings(max_frame_size=LIMIT, max_decompressed_size=LIMIT, max_streams=4, rate_limit=50,
                          rate_burst=5, max_request_size=4096, max_session_lifetime=30)
-_ACTIONS = (SendFrame, CloseConnection, StartStream, CancelStream)
+_ACTIONS = (SendFrame, CloseConnection, StartStream, CancelStream, Measured, bytes, str)  # str/bytes: a Delta's frame
 
 
-def open_connection(subprotocol: str, now: float = 1000.0) -> ServerConnection:
-    """A connection after Hello/Welcome (every codec negotiated on proto)."""
-    conn = ServerConnection(FUZZ_SETTINGS, subprotocol=subprotocol, now=now, session_id="fuzz")
-    codec = PROTO if subprotocol == SUBPROTOCOL_PROTO else JSON
-    actions = conn.receive(codec.encode(ev.Hello(client="fuzz", compression=ALL_CODECS)), now)
+def open_connection(subprotocol: str, now: float = 1000.0) -> ServerProtocol:
+    """A server machine after Hello/Welcome (every codec negotiated on proto), through a ConnectionPair."""
+    pair = ConnectionPair(FUZZ_SETTINGS, subprotocol, now=now, session_id="fuzz")
+    conn = pair.server
+    actions = conn.receive_data(pair.codec.encode(ev.Hello(client="fuzz", compression=ALL_CODECS)), now)
     _require(len(actions) == 1 and isinstance(actions[0], SendFrame) and conn.open, f"no welcome: {actions}")
     return conn
 
 
-def _check_actions(conn: ServerConnection, actions: Sequence[Any], was_closed: bool) -> None:
+def _check_actions(conn: ServerProtocol, actions: Sequence[Any], was_closed: bool) -> None:
     codec = PROTO if conn.subprotocol == SUBPROTOCOL_PROTO else JSON
     if was_closed:
         _require(list(actions) == [], f"actions after close: {actions}")
@@ -130,16 +132,17 @@ def _check_actions(conn: ServerConnection, actions: Sequence[Any], was_closed: b
     for action in actions:
         _require(isinstance(action, _ACTIONS) and not isinstance(action, Authenticate | ResumeSession),
                  f"unexpected action {action!r}")
-        if isinstance(action, SendFrame):
-            if isinstance(action.data, str):
+        data = action.data if isinstance(action, SendFrame) else action if isinstance(action, bytes | str) else None
+        if data is not None:
+            if isinstance(data, str):
                 _require(not codec.binary, "text frame on the binary subprotocol")
                 try:
-                    action.data.encode("utf-8")
+                    data.encode("utf-8")
                 except UnicodeEncodeError as exc:
                     raise FuzzFailure(f"server frame is not valid UTF-8 text: {exc}") from None
             else:
                 _require(codec.binary, "binary frame on the JSON subprotocol")
-            out = codec.decode(action.data, limit=2**31, allowed=conn.compression)
+            out = codec.decode(data, limit=2**31, allowed=conn.compression)
             _require(isinstance(out, ev.Welcome | ev.Delta | ev.End | ev.Error | ev.Ping | ev.Pong | ev.GoAway),
                      f"server sent {out!r}")
         if isinstance(action, StartStream):  # what the model gets is valid Unicode text
@@ -156,7 +159,7 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def check_connection(subprotocol: str, steps: Sequence[tuple[str, Any]]) -> ServerConnection:
+def check_connection(subprotocol: str, steps: Sequence[tuple[str, Any]]) -> ServerProtocol:
     """Run `steps` against a fresh connection after Hello, checking every answer.
 
     A step is ("frame", bytes | str), ("tick", seconds later), ("chunk", (stream index, str | bytes)),
@@ -168,7 +171,7 @@ def check_connection(subprotocol: str, steps: Sequence[tuple[str, Any]]) -> Serv
     for kind, arg in steps:
         was_closed = conn.closed
         if kind == "frame":
-            actions = conn.receive(arg, now)
+            actions = conn.receive_data(arg, now)
             started += [a.request.stream_id for a in actions if isinstance(a, StartStream)]
         elif kind == "tick":
             now += arg

@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 
 from lowlat_mw.drivers.asgi import LowLatASGI
+from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.model import ModelRequest
 from lowlat_mw.testing import FaultProxy
 
@@ -142,10 +143,10 @@ class LoopRecorder:
 
 @dataclass
 class Served:
-    """A uvicorn server running a Starlette app whose ``/ws`` route is `endpoint`."""
+    """A uvicorn server running a Starlette app whose ``/ws`` route is a LowLatASGI app serving `endpoint`."""
 
     srv: Any  # conftest.RunningServer
-    endpoint: LowLatASGI
+    endpoint: Endpoint
     app: LoopRecorder
     probe: Probe
 
@@ -173,10 +174,10 @@ def serve(uvicorn_server: Callable[..., Any], probe: Probe | None = None, *, por
           ws: str = "websockets-sansio", **settings: Any) -> Served:
     """Start a server with the counting models and `settings`; keep a handle on its endpoint."""
     probe = probe or Probe()
-    endpoint = LowLatASGI(counting_models(probe), **settings)
-    app = LoopRecorder(Starlette(routes=[WebSocketRoute("/ws", endpoint)]))
+    asgi = LowLatASGI(counting_models(probe), **settings)
+    app = LoopRecorder(Starlette(routes=[WebSocketRoute("/ws", asgi)]))
     srv = uvicorn_server(app, port=port, ws=ws)
-    return Served(srv=srv, endpoint=endpoint, app=app, probe=probe)
+    return Served(srv=srv, endpoint=asgi.endpoint, app=app, probe=probe)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> float:

@@ -123,6 +123,11 @@ class RecordingCodec:
         self.sent.append(data)
         return data
 
+    def encode_frame(self, event: ev.Event, compressor: Any = None) -> tuple[bytes | str, int, int]:
+        frame = self.inner.encode_frame(event, compressor)
+        self.sent.append(frame[0])
+        return frame  # type: ignore[no-any-return]
+
     def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
         self.received.append(frame)
         return self.inner.decode(frame, limit=limit, allowed=allowed)
@@ -133,9 +138,9 @@ class RecordingCodec:
 
 
 def record_frames(client: AsyncClient) -> RecordingCodec:
-    """Make `client` record the frames it receives; call before it connects."""
-    rec = RecordingCodec(client.codec)
-    client.codec = rec  # type: ignore[assignment]
+    """Make `client` record the frames it receives and sends; call before it connects."""
+    rec = RecordingCodec(client.protocol.codec)
+    client.protocol.codec = rec  # type: ignore[assignment]
     return rec
 
 

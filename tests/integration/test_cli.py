@@ -199,18 +199,24 @@ def test_serve_metrics_path_options(monkeypatch):
 
 
 def test_bench_runs_the_benchmarks_entry_point(capsys, monkeypatch, tmp_path):
-    """`lowlat-mw bench ARGS` is `python -m benchmarks ARGS` from a checkout, and says so elsewhere."""
+    """`lowlat-mw bench ARGS` is `python -m benchmarks ARGS` of the checkout the package runs from (from any
+    directory), and says so clearly from an installed package, which has no benchmarks."""
+    from lowlat_mw.servers import cli
     from lowlat_mw.servers.cli import main
 
     repo = Path(__file__).resolve().parents[2]
+    assert cli.source_checkout() == repo  # an editable install
     monkeypatch.chdir(repo)
     assert main(["bench", "--list"]) == 0
     listed = capsys.readouterr().out
     for suite in ("transport", "bare", "frameworks", "codec", "compression", "scale", "overhead"):
         assert f"{suite}: " in listed
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # elsewhere: the same checkout's benchmarks, not a `benchmarks` of the cwd
+    assert main(["bench", "--list"]) == 0
+    assert "overhead: " in capsys.readouterr().out
     monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != repo])
     for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
         monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(cli, "source_checkout", lambda: None)  # an installed package (a wheel)
     assert main(["bench", "--list"]) == 2
     assert "source checkout" in capsys.readouterr().err

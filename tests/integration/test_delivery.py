@@ -392,7 +392,7 @@ async def test_drain_finishes_running_stream_and_moves_new_requests(uvicorn_serv
             assert running.end is not None and running.end.finish_reason == "stop"
             assert split_tokens(await later) == tokens(40)
             await drain
-            assert old_conn.conn.close_code == CloseCode.DRAINING
+            assert old_conn.protocol.close_code == CloseCode.DRAINING
             assert client.connections == 2 and client.resumes == 0
             assert new.live_sessions() == 1
     await assert_nothing_left(old)

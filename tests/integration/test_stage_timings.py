@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lowlat_mw.client import connect
-from lowlat_mw.observability.metrics import STAGES, stage_sum
+from lowlat_mw.observability.timing import STAGES, stage_sum
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from lowlat_mw.client import AsyncClient, connect
 from lowlat_mw.errors import CloseCode, ErrorCode, StreamError
-from lowlat_mw.observability.metrics import STAGES
+from lowlat_mw.observability.timing import STAGES
 from lowlat_mw.protocol import events as ev
 
 from ._support import JSON, codec_of, raw_connect, read_until_closed

@@ -1,0 +1,642 @@
+"""The asyncio Python client: a driver over :class:`~lowlat_mw.protocol.client.ClientProtocol`.
+
+    async with connect("ws://127.0.0.1:8000/ws") as client:
+        async for chunk in client.stream("hello"):
+            print(chunk, end="")
+
+The protocol (Hello and resume, seq checks and duplicate drops, Ping answers, the heartbeat, GoAway,
+flow-control Acks, which Errors mean "send the Request again") is the machine's; this module owns
+the WebSocket (the ``websockets`` library), the clock, the tasks, reconnecting with exponential
+backoff and full jitter, and the queues that hand each stream its chunks. Protobuf binary frames by
+default (``mode="json"`` for text frames). Streams cut by a drop that cannot be resumed raise
+:class:`ConnectionClosed`; server errors raise :class:`StreamError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import ssl as ssl_module
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+
+from ..drivers.timers import AsyncScheduler, cpu_clock
+from ..errors import (
+    ClientError,
+    ConnectionClosed,
+    ErrorCode,
+    ReconnectFailed,
+    ResumeFailed,
+    StreamError,
+    close_code_reconnects,
+)
+from ..observability.timing import STAGES
+from ..protocol import events as ev
+from ..protocol.base import CloseConnection, SendFrame
+from ..protocol.client import ClientProtocol, ClientStream, StreamBroken
+from ..protocol.selector import CompressionSelector
+from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
+from .backoff import Backoff
+
+__all__ = ["AsyncClient", "Stream", "StreamTimings", "connect"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTimings:
+    """Where a stream's time went, as seen by both ends (milliseconds).
+
+    Client times run from sending the Request to the first Delta's / the End's arrival. Server
+    times come from End.timings_ms: ``server_total_ms`` runs from the Request frame's arrival to
+    the End, and ``server_stages_ms`` splits it into the stages of
+    :data:`lowlat_mw.observability.timing.STAGES` (they add up to it). ``network_ms`` is what the
+    client saw beyond the server's total: the round trip plus both sides' framing.
+    """
+
+    first_delta_ms: float | None
+    total_ms: float | None
+    server_first_delta_ms: float | None
+    server_total_ms: float | None
+    server_stages_ms: Mapping[str, float]
+    model_first_chunk_ms: float | None
+
+    @property
+    def network_ms(self) -> float | None:
+        """Client total minus server total."""
+        if self.total_ms is None or self.server_total_ms is None:
+            return None
+        return self.total_ms - self.server_total_ms
+
+
+@dataclass(slots=True)
+class _Closed:
+    code: int | None
+    reason: str
+
+
+class Stream:
+    """One streamed reply: an async iterator of chunks (str or bytes), plus its metadata.
+
+    After iteration, `end` holds the server's End (timings_ms, usage) and
+    `time_to_first_delta` the client-side latency in seconds.
+    """
+
+    def __init__(self, client: AsyncClient, request: ev.Request) -> None:
+        self._client = client
+        self.request = request
+        self.stream_id = request.stream_id
+        self.state = ClientStream(request)  # what the protocol machine knows of it (seqs, Acks, resends)
+        self.queue: asyncio.Queue[ev.Event | _Closed | BaseException] = asyncio.Queue()
+        self.end: ev.End | None = None
+        self.started_at = 0.0
+        self.first_delta_at: float | None = None
+        self.finished_at: float | None = None
+        self.last_seq = 0  # seq of the last Delta handed to the caller
+        self._done = False
+        self._sent = False
+
+    @property
+    def received_seq(self) -> int:
+        """Seq of the last Delta received (queued); a resume asks for what follows."""
+        return self.state.received_seq
+
+    @property
+    def time_to_first_delta(self) -> float | None:
+        """Seconds from sending the Request to the first Delta."""
+        return None if self.first_delta_at is None else self.first_delta_at - self.started_at
+
+    @property
+    def total_time(self) -> float | None:
+        """Seconds from sending the Request to its End."""
+        return None if self.finished_at is None else self.finished_at - self.started_at
+
+    @property
+    def timings(self) -> StreamTimings:
+        """Client-side and server-side timings of this stream (server ones once End arrived)."""
+        server = dict(self.end.timings_ms) if self.end is not None else {}
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else seconds * 1000.0
+
+        return StreamTimings(
+            first_delta_ms=ms(self.time_to_first_delta), total_ms=ms(self.total_time),
+            server_first_delta_ms=server.get("first_delta"), server_total_ms=server.get("total"),
+            server_stages_ms={k: server[k] for k in STAGES if k in server},
+            model_first_chunk_ms=server.get("model_first_chunk"),
+        )
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> str | bytes:
+        if self._done:
+            raise StopAsyncIteration
+        client = self._client
+        if not self._sent:
+            await client._start(self)
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, ev.Delta):
+                self.last_seq = item.seq
+                await client._consumed(self, item)
+                return item.chunk
+            if isinstance(item, ev.Error):
+                # The machine says whether it means "send the Request again": the server never saw it
+                # (lost in a drop; the resend can be lost in another drop too), or it was draining.
+                retry = client.protocol.retry(self.state, item, client.backoff.retries)
+                if retry is not None:
+                    if retry == "after_drain":
+                        await client._wait_drained()
+                    await client._start(self)
+                    continue
+            break
+        self._done = True
+        client._drop(self)
+        if self.finished_at is None:
+            self.finished_at = time.perf_counter()
+        if isinstance(item, ev.End):
+            self.end = item
+            await client._consumed(self, item)
+            raise StopAsyncIteration
+        if isinstance(item, ev.Error):
+            await client._consumed(self, item)
+            cls = ResumeFailed if item.code is ErrorCode.RESUME_FAILED else StreamError
+            raise cls(item.code, item.message, stream_id=item.stream_id, retryable=item.retryable)
+        if isinstance(item, BaseException):
+            raise item
+        assert isinstance(item, _Closed)
+        raise ConnectionClosed(item.code, item.reason or "connection lost during the stream")
+
+    async def cancel(self) -> None:
+        """Ask the server to stop this stream; iteration then ends quietly."""
+        if self._sent and not self._done:
+            await self._client._send(self._client.protocol.cancel(self.stream_id))
+
+    async def aclose(self) -> None:
+        """Stop consuming: cancels the stream on the server if it is still running."""
+        if self._sent and not self._done:
+            self._done = True
+            self._client._drop(self)
+            try:
+                await self._client._send(self._client.protocol.cancel(self.stream_id))
+            except ClientError:
+                pass
+
+    async def text(self) -> str:
+        """Consume the whole stream and return the text."""
+        parts = [c if isinstance(c, str) else c.decode() async for c in self]
+        return "".join(parts)
+
+
+class _Timer:
+    """One connection's heartbeat, driven by the loop's one scheduler: the machine's Pings and its 4001.
+
+    The client pings the server when the connection is quiet and closes it with 4001 when the
+    server stops answering, so a dead server is noticed even without server Pings.
+    """
+
+    def __init__(self, client: AsyncClient, ws: ClientConnection) -> None:
+        self.client, self.ws = client, ws
+        self.scheduler = AsyncScheduler.current()
+        self.stopped = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.scheduler.schedule(self, client.protocol.next_deadline())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.scheduler.cancel(self)
+
+    def on_timer(self, now: float) -> float:
+        if self.stopped:
+            return math.inf
+        proto = self.client.protocol
+        for action in proto.tick(now):
+            if isinstance(action, SendFrame):
+                self._spawn(self.client._send_quietly(self.ws, action.data))
+            elif isinstance(action, CloseConnection):
+                self.stopped = True
+                self._spawn(self.ws.close(action.code, action.reason))
+                return math.inf
+        proto.deadline_moved = False
+        return proto.next_deadline()
+
+
+class AsyncClient:
+    """A lowlat-mw connection with many concurrent streams; reconnects between requests and resumes."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        mode: str = "proto",
+        compression: Sequence[str] | None = None,
+        backoff: Backoff | None = None,
+        open_timeout: float = 10.0,
+        max_frame_size: int = 16 * 1024 * 1024,
+        max_decompressed_size: int = 16 * 1024 * 1024,
+        headers: Mapping[str, str] | None = None,
+        answer_pings: bool = True,
+        heartbeat_timeout: float = 10.0,
+        flow_window: int = 1024 * 1024,
+        resume: bool = True,
+        max_pending: int = 100,
+        auth: str = "",
+        ssl: ssl_module.SSLContext | None = None,
+    ) -> None:
+        if mode not in ("proto", "json"):
+            raise ValueError("mode must be 'proto' or 'json'")
+        if ssl is not None and not url.startswith("wss://"):
+            raise ValueError("ssl= needs a wss:// URL")
+        self.url = url
+        self.ssl = ssl  # TLS context for wss:// (None: the system trust store)
+        self.mode = mode
+        self.subprotocol = SUBPROTOCOL_PROTO if mode == "proto" else SUBPROTOCOL_JSON
+        self.protocol = ClientProtocol(
+            self.subprotocol, compression=None if compression is None else tuple(compression), flow_window=flow_window,
+            max_frame_size=max_frame_size, max_decompressed_size=max_decompressed_size,
+            heartbeat_timeout=heartbeat_timeout, answer_pings=answer_pings, auth=auth, meter=cpu_clock)
+        self.codec = self.protocol.codec
+        self.offered = self.protocol.offered
+        self.backoff = backoff or Backoff()
+        self.open_timeout = open_timeout
+        self.max_frame_size = max_frame_size
+        self.max_decompressed_size = max_decompressed_size
+        self.headers = dict(headers or {})
+        self.answer_pings = answer_pings
+        self.heartbeat_timeout = heartbeat_timeout
+        self.flow_window = flow_window
+        self.resume_enabled = resume
+        self.max_pending = max_pending
+        self.auth = auth
+        self.resumes = 0  # how many times a dropped session was resumed
+        self._resuming: asyncio.Task[None] | None = None
+        self._pending = 0
+        self._timer: _Timer | None = None
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._streams: dict[int, Stream] = {}  # streams waiting for their events, by id
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._closed_final: ConnectionClosed | None = None
+        self._user_closed = False
+        self.last_close: _Closed | None = None
+        self._pings: dict[int, asyncio.Future[float]] = {}
+        self._ping_ids = itertools.count(1 << 31)  # apart from the heartbeat's own ids
+
+    # ------------------------------------------------------------------ state (the machine's)
+    @property
+    def welcome(self) -> ev.Welcome | None:
+        """The last Welcome (session id, resume token, negotiated limits)."""
+        return self.protocol.welcome
+
+    @property
+    def goaway(self) -> ev.GoAway | None:
+        """The GoAway of the current connection, if the server is draining it."""
+        return self.protocol.goaway
+
+    @property
+    def last_error(self) -> ev.Error | None:
+        """The last connection-level Error (stream 0) from the server."""
+        return self.protocol.last_error
+
+    @property
+    def compressor(self) -> CompressionSelector | None:
+        """The compressor of the current connection's Requests (None without negotiated compression)."""
+        return self.protocol.compressor
+
+    @property
+    def connections(self) -> int:
+        """How many times a connection was opened and welcomed."""
+        return self.protocol.connections
+
+    @property
+    def rtt(self) -> float | None:
+        """Last measured round-trip time to the server in seconds (from the client's Pings)."""
+        hb = self.protocol.heartbeat
+        return hb.rtt if hb is not None else None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> AsyncClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def ping(self, timeout: float = 5.0) -> float:
+        """Send a Ping now and return the round-trip time to its Pong in seconds."""
+        if not self.connected:
+            await self.open()
+        ping_id = next(self._ping_ids) & 0xFFFFFFFF
+        waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._pings[ping_id] = waiter
+        try:
+            sent = time.perf_counter()
+            await self._send(self.protocol.ping(ping_id))
+            async with asyncio.timeout(timeout):
+                return await waiter - sent
+        finally:
+            self._pings.pop(ping_id, None)
+
+    @property
+    def connected(self) -> bool:
+        """True while a WebSocket is open and welcomed."""
+        return self._ws is not None and self._reader is not None and not self._reader.done()
+
+    async def open(self) -> None:
+        """Connect (with backoff retries) unless already connected; waits for a resume in progress.
+
+        While streams are open on a session that can be resumed, reconnecting resumes it: a fresh
+        session here would orphan those streams (their next resume would find them unknown).
+        """
+        while True:
+            resuming = self._resuming
+            if resuming is not None and not resuming.done():
+                if self._pending >= self.max_pending:
+                    raise ClientError(f"more than {self.max_pending} requests queued while reconnecting")
+                self._pending += 1
+                try:
+                    await asyncio.shield(resuming)
+                finally:
+                    self._pending -= 1
+            async with self._lock:
+                if self.connected:
+                    return
+                if self._resuming is not None and not self._resuming.done():
+                    continue  # another drop started another resume: wait for that one
+                if self._user_closed:
+                    raise ClientError("client is closed")
+                if self._closed_final is not None:
+                    raise self._closed_final
+                await self._connect_with_retries(resume=self.resume_enabled and self.protocol.can_resume)
+                return
+
+    async def close(self) -> None:
+        """Close the connection normally; running streams end with ConnectionClosed."""
+        self._user_closed = True
+        if self._resuming is not None and not self._resuming.done():
+            self._resuming.cancel()
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            await ws.close()
+        if self._reader is not None:
+            try:
+                await self._reader
+            except Exception:
+                pass
+
+    async def _connect_with_retries(self, resume: bool = False) -> None:
+        attempt = 0
+        while True:
+            try:
+                await self._connect_once(resume=resume)
+                if resume and self.welcome is not None and self.welcome.resumed:
+                    self.resumes += 1
+                return
+            except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
+                    websockets.exceptions.InvalidMessage) as exc:
+                error: Exception = exc
+            except websockets.exceptions.InvalidStatus as exc:
+                status = exc.response.status_code
+                if status in (502, 503, 504):
+                    error = exc
+                else:
+                    raise ConnectionClosed(None, f"handshake refused with HTTP {status}") from exc
+            if attempt >= self.backoff.retries:
+                raise ReconnectFailed(
+                    f"could not connect to {self.url} after {attempt + 1} attempts: {error!r}"
+                ) from error
+            await asyncio.sleep(self.backoff.delay(attempt))
+            attempt += 1
+
+    async def _connect_once(self, resume: bool = False) -> None:
+        ws = await ws_connect(
+            self.url,
+            subprotocols=[self.subprotocol],  # type: ignore[list-item]
+            additional_headers=self.headers or None,
+            open_timeout=self.open_timeout,
+            max_size=self.max_frame_size,
+            ping_interval=None,  # the protocol's own heartbeat replaces WebSocket pings
+            compression=None,
+            **({"ssl": self.ssl} if self.ssl is not None else {}),  # websockets refuses ssl= for ws://
+        )
+        proto = self.protocol
+        try:
+            if ws.subprotocol != self.subprotocol and not (self.mode == "json" and ws.subprotocol is None):
+                raise ConnectionClosed(None, f"server chose subprotocol {ws.subprotocol!r}")
+            await ws.send(proto.connect(time.monotonic(), resume=resume))
+            async with asyncio.timeout(self.open_timeout):
+                frame = await ws.recv()
+            first = next(iter(proto.receive_data(frame, time.monotonic())), None)
+            if isinstance(first, ev.Error):
+                raise StreamError(first.code, first.message)
+            if not isinstance(first, ev.Welcome):
+                reason = first.reason if isinstance(first, CloseConnection) else "no welcome"
+                raise ConnectionClosed(None, reason)
+        except BaseException:
+            proto.connection_lost()
+            await ws.close()
+            raise
+        self._ws = ws
+        self.last_close = None
+        self._timer = _Timer(self, ws)
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
+
+    # ------------------------------------------------------------------ I/O
+    async def _send(self, frame: bytes | str) -> None:
+        ws = self._ws
+        if ws is None:
+            raise ConnectionClosed(self.last_close.code if self.last_close else None, "not connected")
+        try:
+            await ws.send(frame)
+        except websockets.exceptions.ConnectionClosed as exc:
+            raise ConnectionClosed(exc.rcvd.code if exc.rcvd else None, "connection closed") from exc
+
+    async def _send_quietly(self, ws: ClientConnection, frame: bytes | str) -> None:
+        try:
+            await ws.send(frame)
+        except websockets.exceptions.ConnectionClosed:
+            pass
+
+    async def _read_loop(self, ws: ClientConnection) -> None:
+        proto = self.protocol
+        streams = self._streams
+        code: int | None = None
+        reason = ""
+        timer = self._timer
+        try:
+            async for frame in ws:
+                for item in proto.receive_data(frame, time.monotonic()):
+                    kind = type(item)
+                    if kind is ev.Delta:
+                        stream = streams.get(item.stream_id)
+                        if stream is not None:
+                            if stream.first_delta_at is None:
+                                stream.first_delta_at = time.perf_counter()
+                            stream.queue.put_nowait(item)
+                    elif kind is ev.End or (kind is ev.Error and item.stream_id):
+                        # Ended: no longer waiting on this connection, nor on a resume (the caller still reads it).
+                        stream = streams.pop(item.stream_id, None)
+                        if stream is not None:
+                            stream.finished_at = time.perf_counter()
+                            stream.queue.put_nowait(item)
+                    elif kind is SendFrame:
+                        await ws.send(item.data)
+                    elif kind is ev.Pong:
+                        waiter = self._pings.pop(item.id, None)
+                        if waiter is not None and not waiter.done():
+                            waiter.set_result(time.perf_counter())
+                    elif kind is StreamBroken:
+                        stream = streams.get(item.stream_id)
+                        if stream is not None:
+                            stream.queue.put_nowait(ClientError(item.message))
+                    elif kind is CloseConnection:
+                        await ws.close(item.code, item.reason)
+                if proto.deadline_moved and timer is not None:
+                    proto.deadline_moved = False
+                    timer.scheduler.schedule(timer, proto.next_deadline())
+        except websockets.exceptions.ConnectionClosed:
+            pass
+        finally:
+            if timer is not None:
+                timer.stop()
+            proto.connection_lost()
+            if ws.close_code is not None:
+                code, reason = ws.close_code, ws.close_reason or ""
+            elif ws.protocol.close_rcvd is not None:
+                code, reason = ws.protocol.close_rcvd.code, ws.protocol.close_rcvd.reason
+            closed = _Closed(code, reason)
+            self.last_close = closed
+            if self._ws is ws:
+                self._ws = None
+            if not self._user_closed and not close_code_reconnects(code):
+                self._closed_final = ConnectionClosed(code, reason)
+            if (self.resume_enabled and not self._user_closed and self._closed_final is None and self._streams
+                    and proto.can_resume):
+                # Streams are open: reconnect in the background and resume them where they stopped.
+                self._resuming = asyncio.get_running_loop().create_task(self._resume_loop())
+            else:
+                self._fail_all(closed)
+
+    def _fail_all(self, why: _Closed | BaseException) -> None:
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(why)
+            self._drop(stream)
+
+    def _drop(self, stream: Stream) -> None:
+        """`stream` is over for this client: no resume will ask for it."""
+        if self._streams.get(stream.stream_id) is stream:
+            del self._streams[stream.stream_id]
+            self.protocol.forget(stream.stream_id)
+
+    async def _resume_loop(self) -> None:
+        """Reconnect with backoff and resume the open streams; fail them if that is impossible."""
+        attempt = 0
+        error: BaseException | None = None
+        async with self._lock:
+            while not self._user_closed:
+                await asyncio.sleep(self.backoff.delay(attempt))
+                try:
+                    await self._connect_once(resume=True)
+                except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
+                        websockets.exceptions.InvalidMessage, websockets.exceptions.InvalidStatus) as exc:
+                    error = exc
+                    attempt += 1
+                    if attempt > self.backoff.retries:
+                        break
+                    continue
+                except ClientError as exc:
+                    error = exc
+                    break
+                if self.welcome is not None and self.welcome.resumed:
+                    self.resumes += 1
+                return
+        self._fail_all(ReconnectFailed(f"could not resume the session at {self.url}: {error!r}"))
+
+    async def _consumed(self, stream: Stream, event: ev.Event) -> None:
+        """Acknowledge what the caller consumed, opening the server's flow-control window."""
+        ack = self.protocol.consumed(stream.state, event)
+        if ack is not None and self.connected:
+            try:
+                await self._send(ack)
+            except ClientError:
+                pass  # the connection dropped: the resume's last_seq acknowledges instead
+
+    # ------------------------------------------------------------------ streams
+    def stream(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None = None,
+        data: bytes | None = None,
+        model: str = "",
+        params: Mapping[str, Any] | None = None,
+    ) -> Stream:
+        """Start a streamed request; iterate the result for chunks (str, or bytes for data)."""
+        msgs = None
+        if messages is not None:
+            msgs = tuple(
+                m if isinstance(m, ev.ChatMessage) else ev.ChatMessage(role=m["role"], content=m["content"])
+                for m in messages
+            )
+        request = ev.Request(stream_id=next(self._ids), model=model, text=text, data=data,
+                             messages=msgs, params=dict(params or {}))
+        return Stream(self, request)
+
+    async def complete(self, text: str | None = None, **kwargs: Any) -> str:
+        """Run a request and return the whole reply as text."""
+        return await self.stream(text, **kwargs).text()
+
+    async def _wait_drained(self) -> None:
+        """After a GoAway: wait until the server closes the draining connection."""
+        reader = self._reader
+        if self.goaway is not None and reader is not None and not reader.done():
+            await asyncio.shield(reader)
+
+    async def _resume_carries(self, stream: Stream) -> bool:
+        """A send failed on a drop: whether the reconnect-and-resume carries `stream`.
+
+        The reader task decides what a drop means (resume, or fail every stream). A send can
+        notice the drop before the reader does: wait for that decision instead of failing early.
+        """
+        reader = self._reader
+        if reader is not None and not reader.done():
+            await asyncio.wait([reader], timeout=self.open_timeout)
+        return self._streams.get(stream.stream_id) is stream and self._resuming is not None
+
+    async def _start(self, stream: Stream) -> None:
+        sid = stream.stream_id
+        for attempt in range(2):
+            if self.goaway is not None:
+                await self._wait_drained()  # new streams go to the next connection
+            if not self.connected:
+                await self.open()
+            stream._sent = True
+            self._streams[sid] = stream
+            stream.started_at = time.perf_counter()
+            try:
+                await self._send(self.protocol.request(stream.state))
+                return
+            except ConnectionClosed:
+                if await self._resume_carries(stream):
+                    return  # the resume lists this stream; the server asks us to resend if it missed it
+                self._drop(stream)
+                if attempt or self._closed_final is not None:
+                    stream._done = True
+                    raise
+
+
+def connect(url: str, **kwargs: Any) -> AsyncClient:
+    """An :class:`AsyncClient` for `url`; use ``async with connect(url) as client``."""
+    return AsyncClient(url, **kwargs)

@@ -1,0 +1,90 @@
+"""The blocking Python client: :class:`SyncClient` runs an :class:`~lowlat_mw.client.aio.AsyncClient` on
+its own event loop in a helper thread.
+
+    with connect_sync("ws://127.0.0.1:8000/ws") as client:
+        for chunk in client.stream("hello"):
+            print(chunk, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .aio import AsyncClient, Stream
+
+__all__ = ["SyncClient", "connect_sync"]
+
+
+class SyncClient:
+    """Blocking wrapper around :class:`AsyncClient`, running its event loop in a helper thread."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lowlat-mw-client", daemon=True)
+        self._thread.start()
+        self._client: AsyncClient = self._call_soon(self._make(url, kwargs))
+        self.last_stream: Stream | None = None
+
+    async def _make(self, url: str, kwargs: dict[str, Any]) -> AsyncClient:
+        return AsyncClient(url, **kwargs)
+
+    def _call_soon(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def client(self) -> AsyncClient:
+        """The underlying async client."""
+        return self._client
+
+    def __enter__(self) -> SyncClient:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Connect (with retries)."""
+        self._call_soon(self._client.open())
+
+    def ping(self, timeout: float = 5.0) -> float:
+        """Round-trip time of a Ping, in seconds."""
+        return self._call_soon(self._client.ping(timeout))  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close the connection and stop the helper thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._call_soon(self._client.close(), timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def stream(self, text: str | None = None, **kwargs: Any) -> Iterator[str | bytes]:
+        """Start a request and yield its chunks as they arrive."""
+        stream = self._client.stream(text, **kwargs)
+        try:
+            while True:
+                try:
+                    chunk = self._call_soon(stream.__anext__())
+                except StopAsyncIteration:
+                    self.last_stream = stream
+                    return
+                yield chunk
+        finally:
+            if not stream._done:
+                self._call_soon(stream.aclose(), timeout=10)
+
+    def complete(self, text: str | None = None, **kwargs: Any) -> str:
+        """Run a request and return the whole reply as text."""
+        return "".join(c if isinstance(c, str) else c.decode() for c in self.stream(text, **kwargs))
+
+
+def connect_sync(url: str, **kwargs: Any) -> SyncClient:
+    """A :class:`SyncClient` for `url`; use ``with connect_sync(url) as client``."""
+    return SyncClient(url, **kwargs)

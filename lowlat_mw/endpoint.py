@@ -1,0 +1,203 @@
+"""The :class:`Endpoint`: one mounted lowlat-mw app, and every rule about who gets in and how it ends.
+
+Every adapter makes one Endpoint per mounted app (the Starlette middleware or route, each
+``LowLatConsumer.as_asgi()``, the Flask extension) and asks it, for each WebSocket handshake,
+:meth:`Endpoint.admit`: the subprotocol, the Origin, the drain state and the connection limits,
+in that order, with the answer to give (HTTP 403 before accepting, or a close code after).
+It holds the settings, the models, the metrics, the session store and the connections, so
+:meth:`Endpoint.drain` can drain them; :attr:`Endpoint.instances` is the process's registry that
+servers drain on shutdown (:func:`lowlat_mw.drivers.aio.drain_all`).
+
+Settings from a framework's configuration go through :func:`settings_from_config` (Flask's
+``app.config``, Django's ``settings``): one reading of ``LOWLAT_MW`` and ``LOWLAT_*`` keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .errors import CloseCode, SettingsError
+from .model import Models, ModelSpec, shared_executor
+from .observability.metrics import Metrics
+from .protocol.limits import ConnectionLimiter
+from .protocol.server import negotiate_subprotocol
+from .protocol.session import MemorySessionStore, SessionStore
+from .security import origin_allowed
+from .settings import ENV_PREFIX, Settings
+
+__all__ = ["Accept", "Endpoint", "Refuse", "new_session_ids", "settings_from_config"]
+
+log = logging.getLogger("lowlat_mw")
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """Admitted: accept the WebSocket with `subprotocol`. It counts against the limits for `client` until
+    :meth:`Endpoint.release` (the connection's driver releases it when the socket is gone)."""
+
+    subprotocol: str | None
+    client: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Refused. With `status` (403): answer the handshake with that HTTP status, without accepting.
+    Otherwise accept with `subprotocol`, then close with `close_code` and `message` (4002 draining,
+    1013 past the limits: clients retry)."""
+
+    reason: str  # the handshakes_refused label: forbidden, draining, limit
+    status: int | None = None
+    close_code: int = CloseCode.TRY_AGAIN_LATER
+    message: str = ""
+    subprotocol: str | None = None
+
+
+def new_session_ids() -> tuple[str, str]:
+    """A fresh session id and resume secret (drawn here, never in the protocol machines)."""
+    return secrets.token_urlsafe(12), secrets.token_urlsafe(24)
+
+
+def settings_from_config(config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, *,
+                         where: str = "app.config") -> Settings:
+    """Settings from a framework's configuration, under `overrides` (an adapter's keyword arguments).
+
+    Reads ``config["LOWLAT_MW"]`` (a dict of settings) and ``LOWLAT_<NAME>`` keys of `config`, over
+    ``LOWLAT_*`` environment variables; an unknown name is an error naming it and `where` it was
+    (``app.config`` for Flask, ``settings`` for Django), raised when the app starts.
+    """
+    values: dict[str, Any] = {}
+    names = Settings.names()
+    for key, value in config.items():
+        if key == "LOWLAT_MW":
+            label = f"{where}['LOWLAT_MW']" if where == "app.config" else f"{where}.LOWLAT_MW"
+            if not isinstance(value, Mapping):
+                raise SettingsError(f"{label} must be a dict of lowlat-mw settings")
+            for k, v in value.items():
+                if k not in names:
+                    raise SettingsError(f"unknown setting {k!r} in {label}")
+                values[k] = v
+        elif key.startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX):].lower()
+            if name not in names:
+                raise SettingsError(f"unknown setting {name!r} in {where}[{key!r}]")
+            values[name] = value
+    values.update(overrides or {})
+    return Settings.load(values, source=f"{where} and the adapter's arguments")
+
+
+class Endpoint:
+    """One mounted lowlat-mw app: settings, models, metrics, session store, limits, connections, drain."""
+
+    instances: ClassVar[weakref.WeakSet[Endpoint]] = weakref.WeakSet()
+    """Every endpoint of the process (servers drain them on shutdown)."""
+
+    def __init__(self, model: ModelSpec | Models, settings: Settings, *, registry: Any = None) -> None:
+        """`registry`: the prometheus_client CollectorRegistry for the metrics (default: the global one)."""
+        self.models = model if isinstance(model, Models) else Models(model)
+        self.registry = registry
+        self.store: SessionStore = MemorySessionStore()  # sessions waiting to be resumed
+        self.connections: weakref.WeakSet[Any] = weakref.WeakSet()  # the drivers of open connections
+        self.loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()  # where they ran
+        self.draining = False
+        self._lock = threading.Lock()
+        self.configure(settings)
+        Endpoint.instances.add(self)
+
+    def configure(self, settings: Settings) -> None:
+        """Use `settings` from now on (new connections; limits restart counting from the open ones)."""
+        old = getattr(self, "limiter", None)
+        self.settings = settings
+        limiter = ConnectionLimiter(settings.max_connections, settings.max_connections_per_client)
+        if old is not None:  # the connections already open still count
+            limiter.total, limiter.per_client = old.total, old.per_client
+        self.limiter = limiter
+        self.metrics = Metrics.for_registry(self.registry) if settings.metrics else None
+        self.executor: Executor = shared_executor(settings.model_threads)
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, subprotocols: Sequence[str], origin: str | None, host: str | None,
+              client: str | None) -> Accept | Refuse:
+        """Whether a WebSocket handshake may become a connection, and the answer to give.
+
+        Refused with HTTP 403 when no offered subprotocol is served or the Origin is not allowed
+        (clients treat that as final); accepted and then closed with 4002 while draining (clients retry
+        on the server that replaces this one) or 1013 past the connection limits (clients back off).
+        An Accept counts against the limits until :meth:`release`.
+        """
+        settings = self.settings
+        ok, subprotocol = negotiate_subprotocol(tuple(subprotocols), settings)
+        if not ok:
+            log.info("refused WebSocket: no supported subprotocol in %s", list(subprotocols))
+            return self._refused(Refuse("forbidden", status=403))
+        if origin is not None and not origin_allowed(origin, host, settings.allowed_origins):
+            log.warning("refused cross-origin WebSocket from %s", origin)
+            return self._refused(Refuse("forbidden", status=403))
+        if self.draining:
+            return self._refused(Refuse("draining", close_code=CloseCode.DRAINING, message="server draining",
+                                        subprotocol=subprotocol))
+        with self._lock:  # Flask admits from request threads, and releases on the driver's loop
+            limited = self.limiter.acquire(client)
+        if limited is not None:
+            log.warning("refused connection from %s: %s", client, limited, extra={"client": client})
+            return self._refused(Refuse("limit", close_code=CloseCode.TRY_AGAIN_LATER, message=limited[:120],
+                                        subprotocol=subprotocol))
+        return Accept(subprotocol, client)
+
+    def _refused(self, refusal: Refuse) -> Refuse:
+        if self.metrics is not None:
+            self.metrics.inc("handshakes_refused", refusal.reason)
+        return refusal
+
+    def release(self, client: str | None) -> None:
+        """An admitted connection ended: it no longer counts against the limits."""
+        with self._lock:
+            self.limiter.release(client)
+
+    # ------------------------------------------------------------------ connections
+    def connection_started(self, driver: Any) -> None:
+        """A driver runs an admitted connection (on the running loop, if any): drains will reach it."""
+        self.connections.add(driver)
+        loop = getattr(driver, "loop", None)
+        if loop is not None:
+            self.loops.add(loop)
+
+    def connection_ended(self, driver: Any) -> None:
+        """The connection's socket is gone: forget it, and release its place in the limits."""
+        self.connections.discard(driver)
+        self.release(driver.address)
+
+    def open_connections(self, loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
+        """The drivers of connections not closed yet (on `loop`, if given)."""
+        return [c for c in list(self.connections)
+                if not c.protocol.closed and (loop is None or getattr(c, "loop", None) is loop)]
+
+    @classmethod
+    def on_loop(cls, loop: asyncio.AbstractEventLoop) -> list[Endpoint]:
+        """Endpoints that have run connections on `loop`."""
+        return [e for e in list(cls.instances) if loop in e.loops]
+
+    # ------------------------------------------------------------------ drain
+    async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
+        """Graceful shutdown: refuse new connections (4002), GoAway to every open one, let running streams
+        finish for up to `grace` seconds (default: the ``drain_grace`` setting), then close them with 4002
+        (clients reconnect). Run it on the loop the connections run on."""
+        await self.drain_each([self], grace, reconnect_after_ms)
+
+    @staticmethod
+    async def drain_each(endpoints: Iterable[Endpoint], grace: float | None = None, reconnect_after_ms: int = 0,
+                         *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Drain `endpoints` (their connections on `loop`, if given) side by side; one failing stops none."""
+        drivers = []
+        for endpoint in endpoints:
+            endpoint.draining = True
+            drivers += endpoint.open_connections(loop)
+        if drivers:
+            await asyncio.gather(*(d.drain(grace, reconnect_after_ms) for d in drivers), return_exceptions=True)

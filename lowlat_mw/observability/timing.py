@@ -1,0 +1,147 @@
+"""Per-stream stage timings: where one stream's server time went, in stages that add up to its total.
+
+The drivers create a :class:`StreamTimer` when a Request frame arrives and lap it as the stream
+moves on (the protocol machine reads no clock: the driver laps around its calls). The stages go to
+the client in End.timings_ms, to the metrics and to the stream's span.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["STAGES", "StreamTimer", "stage_sum"]
+
+STAGES = ("decode", "queue", "model", "encode", "compress", "send", "flow")
+"""The additive stages of a stream, in End.timings_ms (milliseconds); they sum to ``total``.
+
+decode: parsing the Request frame. queue: waiting for the model to start running (task
+scheduling, or a free worker thread for sync models, per chunk for sync generators). model:
+inside the model callable. encode: numbering, recording (for resume) and encoding Delta frames.
+compress: compressing them. send: handing frames to the server (including waiting for the
+connection's send lock). flow: paused because the client's flow-control window was full or the
+connection was gone.
+"""
+
+
+def stage_sum(timings_ms: Mapping[str, float]) -> float:
+    """Sum of the additive stages in an End's timings_ms (compare with ``timings_ms["total"]``)."""
+    return sum(timings_ms.get(s, 0.0) for s in STAGES)
+
+
+class StreamTimer:
+    """Lap timer of one stream: each lap charges the time since the previous one to a stage.
+
+    Created when the Request frame arrives (`start`: the clock value before it was decoded) and
+    carried by the stream's task, so a resumed stream keeps counting. The per-delta laps
+    (:meth:`chunk`, :meth:`encoded`, :meth:`sent`) are written out rather than shared, because they
+    run for every delta: one clock read and two additions each.
+    """
+
+    __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gap_bounds", "gap_counts",
+                 "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "model", "model_first_chunk",
+                 "model_started", "queue", "send", "start", "ttfd")
+
+    def __init__(self, clock: Callable[[], float], start: float) -> None:
+        self.clock = clock
+        self.start = start
+        self.last = start
+        self.decode = self.queue = self.model = self.encode = self.compress = self.send = self.flow = 0.0
+        self.model_started: float | None = None
+        self.model_first_chunk: float | None = None
+        self.deltas = 0
+        self.last_delta = 0.0
+        self.first_delta: float | None = None
+        self.ttfd: Any = None  # histograms bound at stream start (None: metrics off): see bind
+        self.gaps: Any = None
+        self.gap_counts: list[int] | None = None
+        self.gap_bounds: tuple[float, ...] = ()
+        # the bucket the last gap fell in, (gap_lo, gap_hi]: consecutive gaps mostly share one
+        self.gap_lo, self.gap_hi, self.gap_i = 0.0, -1.0, 0
+
+    def bind(self, ttfd: Any, gaps: Any) -> None:
+        """Observe the time to first delta into histogram `ttfd` and count the inter-delta gaps into `gaps`
+        (its sum is added when the stream ends: see :meth:`gap_sum`)."""
+        self.ttfd, self.gaps, self.gap_counts, self.gap_bounds = ttfd, gaps, gaps.counts, gaps.bounds
+
+    def gap_sum(self) -> float:
+        """The sum of this stream's inter-delta gaps: the last Delta's time minus the first's."""
+        return self.last_delta - self.first_delta if self.first_delta is not None and self.deltas > 1 else 0.0
+
+    @property
+    def stages(self) -> dict[str, float]:
+        """Seconds per stage, in STAGES order."""
+        return {"decode": self.decode, "queue": self.queue, "model": self.model, "encode": self.encode,
+                "compress": self.compress, "send": self.send, "flow": self.flow}
+
+    def lap(self, stage: str) -> float:
+        """Charge the time since the last lap to `stage` (one of STAGES); returns the clock value."""
+        now = self.clock()
+        setattr(self, stage, getattr(self, stage) + now - self.last)
+        self.last = now
+        return now
+
+    def model_running(self) -> None:
+        """The model's code starts (or resumes, for a sync generator's next chunk): end of a queue wait."""
+        now = self.lap("queue")
+        if self.model_started is None:
+            self.model_started = now
+
+    def chunk(self) -> None:
+        """The model produced a chunk (or finished)."""
+        now = self.clock()
+        self.model += now - self.last
+        self.last = now
+        if self.model_first_chunk is None and self.model_started is not None:
+            self.model_first_chunk = now
+
+    def encoded(self, compressed: float = 0.0) -> None:
+        """The chunk's frames are built: the time since the last lap is encode, `compressed` seconds of it
+        compress (what the compressor measured)."""
+        now = self.clock()
+        took = now - self.last
+        self.last = now
+        if compressed:
+            compressed = min(compressed, took)
+            self.compress += compressed
+        self.encode += took - compressed
+
+    def sent(self) -> None:
+        """A Delta went to the server: charge send time, feed time-to-first-delta and inter-delta gap."""
+        now = self.clock()
+        self.send += now - self.last
+        self.last = now
+        self.deltas += 1
+        if self.deltas == 1:
+            self.first_delta = now
+            if self.ttfd is not None:
+                self.ttfd.observe(now - self.start)
+        else:
+            counts = self.gap_counts
+            if counts is not None:  # the bucket of this gap (the sum is added at the end: gap_sum)
+                gap = now - self.last_delta
+                if self.gap_lo < gap <= self.gap_hi:
+                    counts[self.gap_i] += 1
+                else:
+                    bounds = self.gap_bounds
+                    i = bisect_left(bounds, gap)
+                    counts[i] += 1
+                    self.gap_i = i
+                    self.gap_lo = bounds[i - 1] if i > 0 else float("-inf")
+                    self.gap_hi = bounds[i] if i < len(bounds) else float("inf")
+        self.last_delta = now
+
+    def timings_ms(self) -> dict[str, float]:
+        """The stages in milliseconds; ``total`` on the same clock (the Request frame's arrival to the last
+        lap); and ``model_first_chunk`` (model start to its first chunk).
+
+        ``total`` is the stages' own span: read from another clock at another moment, a pause between
+        the two reads (a garbage collection in a big heap) opened a gap the stages did not cover.
+        """
+        out = {"decode": self.decode * 1000.0, "queue": self.queue * 1000.0, "model": self.model * 1000.0,
+               "encode": self.encode * 1000.0, "compress": self.compress * 1000.0, "send": self.send * 1000.0,
+               "flow": self.flow * 1000.0, "total": (self.last - self.start) * 1000.0}
+        if self.model_first_chunk is not None and self.model_started is not None:
+            out["model_first_chunk"] = (self.model_first_chunk - self.model_started) * 1000.0
+        return out

@@ -1,0 +1,261 @@
+"""What both protocol machines share: the codec, negotiated compression, heartbeat, state and counters.
+
+:class:`Protocol` is the base of :class:`~lowlat_mw.protocol.server.ServerProtocol` and
+:class:`~lowlat_mw.protocol.client.ClientProtocol` (one machine, two roles, as in websockets' sans-IO
+``Protocol``). A driver feeds it WebSocket messages with :meth:`Protocol.receive_data` and the time
+with :meth:`Protocol.tick`, and carries out the actions that come back. Which message a state accepts
+is the table in :mod:`~lowlat_mw.protocol.state`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..errors import CloseCode, RemoteProtocolError
+from . import events as ev
+from .codec import codec_for
+from .heartbeat import Heartbeat, HeartbeatAction
+from .selector import CompressionSelector
+from .state import ConnState
+
+__all__ = ["CODEC_SLOTS", "CloseConnection", "FrameStats", "Measured", "Protocol", "SendFrame", "subprotocol_label"]
+
+
+# ------------------------------------------------------------------------------------ actions
+@dataclass(frozen=True, slots=True)
+class SendFrame:
+    """Send this WebSocket message (bytes: binary frame, str: text frame).
+
+    `error` is the Error it carries, if any, so the driver can log and count it (the machine does no I/O).
+    """
+
+    data: bytes | str
+    error: ev.Error | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Close the WebSocket with `code` and `reason` (the server: and stop every running stream)."""
+
+    code: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A measurement for the driver to record: `name` is the metric (``heartbeat_rtt_seconds``), `value` its sample."""
+
+    name: str
+    value: float
+
+
+# ------------------------------------------------------------------------------------ counters
+CODEC_SLOTS = 5  # compression codec ids counted per connection: none, zstd, lz4, snappy, and the reserved 4
+_SUBPROTOCOL_LABEL = {"lowlat.v1.proto": "proto", "lowlat.v1.json": "json", None: "json"}
+
+
+def subprotocol_label(subprotocol: str | None) -> str:
+    """The short label value for a subprotocol ("proto" or "json")."""
+    return _SUBPROTOCOL_LABEL.get(subprotocol, "json")
+
+
+class FrameStats:
+    """Frames and bytes of one connection, by compression codec id: what the machine counts anyway.
+
+    ``sent[3 * codec_id : 3 * codec_id + 3]`` is ``frames, bytes before compression, bytes on the
+    wire`` (one flat list: small, as every connection has one) and ``received`` is ``[frames, bytes]``.
+    The metrics read the open connections' counters at scrape time and fold a connection's into their
+    totals when it closes, so metrics cost nothing per frame.
+    """
+
+    __slots__ = ("__weakref__", "label", "received", "sent")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.sent = [0] * (3 * CODEC_SLOTS)
+        self.received = [0, 0]
+
+    def count_sent(self, codec_id: int, raw: int, wire: int) -> None:
+        """One frame sent."""
+        sent, base = self.sent, 3 * codec_id
+        sent[base] += 1
+        sent[base + 1] += raw
+        sent[base + 2] += wire
+
+    def by_codec(self) -> list[tuple[int, int, int]]:
+        """(frames, bytes before compression, bytes on the wire) per codec id."""
+        s = self.sent
+        return [(s[i], s[i + 1], s[i + 2]) for i in range(0, len(s), 3)]
+
+    @property
+    def frames_out(self) -> int:
+        return sum(self.sent[0::3])
+
+    @property
+    def payload_bytes_out(self) -> int:
+        return sum(self.sent[1::3])
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(self.sent[2::3])
+
+    @property
+    def frames_in(self) -> int:
+        return self.received[0]
+
+    @property
+    def bytes_in(self) -> int:
+        return self.received[1]
+
+
+# ------------------------------------------------------------------------------------ the machine
+class Protocol:
+    """One end of one lowlat-mw connection, as a state machine: messages and `now` in, actions out.
+
+    Subclasses give the handlers (``_on_<name>``, looked up per state in ``HANDLERS``, built from the
+    tables of :mod:`~lowlat_mw.protocol.state`), the messages that count as application traffic for
+    the heartbeat (``APPLICATION``) and what to do with a bad or unexpected message.
+    """
+
+    HANDLERS: ClassVar[dict[ConnState, dict[type, Any]]] = {}
+    APPLICATION: ClassVar[frozenset[type]] = frozenset()
+    PEER_DEAD_REASON: ClassVar[str] = "no pong within heartbeat_timeout"
+
+    def __init__(self, subprotocol: str | None, *, state: ConnState, max_frame_size: int,
+                 max_decompressed_size: int, meter: Callable[[], float] | None = None) -> None:
+        """`meter`: a CPU clock the compressor times its own work with (None: its priors, deterministic)."""
+        self.subprotocol = subprotocol
+        self.codec = codec_for(subprotocol)
+        self.state = state
+        self.max_frame_size = max_frame_size
+        self.max_decompressed_size = max_decompressed_size
+        self.meter = meter
+        self.compression: tuple[str, ...] = ()  # negotiated codecs (both directions)
+        self.compressor: CompressionSelector | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.stats = FrameStats(subprotocol_label(subprotocol))
+        # Set when next_deadline() may have moved earlier: the driver re-arms its timer and clears it.
+        # Otherwise deadlines only move later, and a timer that fires early finds nothing to do.
+        self.deadline_moved = False
+
+    # ------------------------------------------------------------------ state
+    @property
+    def open(self) -> bool:
+        """True between Welcome and close: frames can be sent."""
+        return self.state is ConnState.OPEN
+
+    @property
+    def closed(self) -> bool:
+        """True once a CloseConnection was returned or the peer went away."""
+        return self.state is ConnState.CLOSED
+
+    @property
+    def compress_seconds(self) -> float:
+        """CPU seconds spent compressing so far (measured with the meter; 0 without one)."""
+        return self.compressor.spent if self.compressor is not None else 0.0
+
+    def _negotiated(self, compression: tuple[str, ...], *, min_size: int = 512, link_mbps: float = 1000.0) -> None:
+        self.compression = compression
+        self.compressor = CompressionSelector(compression, min_size=min_size, link_mbps=link_mbps,
+                                              clock=self.meter) if compression else None
+
+    # ------------------------------------------------------------------ output
+    def _frame(self, event: ev.Event) -> bytes | str:
+        """`event` as a WebSocket message (compressed where it pays), counted."""
+        data, raw, codec_id = self.codec.encode_frame(event, self.compressor)
+        self.stats.count_sent(codec_id, raw, len(data) if type(data) is bytes else raw)
+        return data
+
+    def _close(self, code: int, reason: str) -> list[Any]:
+        if self.state is ConnState.CLOSED:
+            return []
+        self.state = ConnState.CLOSED
+        self.close_code, self.close_reason = code, reason
+        return [CloseConnection(code, reason)]
+
+    def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> list[Any]:
+        """Close from this side (e.g. shutdown): the CloseConnection to carry out."""
+        return self._close(code, reason)
+
+    # ------------------------------------------------------------------ input
+    def receive_data(self, data: bytes | str, now: float) -> list[Any]:
+        """Handle one WebSocket message from the peer: the actions (and, for the client, events) it causes."""
+        if self.state is ConnState.CLOSED:
+            return []
+        size = len(data) if type(data) is not str or len(data) * 4 <= self.max_frame_size \
+            else len(data.encode("utf-8", "surrogatepass"))  # a text frame's size is its UTF-8 length
+        received = self.stats.received
+        received[0] += 1
+        received[1] += size
+        hb = self.heartbeat
+        if hb is not None and hb.awaiting is not None:
+            self.deadline_moved = True  # proof of life while a Ping is out: the next Ping may be due sooner
+        if size > self.max_frame_size:
+            if hb is not None:
+                hb.on_receive(now)
+            return self._too_big(size)
+        try:
+            event = self.codec.decode(data, limit=self.max_decompressed_size, allowed=self.compression)
+        except RemoteProtocolError as exc:
+            if hb is not None:
+                hb.on_receive(now)
+            return self._bad_frame(exc)
+        kind = type(event)
+        if hb is not None:
+            hb.on_receive(now, application=kind in self.APPLICATION)
+        handler = self.HANDLERS[self.state].get(kind)
+        if handler is None:
+            return self._unexpected(event)
+        return handler(self, event, now)  # type: ignore[no-any-return]
+
+    def _too_big(self, size: int) -> list[Any]:
+        raise NotImplementedError
+
+    def _bad_frame(self, exc: RemoteProtocolError) -> list[Any]:
+        raise NotImplementedError
+
+    def _unexpected(self, event: ev.Event) -> list[Any]:
+        raise NotImplementedError
+
+    def _on_ping(self, ping: ev.Ping, now: float) -> list[Any]:
+        return [SendFrame(self._frame(ping.response()))]
+
+    def _on_pong(self, pong: ev.Pong, now: float) -> list[Any]:
+        hb = self.heartbeat
+        if hb is None:
+            return []
+        awaited = hb.awaiting
+        hb.on_pong(pong.id, now)
+        if awaited is not None and hb.awaiting is None and hb.rtt is not None:
+            return [Measured("heartbeat_rtt_seconds", hb.rtt)]
+        return []
+
+    # ------------------------------------------------------------------ time
+    def _heartbeat_due(self, now: float) -> list[Any]:
+        """Ping when one is due, close with 4001 when the peer stopped answering."""
+        hb = self.heartbeat
+        if hb is None:
+            return []
+        action = hb.poll(now)
+        if action is HeartbeatAction.PEER_DEAD:
+            return self._close(CloseCode.HEARTBEAT_TIMEOUT, self.PEER_DEAD_REASON)
+        if action is HeartbeatAction.SEND_PING:
+            return [SendFrame(self._frame(ev.Ping(id=hb.ping_id)))]
+        return []
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` next has something to do (inf when closed)."""
+        if self.state is ConnState.CLOSED or self.heartbeat is None:
+            return math.inf
+        return self.heartbeat.deadline()
+
+    def tick(self, now: float) -> list[Any]:
+        """Timers: heartbeat pings and timeouts (the server adds its handshake timeout and idle reaper)."""
+        if self.state is ConnState.CLOSED:
+            return []
+        return self._heartbeat_due(now)

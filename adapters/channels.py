@@ -91,7 +91,7 @@ class LowLatConsumer(AsyncConsumer):
         return self.app.endpoint
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
-        """Admission (403, or accept and 4002 / 1013, or accept and start the connection)."""
+        """Admission (HTTP 403; or accept, then the refusal's close code; or accept and start the connection)."""
         self.driver = await accept(self.app.current(), self.scope, self._send)
         if self.driver is None:
             raise StopConsumer

@@ -202,7 +202,6 @@ class InProcess:
         start = time.thread_time()
         with _use_tracer(tracer):
             driver = ConnectionDriver(self.endpoints[cfg.key], send=send, subprotocol=SUBPROTOCOLS[sp_name])
-        driver.start()
         for frame in self.frames[sp_name]:
             await driver.receive(frame)
         while driver.tasks:

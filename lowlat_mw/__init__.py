@@ -9,6 +9,7 @@ servers (:mod:`lowlat_mw.servers`); adapters for Starlette/FastAPI, Django Chann
 
 from __future__ import annotations
 
+from ._version import __version__
 from .client import AsyncClient, Backoff, Stream, StreamTimings, SyncClient, connect, connect_sync
 from .errors import (
     ClientError,
@@ -28,8 +29,6 @@ from .model import ModelRequest, SessionInfo
 from .observability.metrics import Metrics
 from .observability.timing import STAGES
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
-
-__version__ = "0.1.0"
 
 __all__ = [
     "STAGES",

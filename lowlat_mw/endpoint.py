@@ -172,7 +172,8 @@ class Endpoint:
     def connection_ended(self, driver: Any) -> None:
         """The connection's socket is gone: forget it, and release its place in the limits."""
         self.connections.discard(driver)
-        self.release(driver.address)
+        with self._lock:  # (release)
+            self.limiter.release(driver.address)
 
     def open_connections(self, loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
         """The drivers of connections not closed yet (on `loop`, if given)."""

@@ -175,7 +175,7 @@ def _kind(fn: Callable[..., Any]) -> str:
 
 def stream_model(
     fn: ModelFn, request: ModelRequest, executor: Executor | None = None,
-    on_run: Callable[[], None] | None = None,
+    on_run: Callable[[], None] | None = None, kind: str | None = None,
 ) -> AsyncIterator[Any]:
     """Run `fn` for `request` and yield its chunks without ever blocking the event loop.
 
@@ -183,9 +183,9 @@ def stream_model(
     where and when the model's code is about to run (in the worker thread for sync code, once
     per chunk for sync generators), so the wait for a worker can be told apart from model time.
     An async generator model is returned as it is (no wrapper generator per chunk); close the
-    result with ``aclose()`` either way.
+    result with ``aclose()`` either way. `kind`: what :meth:`Models.resolve` found `fn` to be, if known.
     """
-    if _kind(fn) == "asyncgen":
+    if (kind or _kind(fn)) == "asyncgen":
         if on_run is not None:
             on_run()
         return fn(request)  # type: ignore[no-any-return]
@@ -297,6 +297,7 @@ class Models:
     """
 
     def __init__(self, spec: ModelSpec | Models) -> None:
+        self._resolved: dict[str, tuple[ModelFn | None, str, str]] = {}
         if isinstance(spec, Models):
             self.single, self.by_name, self.default = spec.single, spec.by_name, spec.default
             return
@@ -314,6 +315,17 @@ class Models:
             self.default = self.by_name.get("default") or next(iter(self.by_name.values()))
         else:
             self.single = load_callable(spec)
+
+    def resolve(self, name: str) -> tuple[ModelFn | None, str, str]:
+        """(callable, metrics label, kind) for model `name`, the kind (asyncgen, async, gen, sync) found once
+        per callable. The callable is None when this endpoint does not serve `name`."""
+        found = self._resolved.get(name)
+        if found is None:
+            fn = self.get(name)
+            found = (fn, self.label(name), _kind(fn) if fn is not None else "")
+            if len(self._resolved) < 256:  # names clients invent are not kept
+                self._resolved[name] = found
+        return found
 
     def get(self, name: str) -> ModelFn | None:
         """The callable for model `name`, or None when this endpoint does not serve it."""

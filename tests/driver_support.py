@@ -19,8 +19,7 @@ from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
 class Peer:
     """A connection's driver and what it sent (decoded), and how it was closed."""
 
-    def __init__(self, endpoint: Endpoint, subprotocol: str | None = SUBPROTOCOL_JSON, *, start: bool = True,
-                 driver: bool = True) -> None:
+    def __init__(self, endpoint: Endpoint, subprotocol: str | None = SUBPROTOCOL_JSON, *, driver: bool = True) -> None:
         self.endpoint = endpoint
         self.codec = codec_for(subprotocol)
         self.sent: list[Any] = []
@@ -29,8 +28,6 @@ class Peer:
         self.driver: ConnectionDriver | None = None
         if driver:
             self.driver = ConnectionDriver(endpoint, send=self._send, subprotocol=subprotocol)
-            if start:
-                self.driver.start()
 
     @classmethod
     def admitted(cls, endpoint: Endpoint, subprotocol: str | None = SUBPROTOCOL_JSON) -> Peer:

@@ -90,8 +90,7 @@ def test_stage_sum_is_the_elapsed_time_whatever_the_laps(laps: list[tuple[str, f
 def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
     clock = FakeClock()
     metrics = Metrics()
-    timer = StreamTimer(clock, clock.now)
-    timer.bind(*metrics.stream_started("m"))
+    timer = StreamTimer(clock, clock.now, *metrics.stream_started("m"))
     for dt in (0.003, 0.001, 0.002, 0.0004):
         clock.advance(dt)
         timer.sent()
@@ -215,11 +214,21 @@ class Wire:
         await self.driver.receive(self.codec.encode(event))
 
 
+def stream_timers(monkeypatch: pytest.MonkeyPatch) -> list[StreamTimer | None]:
+    """Streams start as they do (their timer made when the Request arrived) but run no model: their timers."""
+    started: list[StreamTimer | None] = []
+
+    async def no_model(self: ModelRunner, req: Any, fn: Any, label: str, kind: str, timer: Any) -> None:
+        started.append(timer)
+
+    monkeypatch.setattr(ModelRunner, "_run", no_model)
+    return started
+
+
 @pytest.mark.parametrize("subprotocol", [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
 async def test_connection_counts_frames_bytes_handshake_and_errors(subprotocol: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[StreamTimer | None] = []
-    monkeypatch.setattr(ModelRunner, "start", lambda self, request, timer: started.append(timer))  # no model runs
+    started = stream_timers(monkeypatch)
     clock, now = FakeClock(), FakeClock(10.0)
     metrics = Metrics()
     label = "proto" if subprotocol == SUBPROTOCOL_PROTO else "json"
@@ -232,6 +241,7 @@ async def test_connection_counts_frames_bytes_handshake_and_errors(subprotocol: 
     start = clock.now
     clock.advance(0.001)  # the clock reads at the frame's arrival, then after decoding
     await wire.receive(ev.Request(stream_id=1, text="hi"))
+    await asyncio.sleep(0)  # the stream's task starts
     [timer] = started
     assert timer is not None and timer.start == start + 0.001
     compression = "zstd" if label == "proto" else "none"
@@ -279,11 +289,11 @@ async def test_connection_records_heartbeat_rtt_and_resume_outcomes() -> None:
 
 
 async def test_no_clock_means_no_stage_timer(monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[StreamTimer | None] = []
-    monkeypatch.setattr(ModelRunner, "start", lambda self, request, timer: started.append(timer))
+    started = stream_timers(monkeypatch)
     wire = Wire(Settings(stage_timings=False, metrics=False, tracing=False), SUBPROTOCOL_PROTO, FakeClock(0.0))
     await wire.receive(ev.Hello(client="t"))
     await wire.receive(ev.Request(stream_id=1, text="x"))
+    await asyncio.sleep(0)  # the stream's task starts
     assert started == [None]
     await wire.driver.disconnected(1000)
     sel = CompressionSelector(())
@@ -298,9 +308,8 @@ def test_gap_buckets_match_a_bisect_of_every_gap() -> None:
     rng = random.Random(5)
     clock = FakeClock()
     metrics = Metrics()
-    timer = StreamTimer(clock, clock.now)
     hist = metrics.hist("inter_delta_seconds", "m")
-    timer.bind(None, hist)
+    timer = StreamTimer(clock, clock.now, None, hist)
     expected = [0] * len(hist.counts)
     last = None
     for _ in range(2000):

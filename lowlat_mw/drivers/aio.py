@@ -37,7 +37,7 @@ from ..observability.metrics import Metrics
 from ..observability.timing import StreamTimer
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, Measured, SendFrame
-from ..protocol.server import Authenticate, CancelStream, ResumeSession, ServerProtocol, StartStream
+from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSession, ServerProtocol, StartStream
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
 from .timers import AsyncScheduler, cpu_clock
@@ -89,7 +89,8 @@ class ModelRunner:
     connection resumes it.
     """
 
-    def __init__(self, session: Session, endpoint: Endpoint, driver: ConnectionDriver) -> None:
+    def __init__(self, session: Session, driver: ConnectionDriver) -> None:
+        endpoint = driver.endpoint
         self.session = session
         self.endpoint = endpoint
         self.settings = endpoint.settings
@@ -104,6 +105,7 @@ class ModelRunner:
         self._detached = False
         self.scheduler = driver.scheduler
         self.monotonic = driver.monotonic
+        self.clock = driver.clock
         endpoint.store.put(session.session_id, self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,8 +142,9 @@ class ModelRunner:
             return
         self.destroyed = True
         self.driver = None
-        self._set_detached(False)
-        self.scheduler.cancel(self)
+        if self._detached:
+            self._set_detached(False)
+            self.scheduler.cancel(self)
         store = self.endpoint.store
         if store.get(self.session.session_id) is self:
             store.remove(self.session.session_id)
@@ -167,9 +170,17 @@ class ModelRunner:
             self.window.set()
 
     # ------------------------------------------------------------------ streams
-    def start(self, request: ev.Request, timer: StreamTimer | None) -> None:
-        """Run the model for `request` in its own task."""
-        self.tasks[request.stream_id] = asyncio.get_running_loop().create_task(self._run(request, timer))
+    def start(self, request: ev.Request, arrived: float | None) -> None:
+        """Run the model for `request` in its own task; `arrived`: when its frame arrived (None: not timed)."""
+        fn, label, kind = self.endpoint.models.resolve(request.model)
+        metrics = self.metrics
+        hists = metrics.stream_started(label) if metrics is not None else (None, None)
+        timer = None
+        if arrived is not None:
+            timer = StreamTimer(self.clock, arrived, *hists)
+            timer.lap("decode")
+        self.tasks[request.stream_id] = asyncio.get_running_loop().create_task(
+            self._run(request, fn, label, kind, timer))
 
     def cancel(self, stream_id: int) -> None:
         """Stop the model of `stream_id` (it ends with End("cancelled"))."""
@@ -177,38 +188,39 @@ class ModelRunner:
         if task is not None:
             task.cancel()
 
-    async def _run(self, req: ev.Request, timer: StreamTimer | None) -> None:
+    async def _run(self, req: ev.Request, fn: Any, label: str, kind: str, timer: StreamTimer | None) -> None:
         sid = req.stream_id
         session = self.session
-        models = self.endpoint.models
-        fn = models.get(req.model)
-        label = models.label(req.model)
-        metrics = self.metrics
         started = self.monotonic()
-        if metrics is not None:
-            hists = metrics.stream_started(label)
-            if timer is not None:
-                timer.bind(*hists)
         tracer = self.driver.tracer if self.driver is not None else None
         span = tracing.start_stream(tracer, req, session.session_id, label, timer) if tracer is not None else None
         ending: tuple[Any, ...] = ("cancelled",)  # how the stream ends: ("stop",), ("cancelled",) or (code, message)
         try:
             if fn is None:
-                ending = (ErrorCode.UNKNOWN_MODEL, f"unknown model {req.model!r}; served: {', '.join(models.names())}")
+                served = ", ".join(self.endpoint.models.names())
+                ending = (ErrorCode.UNKNOWN_MODEL, f"unknown model {req.model!r}; served: {served}")
                 return
             mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
                                 messages=req.messages, params=req.params, session=self.info)
-            agen = stream_model(fn, mreq, self.endpoint.executor, timer.model_running if timer is not None else None)
+            if kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
+                if timer is not None:
+                    timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)
+                agen = fn(mreq)
+            else:
+                agen = stream_model(fn, mreq, self.endpoint.executor,
+                                    timer.model_running if timer is not None else None, kind)
             try:
                 if self.settings.merge_deltas:
                     await self._pump_merged(sid, agen, timer)
-                else:
+                else:  # (_emit, written out: once per token)
                     async for chunk in agen:
-                        if timer is not None:
-                            timer.chunk()
-                        await self._emit(sid, chunk, timer)
-                if timer is not None:
-                    timer.chunk()  # the model's last stretch, up to its return
+                        driver = self.driver
+                        if driver is not None:
+                            await driver.chunk(sid, chunk, timer)
+                        else:
+                            self._keep(sid, chunk, timer)
+                        if session.buffered >= session.pause_at:  # (Session.blocked)
+                            await self._paused(timer)
             finally:
                 await agen.aclose()
             ending = ("stop",)
@@ -224,31 +236,24 @@ class ModelRunner:
             if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
                 timer.lap("model")
             self.tasks.pop(sid, None)
-            # The End or Error is recorded, observed, and only then sent: whoever reads it finds the
-            # metrics and the span already there.
-            driver, terminal = self._end(sid, ending, timer) if not self.destroyed else (None, None)
-            if metrics is not None:
-                metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error", self.monotonic() - started,
-                                     timer)
-            if span is not None:
-                tracing.end_stream(span, terminal, timer)
-            if driver is not None:
-                await driver.send_pending()
-
-    def _end(self, sid: int, ending: tuple[Any, ...], timer: StreamTimer | None
-             ) -> tuple[ConnectionDriver | None, ev.End | ev.Error | None]:
-        """Record the stream's End or Error: in the attached connection's machine (which frames it; that
-        driver sends it next), else in the session, for the resume."""
-        now = self.monotonic()
-        driver = self.driver
-        if len(ending) == 1:
+            # The stream is observed, then its End or Error recorded, the span ended, and only then is the End
+            # sent: whoever reads it finds the metrics and the span already there.
+            if self.metrics is not None:
+                self.metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error",
+                                          self.monotonic() - started, timer)
             timings = timer.timings_ms() if timer is not None and self.settings.stage_timings else None
-            if driver is not None:
-                return driver, driver.end_stream(sid, now, reason=ending[0], timings_ms=timings)
-            return None, self.session.finish(sid, now, reason=ending[0], timings_ms=timings)
-        if driver is not None:
-            return driver, driver.end_stream(sid, now, error=ending)  # type: ignore[arg-type]
-        return None, self.session.fail(sid, now, *ending)
+            driver = self.driver
+            if self.destroyed:
+                if span is not None:
+                    tracing.end_stream(span, None, timer)
+            elif driver is not None:
+                await driver.end_stream(sid, ending, timings, span, timer)
+            else:  # no connection: kept in the session for the resume
+                now = self.monotonic()
+                terminal = (session.finish(sid, now, reason=ending[0], timings_ms=timings) if len(ending) == 1
+                            else session.fail(sid, now, *ending))
+                if span is not None:
+                    tracing.end_stream(span, terminal, timer)
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """One chunk out: through the attached connection, else into the session for the resume."""
@@ -256,17 +261,28 @@ class ModelRunner:
         if driver is not None:
             await driver.chunk(sid, chunk, timer)
         else:
-            self.session.keep(sid, chunk, self.monotonic())
+            self._keep(sid, chunk, timer)
+        session = self.session
+        if session.buffered >= session.pause_at:  # (Session.blocked)
+            await self._paused(timer)
+
+    def _keep(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
+        """A chunk while no connection is attached: into the session, for the resume."""
+        produced = self.clock()
+        self.session.keep(sid, chunk, self.monotonic())
+        if timer is not None:
+            now = self.clock()
+            timer.delta(produced, now, now)
+
+    async def _paused(self, timer: StreamTimer | None) -> None:
+        """The flow-control window (or, detached, the replay buffer) is full: wait until it opens."""
+        self.waiting += 1
+        try:
+            await self._wait_window()
+        finally:
+            self.waiting -= 1
             if timer is not None:
-                timer.sent()
-        if self.session.blocked:
-            self.waiting += 1
-            try:
-                await self._wait_window()
-            finally:
-                self.waiting -= 1
-                if timer is not None:
-                    timer.lap("flow")
+                timer.lap("flow")
 
     async def _pump_merged(self, sid: int, agen: Any, timer: StreamTimer | None) -> None:
         """Emit `agen`'s chunks, merging text chunks it yields back to back into one Delta (merge_deltas).
@@ -371,18 +387,17 @@ class ConnectionDriver:
         self.address = address
         self.info = SessionInfo(session_id=session_id, subprotocol=subprotocol, client=client, headers=headers or {},
                                 user=user, extra=extra or {})
-        self.scheduler = AsyncScheduler.current()
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
+        scheduler = AsyncScheduler.by_loop.get(loop)
+        self.scheduler = scheduler if scheduler is not None else AsyncScheduler.current()
         self.runner: ModelRunner | None = None
         self._arrived = 0.0  # when the frame being handled arrived (perf_counter), for a Request's stage timer
-        self._pending: list[Any] = []  # End and Error frames framed by end_stream, to send
         self._send_lock = asyncio.Lock()
         # The send in progress (the task holding the lock) and when it began: on_timer closes the
         # connection when one stays blocked for slow_consumer_timeout, without a loop timer per frame.
         self._sender: asyncio.Task[Any] | None = None
         self._send_since = math.inf
         self._stuck_task: asyncio.Task[Any] | None = None  # the sender on_timer cancelled
-        self._scheduled = math.inf
         self._timer_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._close_sent = False
@@ -393,6 +408,9 @@ class ConnectionDriver:
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         if self.metrics is not None:
             self.metrics.connection_opened(self.protocol.stats)
+        endpoint.connection_started(self)  # drains reach it from now on
+        self._scheduled = self.protocol.handshake_deadline
+        self.scheduler.schedule(self, self._scheduled)
 
     @property
     def tasks(self) -> dict[int, asyncio.Task[None]]:
@@ -400,11 +418,6 @@ class ConnectionDriver:
         return self.runner.tasks if self.runner is not None else {}
 
     # ------------------------------------------------------------------ from the socket
-    def start(self) -> None:
-        """Register the connection with its endpoint (for drains) and arm its timer."""
-        self.endpoint.connection_started(self)
-        self.reschedule()
-
     async def receive(self, data: bytes | str) -> None:
         """Feed one WebSocket message from the client."""
         if self._superseded:
@@ -427,7 +440,17 @@ class ConnectionDriver:
             return
         self._gone = True
         self._closing = True
-        self._ended(code)
+        proto = self.protocol
+        by = "server" if proto.close_code is not None else "client"
+        final = proto.close_code if proto.close_code is not None else (code or 1006)
+        log.info("connection %s closed by %s: %s %s", proto.session_id, by, final, proto.close_reason,
+                 extra={"session_id": proto.session_id, "close_code": final, "closed_by": by,
+                        "client": self.info.client})
+        if self._handshake_span is not None:  # never got past Hello: the handshake failed with this close
+            self._end_handshake(final)
+        if self.metrics is not None:
+            self.metrics.connection_closed(proto.stats, final, by)
+        self.endpoint.connection_ended(self)
         self.protocol.connection_lost()
         self.scheduler.cancel(self)
         self._scheduled = math.inf
@@ -440,7 +463,8 @@ class ConnectionDriver:
             runner.detach(self.monotonic())
         else:
             runner.destroy()
-            await runner.wait_closed()
+            if runner.tasks:
+                await runner.wait_closed()
 
     # ------------------------------------------------------------------ from the models
     async def chunk(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
@@ -451,35 +475,35 @@ class ConnectionDriver:
             if frames:
                 await self._write(frames)
             return
+        clock = self.clock
+        produced = clock()
         compressor = proto.compressor
         spent = compressor.spent if compressor is not None else 0.0
+        frames = proto.send_chunk(sid, chunk, self.monotonic())
+        encoded = clock()
         try:
-            frames = proto.send_chunk(sid, chunk, self.monotonic())
-            timer.encoded(compressor.spent - spent if compressor is not None else 0.0)
             if frames:
                 await self._write(frames)
         finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
-            timer.sent()
+            timer.delta(produced, encoded, clock(), compressor.spent - spent if compressor is not None else 0.0)
 
-    def end_stream(self, sid: int, now: float, *, reason: str = "stop", timings_ms: dict[str, float] | None = None,
-                   error: tuple[ErrorCode, str] | None = None) -> ev.End | ev.Error | None:
-        """The model of `sid` ended: the machine records and frames its End (or Error), which
-        :meth:`send_pending` then writes. Returns the End or Error (None if the stream was not running)."""
+    async def end_stream(self, sid: int, ending: tuple[Any, ...], timings_ms: dict[str, float] | None, span: Any,
+                         timer: StreamTimer | None) -> None:
+        """The model of `sid` ended: ("stop",) or ("cancelled",) with `timings_ms`, or (error code, message).
+        The machine records and frames the End or Error, the stream's span ends with it, and it goes out."""
         proto = self.protocol
-        if error is None:
-            actions = proto.finish_stream(sid, now, reason=reason, timings_ms=timings_ms)
+        now = self.monotonic()
+        if len(ending) == 1:
+            actions = proto.finish_stream(sid, now, reason=ending[0], timings_ms=timings_ms)
         else:
-            actions = proto.fail_stream(sid, now, *error)
-        self._pending += actions
-        st = proto.session.streams.get(sid) if proto.session is not None else None
-        return st.terminal if st is not None else None
-
-    async def send_pending(self) -> None:
-        """Write the Ends and Errors :meth:`end_stream` framed."""
-        actions, self._pending = self._pending, []
+            error = ev.Error(stream_id=sid, code=ending[0], message=ending[1])
+            actions = proto.finish_stream(sid, now, error=error)
+        if span is not None:
+            st = proto.session.streams.get(sid) if proto.session is not None else None
+            tracing.end_stream(span, st.terminal if st is not None else None, timer)
         if actions:
             await self._act(actions)
-        if self.protocol.deadline_moved:
+        if proto.deadline_moved:
             self.reschedule()
 
     # ------------------------------------------------------------------ actions
@@ -497,7 +521,12 @@ class ConnectionDriver:
                 await self._write(frames)
                 frames = []
             if kind is StartStream:
-                self._start_stream(action.request)
+                runner = self.runner
+                if runner is None:
+                    if self._superseded or self.protocol.session is None:
+                        continue
+                    runner = self.runner = ModelRunner(self.protocol.session, self)
+                runner.start(action.request, self._arrived if self.timed else None)
             elif kind is CancelStream:
                 if self.runner is not None:
                     self.runner.cancel(action.stream_id)
@@ -512,20 +541,8 @@ class ConnectionDriver:
                 await self._authenticate(action)
         if frames:
             await self._write(frames)
-        if not self._welcomed and self.protocol.open:
+        if not self._welcomed and self.protocol.state is ConnState.OPEN:
             self._opened()
-
-    def _start_stream(self, request: ev.Request) -> None:
-        runner = self.runner
-        if runner is None:
-            if self._superseded or self.protocol.session is None:
-                return
-            runner = self.runner = ModelRunner(self.protocol.session, self.endpoint, self)
-        timer = None
-        if self.timed:
-            timer = StreamTimer(self.clock, self._arrived)
-            timer.lap("decode")
-        runner.start(request, timer)
 
     def _opened(self) -> None:
         """Welcome went out: log it, time the handshake."""
@@ -538,7 +555,7 @@ class ConnectionDriver:
                  extra={"session_id": proto.session_id, "subprotocol": proto.subprotocol, "client": self.info.client,
                         "resumed": proto.resumed})
         if self.metrics is not None:
-            self.metrics.observe("handshake_seconds", self.monotonic() - self.opened_at)
+            self.metrics.handshake_done(self.monotonic() - self.opened_at)
         if self._handshake_span is not None:
             self._end_handshake()
 
@@ -713,20 +730,6 @@ class ConnectionDriver:
                 error.code.wire_name, error.message,
                 extra={"session_id": self.protocol.session_id, "stream_id": error.stream_id,
                        "error_code": error.code.wire_name, "client": self.info.client})
-
-    def _ended(self, peer_code: int | None) -> None:
-        """Log and count the connection's end (who closed it, with which code)."""
-        proto = self.protocol
-        by = "server" if proto.close_code is not None else "client"
-        code = proto.close_code if proto.close_code is not None else (peer_code or 1006)
-        log.info("connection %s closed by %s: %s %s", proto.session_id, by, code, proto.close_reason,
-                 extra={"session_id": proto.session_id, "close_code": code, "closed_by": by,
-                        "client": self.info.client})
-        if self._handshake_span is not None:  # never got past Hello: the handshake failed with this close
-            self._end_handshake(code)
-        if self.metrics is not None:
-            self.metrics.connection_closed(proto.stats, code, by)
-        self.endpoint.connection_ended(self)
 
     def _end_handshake(self, close_code: int | None = None) -> None:
         span, self._handshake_span = self._handshake_span, None

@@ -19,25 +19,13 @@ from ..model import ModelSpec
 from ..settings import Settings
 from .aio import ConnectionDriver
 
-__all__ = ["LowLatASGI", "accept", "scope_facts"]
+__all__ = ["LowLatASGI", "accept"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def scope_facts(scope: Scope) -> tuple[list[str], str | None, str | None, dict[str, Any]]:
-    """From an ASGI websocket scope: (offered subprotocols, Origin, Host, the connection facts a
-    :class:`~lowlat_mw.drivers.aio.ConnectionDriver` passes to models: client, headers, user, extra)."""
-    headers: dict[str, str] = {}
-    for key, value in scope.get("headers") or ():
-        headers[key.decode("latin-1").lower()] = value.decode("latin-1")
-    client = scope.get("client")
-    facts = {"client": tuple(client) if client else None, "headers": headers, "user": scope.get("user"),
-             "extra": {"path": scope.get("path", ""), "query_string": scope.get("query_string", b"").decode("latin-1")}}
-    return list(scope.get("subprotocols") or ()), headers.get("origin"), headers.get("host"), facts
 
 
 class LowLatASGI:
@@ -123,10 +111,12 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
     """Admit the WebSocket of an ASGI scope whose ``websocket.connect`` arrived: accept it and return its
     driver, started; or refuse it (HTTP 403 before accepting, 4002 or 1013 after) and return None.
     The ASGI app and the Channels consumer both open their connections here."""
-    offered, origin, host, facts = scope_facts(scope)
-    client = facts["client"]
+    headers: dict[str, str] = {}
+    for key, value in scope.get("headers") or ():
+        headers[key.decode("latin-1").lower()] = value.decode("latin-1")
+    client = scope.get("client")
     address = str(client[0]) if client else None
-    answer = endpoint.admit(offered, origin, host, address)
+    answer = endpoint.admit(scope.get("subprotocols") or (), headers.get("origin"), headers.get("host"), address)
     if type(answer) is Refuse and answer.status is not None:
         await send({"type": "websocket.close", "code": 1008})  # before accept: servers answer HTTP 403
         return None
@@ -136,9 +126,11 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
         await send({"type": "websocket.close", "code": int(answer.close_code), "reason": answer.message})
         return None
     try:
-        driver = ConnectionDriver(endpoint, send=send, subprotocol=answer.subprotocol, address=address, **facts)
+        driver = ConnectionDriver(
+            endpoint, send=send, subprotocol=answer.subprotocol, address=address,
+            client=tuple(client) if client else None, headers=headers, user=scope.get("user"),  # what models see
+            extra={"path": scope.get("path", ""), "query_string": scope.get("query_string", b"").decode("latin-1")})
     except BaseException:
         endpoint.release(address)
         raise
-    driver.start()
     return driver

@@ -66,9 +66,7 @@ class ThreadDriver:
                 await loop.run_in_executor(pool, close, message.get("code", 1000), message.get("reason", ""))
 
         async def make() -> ConnectionDriver:
-            driver = ConnectionDriver(endpoint, send=asgi_send, subprotocol=subprotocol, address=address, **facts)
-            driver.start()
-            return driver
+            return ConnectionDriver(endpoint, send=asgi_send, subprotocol=subprotocol, address=address, **facts)
 
         self.driver: ConnectionDriver = self._call(make())
 

@@ -115,9 +115,10 @@ class AsyncScheduler:
     scheduled ahead (:func:`fire_time`), so that timers due close together share a wake-up.
     """
 
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncScheduler] = (
+    by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncScheduler] = (
         weakref.WeakKeyDictionary()
     )
+    """The scheduler of each loop (see :meth:`current`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -129,9 +130,9 @@ class AsyncScheduler:
     def current(cls) -> AsyncScheduler:
         """The scheduler of the running event loop (created on first use)."""
         loop = asyncio.get_running_loop()
-        sched = cls._by_loop.get(loop)
+        sched = cls.by_loop.get(loop)
         if sched is None:
-            sched = cls._by_loop[loop] = cls(loop)
+            sched = cls.by_loop[loop] = cls(loop)
         return sched
 
     def __len__(self) -> int:

@@ -227,33 +227,79 @@ class Metrics:
         self.hist(name, *labels).observe(value)
 
     # ------------------------------------------------------------------ one call per event (the drivers')
+    # Written out rather than built on inc/hist/observe above: these run per connection and per stream.
     def connection_opened(self, stats: FrameStats) -> None:
         """A WebSocket was accepted: count it, and its frames from now on (read at scrape time)."""
         self.connections += 1
-        self.inc("connections_opened", stats.label)
-        self.attach(stats)
+        series = self._values["connections_opened"]
+        key = (stats.label,)
+        with self._inc_lock:
+            series[key] = series.get(key, 0) + 1
+        with self._frames_lock:
+            self._open.add(stats)
+
+    def handshake_done(self, seconds: float) -> None:
+        """Welcome went out `seconds` after the WebSocket was accepted."""
+        h = self._values["handshake_seconds"].get(())
+        if h is None:
+            h = self._values["handshake_seconds"][()] = _Hist(LATENCY_BUCKETS)
+        h.counts[bisect_left(h.bounds, seconds)] += 1
+        h.sum += seconds
 
     def connection_closed(self, stats: FrameStats, code: int, by: str) -> None:
-        """A connection ended with close `code`, closed `by` "server" or "client"."""
+        """A connection ended with close `code`, closed `by` "server" or "client": its frames join the totals."""
         self.connections -= 1
-        self.detach(stats)
-        self.inc("connections_closed", str(code), close_code_name(code), by)
+        with self._frames_lock:
+            if stats in self._open:
+                self._open.discard(stats)
+                total = self._closed_by_label.get(stats.label)
+                if total is None:
+                    total = self._closed_by_label[stats.label] = FrameStats(stats.label)
+                sent = total.sent  # (_add_frames)
+                for i, n in enumerate(stats.sent):
+                    sent[i] += n
+                total.received[0] += stats.received[0]
+                total.received[1] += stats.received[1]
+        try:
+            name = CloseCode(code).name.lower()
+        except ValueError:
+            name = "other"
+        series = self._values["connections_closed"]
+        key = (str(code), name, by)
+        with self._inc_lock:
+            series[key] = series.get(key, 0) + 1
 
     def stream_started(self, label: str) -> tuple[_Hist, _Hist]:
         """A model started for `label`: the time-to-first-delta and inter-delta histograms to bind its timer to."""
         self.streams += 1
-        return self.hist("time_to_first_delta_seconds", label), self.hist("inter_delta_seconds", label)
+        key = (label,)
+        ttfd, gaps = self._values["time_to_first_delta_seconds"], self._values["inter_delta_seconds"]
+        first = ttfd.get(key)
+        if first is None:
+            first = ttfd[key] = _Hist(LATENCY_BUCKETS)
+        between = gaps.get(key)
+        if between is None:
+            between = gaps[key] = _Hist(LATENCY_BUCKETS)
+        return first, between
 
     def stream_ended(self, label: str, outcome: str, seconds: float, timer: StreamTimer | None) -> None:
         """A stream ended (`outcome`: stop, cancelled, error) after `seconds`: its counters, duration and stages."""
         self.streams -= 1
-        self.inc("streams_finished", label, outcome)
-        self.hist("stream_duration_seconds", label, outcome).observe(seconds)
+        key = (label, outcome)
+        series = self._values["streams_finished"]
+        with self._inc_lock:
+            series[key] = series.get(key, 0) + 1
+        h = self._values["stream_duration_seconds"].get(key)
+        if h is None:
+            h = self._values["stream_duration_seconds"][key] = _Hist(DURATION_BUCKETS)
+        h.counts[bisect_left(h.bounds, seconds)] += 1
+        h.sum += seconds
         if timer is None:
             return
         gaps = timer.gaps
         if gaps is not None:  # per Delta only the gap's bucket was counted: the sum is added once, here
-            gaps.sum += timer.gap_sum()
+            if timer.first_delta is not None and timer.deltas > 1:
+                gaps.sum += timer.last_delta - timer.first_delta
             timer.gaps = timer.gap_counts = None
         series = self._values["stage_seconds"]
         for stage, value in zip(STAGES, (timer.decode, timer.queue, timer.model, timer.encode, timer.compress,
@@ -328,7 +374,9 @@ class Metrics:
 
 
 def _add_frames(total: FrameStats, stats: FrameStats) -> None:
-    total.sent[:] = [a + b for a, b in zip(total.sent, stats.sent, strict=True)]
+    sent = total.sent
+    for i, n in enumerate(stats.sent):
+        sent[i] += n
     total.received[0] += stats.received[0]
     total.received[1] += stats.received[1]
 

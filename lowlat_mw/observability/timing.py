@@ -34,16 +34,17 @@ class StreamTimer:
     """Lap timer of one stream: each lap charges the time since the previous one to a stage.
 
     Created when the Request frame arrives (`start`: the clock value before it was decoded) and
-    carried by the stream's task, so a resumed stream keeps counting. The per-delta laps
-    (:meth:`chunk`, :meth:`encoded`, :meth:`sent`) are written out rather than shared, because they
-    run for every delta: one clock read and two additions each.
+    carried by the stream's task, so a resumed stream keeps counting. Per Delta the driver reads the
+    clock where the model's chunk reached it, where the frames were built and where they were handed
+    to the server, and makes one call, :meth:`delta`: written out, not built on :meth:`lap`, because
+    it runs for every token. `ttfd` and `gaps` are the metrics' histograms (None: metrics off).
     """
 
     __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gap_bounds", "gap_counts",
                  "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "model", "model_first_chunk",
                  "model_started", "queue", "send", "start", "ttfd")
 
-    def __init__(self, clock: Callable[[], float], start: float) -> None:
+    def __init__(self, clock: Callable[[], float], start: float, ttfd: Any = None, gaps: Any = None) -> None:
         self.clock = clock
         self.start = start
         self.last = start
@@ -53,21 +54,12 @@ class StreamTimer:
         self.deltas = 0
         self.last_delta = 0.0
         self.first_delta: float | None = None
-        self.ttfd: Any = None  # histograms bound at stream start (None: metrics off): see bind
-        self.gaps: Any = None
-        self.gap_counts: list[int] | None = None
-        self.gap_bounds: tuple[float, ...] = ()
+        self.ttfd = ttfd  # time to first delta: observed at the first Delta
+        self.gaps = gaps  # inter-delta gaps: each gap's bucket counted per Delta, their sum added at the end
+        self.gap_counts: list[int] | None = gaps.counts if gaps is not None else None
+        self.gap_bounds: tuple[float, ...] = gaps.bounds if gaps is not None else ()
         # the bucket the last gap fell in, (gap_lo, gap_hi]: consecutive gaps mostly share one
         self.gap_lo, self.gap_hi, self.gap_i = 0.0, -1.0, 0
-
-    def bind(self, ttfd: Any, gaps: Any) -> None:
-        """Observe the time to first delta into histogram `ttfd` and count the inter-delta gaps into `gaps`
-        (its sum is added when the stream ends: see :meth:`gap_sum`)."""
-        self.ttfd, self.gaps, self.gap_counts, self.gap_bounds = ttfd, gaps, gaps.counts, gaps.bounds
-
-    def gap_sum(self) -> float:
-        """The sum of this stream's inter-delta gaps: the last Delta's time minus the first's."""
-        return self.last_delta - self.first_delta if self.first_delta is not None and self.deltas > 1 else 0.0
 
     @property
     def stages(self) -> dict[str, float]:
@@ -96,31 +88,31 @@ class StreamTimer:
         if self.model_first_chunk is None and self.model_started is not None:
             self.model_first_chunk = now
 
-    def encoded(self, compressed: float = 0.0) -> None:
-        """The chunk's frames are built: the time since the last lap is encode, `compressed` seconds of it
-        compress (what the compressor measured)."""
-        now = self.clock()
-        took = now - self.last
-        self.last = now
+    def delta(self, produced: float, encoded: float, sent: float, compressed: float = 0.0) -> None:
+        """One Delta: its chunk reached the driver at `produced` (model time until then), its frames were
+        built by `encoded` (`compressed` seconds of that compressing) and handed to the server by `sent`.
+        Feeds the time to first delta and the inter-delta gaps."""
+        self.model += produced - self.last
+        if self.model_first_chunk is None and self.model_started is not None:
+            self.model_first_chunk = produced
+        took = encoded - produced
         if compressed:
-            compressed = min(compressed, took)
+            compressed = took if compressed > took else compressed
             self.compress += compressed
         self.encode += took - compressed
-
-    def sent(self) -> None:
-        """A Delta went to the server: charge send time, feed time-to-first-delta and inter-delta gap."""
-        now = self.clock()
-        self.send += now - self.last
-        self.last = now
+        self.send += sent - encoded
+        self.last = sent
         self.deltas += 1
         if self.deltas == 1:
-            self.first_delta = now
-            if self.ttfd is not None:
-                self.ttfd.observe(now - self.start)
+            self.first_delta = sent
+            ttfd = self.ttfd
+            if ttfd is not None:  # (its observe(), written out)
+                ttfd.counts[bisect_left(ttfd.bounds, sent - self.start)] += 1
+                ttfd.sum += sent - self.start
         else:
             counts = self.gap_counts
-            if counts is not None:  # the bucket of this gap (the sum is added at the end: gap_sum)
-                gap = now - self.last_delta
+            if counts is not None:  # the bucket of this gap (the sum is added when the stream ends)
+                gap = sent - self.last_delta
                 if self.gap_lo < gap <= self.gap_hi:
                     counts[self.gap_i] += 1
                 else:
@@ -130,7 +122,12 @@ class StreamTimer:
                     self.gap_i = i
                     self.gap_lo = bounds[i - 1] if i > 0 else float("-inf")
                     self.gap_hi = bounds[i] if i < len(bounds) else float("inf")
-        self.last_delta = now
+        self.last_delta = sent
+
+    def sent(self) -> None:
+        """A Delta went to the server with nothing to charge but send time (since the last lap)."""
+        last = self.last
+        self.delta(last, last, self.clock())
 
     def timings_ms(self) -> dict[str, float]:
         """The stages in milliseconds; ``total`` on the same clock (the Request frame's arrival to the last

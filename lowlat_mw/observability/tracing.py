@@ -7,9 +7,9 @@ End's ``lowlat.usage.<key>``, the timings as ``lowlat.timing.<key>_ms`` (total, 
 model_first_chunk and every stage, whether or not setting ``stage_timings`` sends them to the
 client), one ``stage`` event per stage (``lowlat.stage``, ``lowlat.duration_ms``) and a
 ``first_delta`` event. A Request whose params carry a W3C ``traceparent`` (and ``tracestate``)
-continues that trace, whatever propagators are configured globally. Without the package, or with
-setting ``tracing=False``, nothing here runs. Without an SDK the API's spans are non-recording and
-attributes are skipped.
+continues that trace, whatever propagators are configured globally. Without the package, with
+setting ``tracing=False``, or while no SDK tracer provider is installed (the API alone would only
+make non-recording spans), no span is made and nothing here runs.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._version import __version__
 from ..protocol import events as ev
-from .metrics import STAGES, StreamTimer
+from .timing import STAGES, StreamTimer
 
 try:
     from opentelemetry import trace
@@ -41,12 +42,14 @@ def available() -> bool:
 
 
 def tracer() -> Any:
-    """The lowlat_mw tracer from the global provider (None without opentelemetry-api)."""
+    """The lowlat_mw tracer of the global tracer provider; None without opentelemetry-api, or while the provider
+    is the API's own (no SDK installed yet: its spans would record nothing, so none are made)."""
     if trace is None:
         return None
-    from .. import __version__
-
-    return trace.get_tracer(_SCOPE, __version__)
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    return provider.get_tracer(_SCOPE, __version__)
 
 
 def start_handshake(tracer_: Any, subprotocol: str | None) -> Any:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import CloseCode, RemoteProtocolError
+from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
-from .codec import codec_for
+from .codec import JSON_CODEC, PROTO_CODEC
 from .heartbeat import Heartbeat, HeartbeatAction
 from .selector import CompressionSelector
 from .state import ConnState
@@ -128,7 +129,7 @@ class Protocol:
                  max_decompressed_size: int, meter: Callable[[], float] | None = None) -> None:
         """`meter`: a CPU clock the compressor times its own work with (None: its priors, deterministic)."""
         self.subprotocol = subprotocol
-        self.codec = codec_for(subprotocol)
+        self.codec = PROTO_CODEC if subprotocol == SUBPROTOCOL_PROTO else JSON_CODEC  # (codec_for, inlined)
         self.state = state
         self.max_frame_size = max_frame_size
         self.max_decompressed_size = max_decompressed_size
@@ -138,7 +139,7 @@ class Protocol:
         self.heartbeat: Heartbeat | None = None
         self.close_code: int | None = None
         self.close_reason = ""
-        self.stats = FrameStats(subprotocol_label(subprotocol))
+        self.stats = FrameStats(_SUBPROTOCOL_LABEL.get(subprotocol, "json"))
         # Set when next_deadline() may have moved earlier: the driver re-arms its timer and clears it.
         # Otherwise deadlines only move later, and a timer that fires early finds nothing to do.
         self.deadline_moved = False
@@ -168,7 +169,10 @@ class Protocol:
     def _frame(self, event: ev.Event) -> bytes | str:
         """`event` as a WebSocket message (compressed where it pays), counted."""
         data, raw, codec_id = self.codec.encode_frame(event, self.compressor)
-        self.stats.count_sent(codec_id, raw, len(data) if type(data) is bytes else raw)
+        sent, base = self.stats.sent, 3 * codec_id  # (FrameStats.count_sent, inlined)
+        sent[base] += 1
+        sent[base + 1] += raw
+        sent[base + 2] += len(data) if type(data) is bytes else raw
         return data
 
     def _close(self, code: int, reason: str) -> list[Any]:

@@ -265,8 +265,11 @@ class ProtoCodec:
         if isinstance(event, ev.Delta):
             return self.encode_delta(event.stream_id, event.seq, event.chunk, compressor)
         payload = to_protobuf(event).SerializeToString()
-        return self._frame(payload, BINARY if isinstance(event, ev.Request) and event.data is not None else TEXT,
-                           compressor)
+        if compressor is None or len(payload) < compressor.min_size:
+            frame = _HEADER_NONE + payload
+            return frame, len(frame), 0
+        return self._compressed(payload, BINARY if isinstance(event, ev.Request) and event.data is not None else TEXT,
+                                compressor)
 
     def encode_delta(self, stream_id: int, seq: int, chunk: str | bytes, compressor: CompressionSelector | None = None
                      ) -> tuple[bytes, int, int]:
@@ -275,13 +278,10 @@ class ProtoCodec:
         if compressor is None or len(payload) < compressor.min_size:  # too small to try (the common case)
             frame = _HEADER_NONE + payload
             return frame, len(frame), 0
-        return self._frame(payload, TEXT if type(chunk) is str else BINARY, compressor)
+        return self._compressed(payload, TEXT if type(chunk) is str else BINARY, compressor)
 
     @staticmethod
-    def _frame(payload: bytes, kind: str, compressor: CompressionSelector | None) -> tuple[bytes, int, int]:
-        if compressor is None or len(payload) < compressor.min_size:
-            frame = _HEADER_NONE + payload
-            return frame, len(frame), 0
+    def _compressed(payload: bytes, kind: str, compressor: CompressionSelector) -> tuple[bytes, int, int]:
         codec_id, out = compressor.compress(payload, kind)
         return bytes((_HEADER_BASE | codec_id,)) + out, len(payload) + 1, codec_id
 
@@ -539,9 +539,9 @@ def _has_lone_surrogate(obj: Any) -> bool:
     return False
 
 
-_PROTO, _JSON = ProtoCodec(), JsonCodec()  # stateless: one of each serves every connection
+PROTO_CODEC, JSON_CODEC = ProtoCodec(), JsonCodec()  # stateless: one of each serves every connection
 
 
 def codec_for(subprotocol: str | None) -> WireCodec:
     """The codec serving `subprotocol` (None, no subprotocol, means JSON)."""
-    return _PROTO if subprotocol == SUBPROTOCOL_PROTO else _JSON
+    return PROTO_CODEC if subprotocol == SUBPROTOCOL_PROTO else JSON_CODEC

@@ -57,44 +57,45 @@ _READ_STEP = 256 * 1024  # bytes per read when a zstd frame does not declare its
 try:
     import zstandard
 
-    # zstandard's compressor and decompressor objects must not be used by two threads at once
-    # (wrong output, errors, even segfaults), and making one per call costs more than a small
-    # compression. So idle ones wait in a pool: a call takes one (list.pop and list.append are atomic)
-    # and puts it back, and the pool grows to the most calls that ever ran at the same time.
-    _ZSTD1: list[Any] = []
-    _ZSTD3: list[Any] = []
-    _UNZSTD: list[Any] = []
+    class _Contexts:
+        """Idle zstandard contexts made by `make`.
+
+        A context must not be used by two threads at once (wrong output, errors, even segfaults), and
+        making one per call costs more than a small compression. So :meth:`run` takes an idle one
+        (list.pop and list.append are atomic), or makes one, and puts it back: the pool grows to the
+        most calls that ever ran at the same time.
+        """
+
+        def __init__(self, make: Callable[[], Any]) -> None:
+            self.make = make
+            self.idle: list[Any] = []
+
+        def run(self, work: Callable[..., Any], *args: Any) -> Any:
+            try:
+                ctx = self.idle.pop()
+            except IndexError:
+                ctx = self.make()
+            try:
+                return work(ctx, *args)
+            finally:
+                self.idle.append(ctx)
+
+    _LEVEL1 = _Contexts(lambda: zstandard.ZstdCompressor(level=1, write_content_size=True))
+    _LEVEL3 = _Contexts(lambda: zstandard.ZstdCompressor(level=3, write_content_size=True))
+    _DECOMPRESSORS = _Contexts(zstandard.ZstdDecompressor)
+
+    def _compress_with(cctx: Any, data: bytes) -> bytes:
+        return cctx.compress(data)  # type: ignore[no-any-return]
 
     def _zstd_compress(data: bytes) -> bytes:
-        try:
-            cctx = _ZSTD1.pop()
-        except IndexError:
-            cctx = zstandard.ZstdCompressor(level=1, write_content_size=True)
-        try:
-            return cctx.compress(data)  # type: ignore[no-any-return]
-        finally:
-            _ZSTD1.append(cctx)
+        return _LEVEL1.run(_compress_with, data)  # type: ignore[no-any-return]
 
     def _zstd3_compress(data: bytes) -> bytes:
         """zstd at level 3: the same frame format (codec id 1), better ratio, slower; for slow links."""
-        try:
-            cctx = _ZSTD3.pop()
-        except IndexError:
-            cctx = zstandard.ZstdCompressor(level=3, write_content_size=True)
-        try:
-            return cctx.compress(data)  # type: ignore[no-any-return]
-        finally:
-            _ZSTD3.append(cctx)
+        return _LEVEL3.run(_compress_with, data)  # type: ignore[no-any-return]
 
     def _zstd_decompress(data: bytes, limit: int) -> bytes:
-        try:
-            zd = _UNZSTD.pop()
-        except IndexError:
-            zd = zstandard.ZstdDecompressor()
-        try:
-            return _zstd_decompress_with(zd, data, limit)
-        finally:
-            _UNZSTD.append(zd)
+        return _DECOMPRESSORS.run(_zstd_decompress_with, data, limit)  # type: ignore[no-any-return]
 
     def _zstd_decompress_with(zd: Any, data: bytes, limit: int) -> bytes:
         try:

@@ -87,9 +87,10 @@ class Request:
     params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_u32("stream_id", self.stream_id, positive=True)
-        given = sum(x is not None for x in (self.text, self.data, self.messages))
-        if given > 1:
+        sid = self.stream_id
+        if type(sid) is not int or not 0 < sid <= _U32:  # (_check_u32, written out: every Request passes here)
+            _check_u32("stream_id", sid, positive=True)
+        if (self.text is not None) + (self.data is not None) + (self.messages is not None) > 1:
             raise LocalProtocolError("a Request carries at most one of text, data, messages")
 
 

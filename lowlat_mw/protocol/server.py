@@ -116,6 +116,7 @@ class ServerProtocol(Protocol):
                          max_decompressed_size=settings.max_decompressed_size, meter=meter)
         self.settings = settings
         self._new_session = (session_id, secret)
+        self.session_id = session_id  # the session's id (the one a new session gets, until Welcome says which)
         self.session: Session | None = None
         self.hello: ev.Hello | None = None
         self.heartbeat = Heartbeat(settings.heartbeat_interval, settings.heartbeat_max_interval,
@@ -127,11 +128,13 @@ class ServerProtocol(Protocol):
         self.opened_at = now
         self.principal: object | None = None
         self.bucket = TokenBucket(settings.rate_limit, settings.rate_burst, now) if settings.rate_limit else None
-
-    @property
-    def session_id(self) -> str:
-        """The session's id (the one a new session would get, until a Hello starts or resumes one)."""
-        return self.session.session_id if self.session is not None else self._new_session[0]
+        # Whether Welcome, or the last running stream's end, can bring next_deadline() before the deadline it
+        # replaces (the handshake's; the heartbeat's): only then is deadline_moved set (see Protocol).
+        s = settings
+        self._welcome_moves = (s.heartbeat_interval < s.handshake_timeout or s.idle_timeout < s.handshake_timeout
+                               or 0 < s.max_session_lifetime < s.handshake_timeout)
+        self._idle_moves = (s.idle_timeout < s.heartbeat_max_interval + s.heartbeat_timeout
+                            or s.max_session_lifetime > 0)
 
     @property
     def streams(self) -> dict[int, StreamState]:
@@ -170,14 +173,23 @@ class ServerProtocol(Protocol):
     # ------------------------------------------------------------------ handshake
     def _on_hello(self, hello: ev.Hello, now: float) -> list[Any]:
         self.hello = hello
-        if self.codec.binary:
-            offered = hello.compression
-            self._negotiated(tuple(c for c in self.settings.compression if c in offered and c in available_codecs()),
-                             min_size=self.settings.compression_min_size, link_mbps=self.settings.link_mbps)
+        offered = hello.compression
+        if offered and self.codec.binary:  # the server's codecs, in its order, that the client offered
+            common = []
+            for codec in self.settings.compression:
+                if codec in offered and codec in _INSTALLED:
+                    common.append(codec)
+            if common:
+                self._negotiated(tuple(common), min_size=self.settings.compression_min_size,
+                                 link_mbps=self.settings.link_mbps)
         if self.settings.authenticate:
             self.state = ConnState.ADMITTING
             return [Authenticate(hello)]
-        return self._admitted(now)
+        if hello.resume_token:
+            self.state = ConnState.ADMITTING
+            return [ResumeSession(hello.resume_token, Session.session_id_of(hello.resume_token), hello.last_seq)]
+        session_id, secret = self._new_session
+        return self._welcome(Session(self.settings, now=now, session_id=session_id, secret=secret), now, resumed=False)
 
     def authenticated(self, principal: object | None, now: float, reason: str = "") -> list[Any]:
         """Answer an :class:`Authenticate`: `principal` admits the client, None refuses it (1008)."""
@@ -187,19 +199,11 @@ class ServerProtocol(Protocol):
             return [self._error(0, ErrorCode.UNAUTHORIZED, reason or "authentication failed"),
                     *self._close(CloseCode.POLICY_VIOLATION, "unauthorized")]
         self.principal = principal
-        return self._admitted(now)
-
-    def _admitted(self, now: float) -> list[Any]:
         hello = self.hello
-        assert hello is not None
-        if hello.resume_token:
-            self.state = ConnState.ADMITTING
+        if hello.resume_token:  # (as for a Hello without the hook)
             return [ResumeSession(hello.resume_token, Session.session_id_of(hello.resume_token), hello.last_seq)]
-        return self._welcome(self._fresh_session(now), now, resumed=False)
-
-    def _fresh_session(self, now: float) -> Session:
         session_id, secret = self._new_session
-        return Session(self.settings, now=now, session_id=session_id, secret=secret)
+        return self._welcome(Session(self.settings, now=now, session_id=session_id, secret=secret), now, resumed=False)
 
     def resume(self, session: Session | None, now: float) -> list[Any]:
         """Answer a :class:`ResumeSession`: `session` is what the store had for the id (or None).
@@ -212,7 +216,9 @@ class ServerProtocol(Protocol):
         assert hello is not None and self.state is ConnState.ADMITTING
         if (session is None or not session.token_matches(hello.resume_token)
                 or (session.principal is not None and session.principal != self.principal)):
-            actions = self._welcome(self._fresh_session(now), now, resumed=False)
+            session_id, secret = self._new_session
+            actions = self._welcome(Session(self.settings, now=now, session_id=session_id, secret=secret), now,
+                                    resumed=False)
             actions += [self._error(sid, ErrorCode.RESUME_FAILED, "session expired or unknown")
                         for sid in hello.last_seq]
             if not hello.last_seq:
@@ -228,13 +234,15 @@ class ServerProtocol(Protocol):
     def _welcome(self, session: Session, now: float, *, resumed: bool) -> list[Any]:
         assert self.hello is not None
         self.session = session
+        self.session_id = session.session_id
         self.resumed = resumed
         if not resumed:
             session.principal = self.principal
         window = session.set_client_window(self.hello.flow_window)
         self.state = ConnState.OPEN
-        self.deadline_moved = True
-        self.reaper.touch(now)
+        if self._welcome_moves:
+            self.deadline_moved = True
+        self.reaper.last_activity = now  # (IdleReaper.touch)
         s = self.settings
         welcome = ev.Welcome(
             session_id=session.session_id,
@@ -258,7 +266,7 @@ class ServerProtocol(Protocol):
 
     # ------------------------------------------------------------------ client messages
     def _on_request(self, req: ev.Request, now: float) -> list[Any]:
-        self.reaper.touch(now)
+        self.reaper.last_activity = now  # (IdleReaper.touch)
         session = self.session
         assert session is not None
         sid = req.stream_id
@@ -339,28 +347,23 @@ class ServerProtocol(Protocol):
         return out
 
     def finish_stream(self, stream_id: int, now: float, *, reason: str = "stop",
-                      timings_ms: Mapping[str, float] | None = None) -> list[Any]:
-        """The model of `stream_id` finished (reason "stop") or was cancelled ("cancelled"): its End."""
+                      timings_ms: Mapping[str, float] | None = None, error: ev.Error | None = None) -> list[Any]:
+        """The model of `stream_id` finished (reason "stop") or was cancelled ("cancelled"): its End; or it
+        failed: `error`, its Error. Recorded in the session (for a resume) and framed while the socket is open."""
         session = self.session
         if session is None:
             return []
-        end = session.finish(stream_id, now, reason=reason, timings_ms=timings_ms)
-        return self._terminal(end, session, now)
-
-    def fail_stream(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
-        """The model of `stream_id` failed: end the stream with an Error."""
-        session = self.session
-        if session is None:
-            return []
-        return self._terminal(session.fail(stream_id, now, code, message), session, now)
-
-    def _terminal(self, event: ev.End | ev.Error | None, session: Session, now: float) -> list[Any]:
+        event = session.finish(stream_id, now, reason=reason, timings_ms=timings_ms, error=error)
         if event is None or self.state is ConnState.CLOSED:
             return []
-        self.reaper.touch(now)
-        if not session.running_count():
-            self.deadline_moved = True  # idle from now: the reaper's (or the lifetime's) deadline starts
-        return [self._send(event)]
+        self.reaper.last_activity = now  # (IdleReaper.touch)
+        if not session.active and self._idle_moves:
+            self.deadline_moved = True  # idle from now: the reaper's (or the lifetime's) deadline may be sooner
+        return [SendFrame(self._frame(event), error)]
+
+    def fail_stream(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
+        """The model of `stream_id` failed: end the stream with an Error (see :meth:`finish_stream`)."""
+        return self.finish_stream(stream_id, now, error=ev.Error(stream_id=stream_id, code=code, message=message))
 
     # ------------------------------------------------------------------ time and teardown
     def next_deadline(self) -> float:
@@ -370,7 +373,7 @@ class ServerProtocol(Protocol):
             return math.inf
         if state is not ConnState.OPEN:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
-        running = self.session.running_count() if self.session is not None else 0
+        running = self.session.active if self.session is not None else 0
         lifetime = (self.opened_at + self.settings.max_session_lifetime
                     if self.settings.max_session_lifetime and not running else math.inf)
         return min(self.heartbeat.deadline(), self.reaper.deadline(running), lifetime)
@@ -389,7 +392,7 @@ class ServerProtocol(Protocol):
         action = self.heartbeat.poll(now)
         if action is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
-        running = self.session.running_count() if self.session is not None else 0
+        running = self.session.active if self.session is not None else 0
         if self.reaper.expired(now, running):
             return self._close(CloseCode.IDLE_TIMEOUT, "idle")
         lifetime = self.settings.max_session_lifetime
@@ -410,12 +413,17 @@ class ServerProtocol(Protocol):
         """The peer went away: the running streams, to cancel unless the session waits for a resume."""
         if self.state is ConnState.CLOSED:
             return []
-        running = [CancelStream(sid) for sid in (self.session.running if self.session is not None else ())]
+        cancels = []
+        if self.session is not None:
+            for sid, st in self.session.streams.items():
+                if st.terminal is None:
+                    cancels.append(CancelStream(sid))
         self.state = ConnState.CLOSED
-        return running
+        return cancels
 
 
 ServerProtocol.HANDLERS = handlers(ServerProtocol, SERVER_RECEIVES)
+_INSTALLED = available_codecs()  # fixed at import
 
 
 def request_size(req: ev.Request) -> int:

@@ -58,11 +58,12 @@ class Session:
         """`session_id` and `secret` make the resume token (the driver draws them: this module draws nothing)."""
         self.settings = settings
         self.session_id = session_id
-        self._secret = secret
+        self.resume_token = f"{session_id}.{secret}"  # what a client presents (in Hello) to resume this session
         self.streams: dict[int, StreamState] = {}
-        self._running = 0  # streams without a terminal (asked on every timer tick: counted, not scanned)
+        self.active = 0  # running streams, those without a terminal (asked on every timer tick: counted, not scanned)
         self.buffered = 0
         self.flow_window = 0
+        self.pause_at = math.inf  # models pause while `buffered` is at least this (see `blocked`)
         self.attached = True
         self.detached_at: float | None = None
         self.created_at = now
@@ -71,10 +72,6 @@ class Session:
         self._finished: deque[int] = deque()
 
     # ------------------------------------------------------------------ identity
-    @property
-    def resume_token(self) -> str:
-        """Opaque token a client presents (in Hello) to resume this session."""
-        return f"{self.session_id}.{self._secret}"
 
     def token_matches(self, token: str) -> bool:
         """Constant-time check of a presented resume token."""
@@ -89,8 +86,17 @@ class Session:
     # ------------------------------------------------------------------ flow control
     def set_client_window(self, window: int) -> int:
         """Grant a flow-control window for a client that sends Acks (0: no Acks); returns it."""
-        self.flow_window = min(window, self.settings.flow_window, self.settings.resume_buffer_size) if window else 0
-        return self.flow_window
+        settings = self.settings
+        self.flow_window = flow = min(window, settings.flow_window, settings.resume_buffer_size) if window else 0
+        # (_update_pause, written out: once per Welcome)
+        self.pause_at = flow or (math.inf if self.attached else settings.resume_buffer_size)
+        return flow
+
+    def _update_pause(self) -> None:
+        if self.flow_window:
+            self.pause_at = self.flow_window
+        else:
+            self.pause_at = math.inf if self.attached else self.settings.resume_buffer_size
 
     @property
     def blocked(self) -> bool:
@@ -100,9 +106,7 @@ class Session:
         connection is attached: the replay buffer is full (pausing beats dropping what the
         client will ask for when it resumes).
         """
-        if self.flow_window:
-            return self.buffered >= self.flow_window
-        return not self.attached and self.buffered >= self.settings.resume_buffer_size
+        return self.buffered >= self.pause_at
 
     @property
     def running(self) -> dict[int, StreamState]:
@@ -110,8 +114,8 @@ class Session:
         return {sid: st for sid, st in self.streams.items() if st.terminal is None}
 
     def running_count(self) -> int:
-        """How many streams are running."""
-        return self._running
+        """How many streams are running (the ``active`` count)."""
+        return self.active
 
     # ------------------------------------------------------------------ streams
     def start(self, req: ev.Request, now: float) -> ev.Error | None:
@@ -121,14 +125,14 @@ class Session:
         if existing is not None and existing.running:
             # On stream 0: an Error on `sid` would mean "stream sid ended", and it has not.
             return ev.Error(stream_id=0, code=ErrorCode.STREAM_ID_IN_USE, message=f"stream {sid} is already running")
-        if self.running_count() >= self.settings.max_streams:
+        if self.active >= self.settings.max_streams:
             return ev.Error(stream_id=sid, code=ErrorCode.TOO_MANY_STREAMS, retryable=True,
                             message=f"at most {self.settings.max_streams} concurrent streams per connection")
         if existing is not None:
             self._forget(sid)
         self._awaited.discard(sid)
         self.streams[sid] = StreamState(stream_id=sid, started_at=now)
-        self._running += 1
+        self.active += 1
         return None
 
     def record(self, stream_id: int, piece: str | bytes, now: float) -> int | None:
@@ -180,45 +184,44 @@ class Session:
         self.buffered -= cost
         st.lost_through = max(st.lost_through, seq)
 
-    def finish(self, stream_id: int, now: float, *, reason: str = "stop",
-               timings_ms: Mapping[str, float] | None = None) -> ev.End | None:
-        """The stream's model finished or was cancelled: its End."""
+    def finish(self, stream_id: int, now: float, *, reason: str = "stop", timings_ms: Mapping[str, float] | None = None,
+               error: ev.Error | None = None) -> ev.End | ev.Error | None:
+        """The stream's model finished or was cancelled (`reason`): its End; or it failed: `error`, its Error.
+
+        None when the stream is not running. The stream is remembered among the newest finished ones.
+        """
         st = self.streams.get(stream_id)
-        if st is None or not st.running:
+        if st is None or st.terminal is not None:
             return None
-        timings = {"total": (now - st.started_at) * 1000}
-        if st.first_chunk_at is not None:
-            timings["first_delta"] = (st.first_chunk_at - st.started_at) * 1000
-        if timings_ms:
-            timings.update(timings_ms)
-        st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
-                             usage={"deltas": st.seq, "output_bytes": st.out_bytes})
-        self._running -= 1
-        self._finished_add(stream_id)
+        if error is not None:
+            st.terminal = error
+        else:
+            timings = {"total": (now - st.started_at) * 1000}
+            if st.first_chunk_at is not None:
+                timings["first_delta"] = (st.first_chunk_at - st.started_at) * 1000
+            if timings_ms:
+                timings.update(timings_ms)
+            st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
+                                 usage={"deltas": st.seq, "output_bytes": st.out_bytes})
+        self.active -= 1
+        finished = self._finished
+        finished.append(stream_id)
+        while len(finished) > MAX_FINISHED:
+            self._forget(finished[0])
         return st.terminal
 
     def fail(self, stream_id: int, now: float, code: ErrorCode, message: str, *,
              retryable: bool = False) -> ev.Error | None:
-        """The stream failed: its Error."""
-        st = self.streams.get(stream_id)
-        if st is None or not st.running:
-            return None
-        st.terminal = ev.Error(stream_id=stream_id, code=code, message=message, retryable=retryable)
-        self._running -= 1
-        self._finished_add(stream_id)
-        return st.terminal
-
-    def _finished_add(self, sid: int) -> None:
-        self._finished.append(sid)
-        while len(self._finished) > MAX_FINISHED:
-            self._forget(self._finished[0])
+        """The stream failed: its Error (see :meth:`finish`)."""
+        error = ev.Error(stream_id=stream_id, code=code, message=message, retryable=retryable)
+        return self.finish(stream_id, now, error=error)  # type: ignore[return-value]
 
     def _forget(self, sid: int) -> None:
         st = self.streams.pop(sid, None)
         if st is not None:
             self.buffered -= sum(cost for _, _, cost in st.buffer)
             if st.terminal is None:
-                self._running -= 1
+                self.active -= 1
         try:
             self._finished.remove(sid)
         except ValueError:
@@ -244,11 +247,13 @@ class Session:
         """The connection dropped; the session waits ``resume_window`` seconds for a resume."""
         self.attached = False
         self.detached_at = now
+        self._update_pause()
 
     def attach(self) -> None:
         """A connection took the session over."""
         self.attached = True
         self.detached_at = None
+        self._update_pause()
 
     def expires_at(self) -> float:
         """When a detached session is given up (inf while attached)."""
@@ -284,7 +289,7 @@ class Session:
                 events.append(err)
                 if st.running:
                     st.terminal = err
-                    self._running -= 1
+                    self.active -= 1
                     st.cancelling = True
                     cancels.append(sid)
                 self._forget(sid)

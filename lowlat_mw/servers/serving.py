@@ -2,8 +2,8 @@
 
 uvicorn closes every WebSocket with 1012 as soon as it starts shutting down. ``run`` first stops
 accepting connections, then drains every lowlat-mw connection (GoAway, running streams finish for
-up to `drain_grace` seconds, close 4002 so clients reconnect: :func:`lowlat_mw.drivers.aio.drain_sessions`,
-as our ``--ws`` shims do), and only then lets uvicorn shut down.
+up to `drain_grace` seconds, close 4002 so clients reconnect: :func:`lowlat_mw.drivers.aio.drain_all`, as
+our ``--ws`` shims do), and only then lets uvicorn shut down.
 """
 
 from __future__ import annotations

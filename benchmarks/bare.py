@@ -556,10 +556,11 @@ def _analysis(rows: dict[str, dict[str, float]], profiles: dict[str, Profile]) -
     return f"""**Why the targets are missed.** The server is the bottleneck: with the raw client it spends
 {srv:.1f} µs of CPU per delta against {bare_srv:.1f} µs for the bare stream, and {rt_srv:.0f} µs per round trip
 against {rt_bare:.0f} µs for the echo.{calls} The bare stream's cost is almost all uvicorn's own per-frame
-send; lowlat-mw adds, per Delta, the protocol's work: `ServerConnection.send_chunk` numbers the chunk,
-builds and encodes one `ev.Delta` (`codec.encode_delta_fast`), `Session.record` keeps it for resume and
-flow control, `StreamTimer` laps the stage timings and `LiveSession._emit` hands the frame to
-`_send_frames` (a lock per send, so frames of concurrent streams never interleave). Because the server
+send; lowlat-mw adds, per Delta, the protocol's work: the model's task hands the chunk to
+`ConnectionDriver.chunk`, `ServerProtocol.send_chunk` numbers it and encodes the Delta
+(`codec.encode_delta`), `Session.record` keeps it for resume and flow control, `_write` hands the frame
+to the server under the connection's send lock (frames of concurrent streams never interleave) and one
+`StreamTimer.delta` call records the stage timings (docs/architecture.md walks the path). Because the server
 is slower per frame, its frames reach the client one at a time, so the client pays a full wake-up
 (epoll, `websockets` frame parsing, an `asyncio.Queue` hop and a task switch to the consumer, a Protobuf
 decode, Ack bookkeeping) per delta: {cli:.1f} µs of client CPU per delta against {bare_cli:.1f} µs for the bare
@@ -570,18 +571,21 @@ observes about ten histograms and handles the client's Ack.
 
 **What was done, and what is left.** Applied after profiling this suite (each measured interleaved
 against the previous server): no `asyncio.timeout` per send (the connection's own timer catches a send
-stuck for `slow_consumer_timeout`), one `ev.Delta` per chunk built once, no Unicode check for ASCII
-text, a table for one-byte varints, frames sent without the generic action dispatch, and async-generator
-models iterated without wrapper generators: together about -45% server CPU per delta. One frame per
-token still costs 3-4x the bare stream, so the remaining lever is fewer frames per token: the opt-in
+stuck for `slow_consumer_timeout`), no Unicode check for ASCII text, a table for one-byte varints, frames
+sent without the generic action dispatch, and async-generator models iterated without wrapper
+generators: together about -45% server CPU per delta. Then the connection runtime of issue 14 (one
+driver call and one timer call per token, no Delta event built per token, no deadline recomputed per
+message, no span without an SDK): -18% to -25% server CPU per delta and -6% to -16% per round trip
+against the bare endpoint, in 5 interleaved rounds against the previous code (docs/architecture.md).
+One frame per token still costs about 1.5x the bare stream, so the remaining lever is fewer frames
+per token, or a cheaper write than the ASGI send (issue 15): the opt-in
 setting `merge_deltas` sends the tokens a model yields back to back as one Delta (the stream's first
 token still leaves alone, a model that waits between tokens still gets one Delta per token). With it the
 AsyncClient receives {merged["deltas_per_s"]:,.0f} tokens/s, {merged["ratio"]:.2f}x the bare stream, at
 {merged["server_cpu_us_per_delta"]:.1f} µs of server CPU per token. It is off by default because the README
 promises one Delta per yielded chunk. Not done: a cheaper client read path (a hand-written Delta decoder
 mirroring `encode_delta_fast`; a deque and one waiter instead of an `asyncio.Queue` per stream) and the
-per-request path (starting the model eagerly, as Python 3.12's eager task factory would; binding metrics
-and creating the tracing span only when enabled and sampled).
+per-request path (starting the model eagerly, as Python 3.12's eager task factory would).
 """
 
 

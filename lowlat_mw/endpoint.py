@@ -10,6 +10,9 @@ servers drain on shutdown (:func:`lowlat_mw.drivers.aio.drain_all`).
 
 Settings from a framework's configuration go through :func:`settings_from_config` (Flask's
 ``app.config``, Django's ``settings``): one reading of ``LOWLAT_MW`` and ``LOWLAT_*`` keys.
+
+The core layer: it may import observability, the protocol and the base; it owns no socket, clock or
+task (a drain awaits the drivers' own).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@
 
 Both are drivers over the sans-IO :class:`~lowlat_mw.protocol.client.ClientProtocol`
 (:mod:`~lowlat_mw.client.aio`, :mod:`~lowlat_mw.client.sync`); :class:`Backoff` is the reconnect policy.
+The client layer: it may import the drivers' timer scheduler, observability, the protocol and the base.
 """
 
 from __future__ import annotations

@@ -62,13 +62,14 @@ def end_handshake(span: Any, *, session_id: str, resumed: bool, compression: tup
                   close_code: int | None, client: tuple[str, int] | None = None) -> None:
     """Close the handshake span: admitted (Welcome sent) or refused with `close_code`."""
     if span.is_recording():
+        attributes: dict[str, Any] = {"lowlat.session_id": session_id, "lowlat.resumed": resumed,
+                                      "lowlat.compression": list(compression)}
         if client:
-            span.set_attribute("client.address", str(client[0]))
-        span.set_attribute("lowlat.session_id", session_id)
-        span.set_attribute("lowlat.resumed", resumed)
-        span.set_attribute("lowlat.compression", list(compression))
+            attributes["client.address"] = str(client[0])
         if close_code is not None:
-            span.set_attribute("lowlat.close_code", close_code)
+            attributes["lowlat.close_code"] = close_code
+        span.set_attributes(attributes)
+        if close_code is not None:
             span.set_status(Status(StatusCode.ERROR, f"closed with {close_code}"))
     span.end()
 
@@ -110,18 +111,20 @@ def end_stream(span: Any, terminal: ev.End | ev.Error | None, timer: StreamTimer
             timings["total"] = sum(timer.stages.values()) * 1000.0
             if timer.first_delta is not None:
                 timings["first_delta"] = (timer.first_delta - timer.start) * 1000.0
+        attributes: dict[str, Any] = {}  # set in one call: the SDK takes its lock and checks limits once
         if isinstance(terminal, ev.End):
-            span.set_attribute("lowlat.finish_reason", terminal.finish_reason)
+            attributes["lowlat.finish_reason"] = terminal.finish_reason
             for key, value in terminal.usage.items():
-                span.set_attribute(f"lowlat.usage.{key}", value)
+                attributes[f"lowlat.usage.{key}"] = value
             timings.update(terminal.timings_ms)  # what the client was told wins
         elif isinstance(terminal, ev.Error):
-            span.set_attribute("lowlat.error_code", terminal.code.wire_name)
+            attributes["lowlat.error_code"] = terminal.code.wire_name
             span.set_status(Status(StatusCode.ERROR, terminal.message))
         else:
-            span.set_attribute("lowlat.finish_reason", "cancelled")
+            attributes["lowlat.finish_reason"] = "cancelled"
         for key, value in timings.items():
-            span.set_attribute(f"lowlat.timing.{key}_ms", float(value))
+            attributes[f"lowlat.timing.{key}_ms"] = float(value)
+        span.set_attributes(attributes)
         if timer is not None:
             if timer.first_delta is not None:
                 span.add_event("first_delta", timestamp=_epoch_ns(timer, timer.first_delta))

@@ -233,6 +233,33 @@ def test_buffer_overflow_drops_finished_streams_first() -> None:
     assert buffered_seqs(s, 2) == [1, 2, 3, 4, 5, 6]
 
 
+def test_buffer_overflow_drops_other_running_streams_before_the_current_one() -> None:
+    s = started(1, 2, resume_buffer_size=1000)
+    for _ in range(5):
+        s.record(1, "x" * 36, T0)
+        s.record(2, "x" * 36, T0)
+    s.record(2, "x" * 36, T0)  # over: stream 1's oldest goes, not the Delta just recorded
+    assert buffered_seqs(s, 1) == [2, 3, 4, 5] and buffered_seqs(s, 2) == [1, 2, 3, 4, 5, 6]
+    s.record(1, "x" * 36, T0)  # and now stream 2's
+    assert buffered_seqs(s, 1) == [2, 3, 4, 5, 6] and buffered_seqs(s, 2) == [2, 3, 4, 5, 6]
+    assert (s.streams[1].lost_through, s.streams[2].lost_through) == (1, 1)
+
+
+def test_buffer_overflow_skips_finished_streams_that_were_acked_or_forgotten() -> None:
+    s = started(1, 2, 3, resume_buffer_size=1000)
+    for sid in (1, 2):
+        for _ in range(3):
+            s.record(sid, "x" * 36, T0)
+        s.finish(sid, T0)
+    s.ack(1, 3)             # stream 1's Deltas are acknowledged: nothing of it left to drop
+    s.ack(2, 3, done=True)  # stream 2 is forgotten
+    assert s.buffered == 0
+    for _ in range(11):
+        s.record(3, "x" * 36, T0)
+    assert buffered_seqs(s, 3) == list(range(2, 12)) and s.streams[3].lost_through == 1
+    assert s.streams[1].lost_through == 0 and 2 not in s.streams
+
+
 def test_replay_below_the_dropped_point_fails_with_resume_failed() -> None:
     s = started(1, 2, resume_buffer_size=1000)
     for _ in range(15):
@@ -495,6 +522,15 @@ class SessionMachine(RuleBasedStateMachine):
     def buffered_is_the_sum_of_buffer_costs(self) -> None:
         assert self.s.buffered == buffer_cost(self.s)
         assert self.s.buffered <= self.s.settings.resume_buffer_size
+
+    @invariant()
+    def the_drop_order_maps_hold_exactly_the_streams_holding_deltas(self) -> None:
+        # What the buffer limit drops from without scanning the session (Session._spill, Session._holders).
+        holding = {sid: stream for sid, stream in self.s.streams.items() if stream.buffer}
+        assert {sid: id(v) for sid, v in self.s._holders.items()} == {
+            sid: id(v) for sid, v in holding.items() if v.terminal is None}
+        assert {sid: id(v) for sid, v in self.s._spill.items()} == {
+            sid: id(v) for sid, v in holding.items() if v.terminal is not None}
 
     @invariant()
     def buffers_are_contiguous_runs_ending_at_seq(self) -> None:

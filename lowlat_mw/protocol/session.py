@@ -70,6 +70,10 @@ class Session:
         self._awaited: set[int] = set()  # listed by the last resume but unknown here: the client resends them
         self.principal: object | None = None  # who authenticated when the session began
         self._finished: deque[int] = deque()
+        # What the buffer limit drops from, each in its drop order, so a drop never scans the session:
+        # finished streams holding Deltas (finish order), then running ones (in the order they began holding).
+        self._spill: dict[int, StreamState] = {}
+        self._holders: dict[int, StreamState] = {}
 
     # ------------------------------------------------------------------ identity
 
@@ -146,6 +150,8 @@ class Session:
         n = len(piece) if type(piece) is bytes or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
         st.out_bytes += n
         cost = n + DELTA_OVERHEAD
+        if not st.buffer:
+            self._holders[stream_id] = st
         st.buffer.append((seq, piece, cost))
         self.buffered += cost
         if self.buffered > self.settings.resume_buffer_size:
@@ -165,24 +171,36 @@ class Session:
         return [ev.Delta.of(stream_id, seq, chunk) for seq, chunk, _ in st.buffer] if st is not None else []
 
     def _enforce_buffer_limit(self, current: StreamState) -> None:
+        """Drop the oldest Deltas until the buffer fits: finished streams' first (oldest stream first), then
+        other running streams', then `current`'s. O(1) per Delta dropped: only streams holding Deltas are
+        visited, from the two drop-order maps, and a stream leaves its map when its buffer empties."""
         limit = self.settings.resume_buffer_size
         if self.buffered <= limit or not self.attached:
             return  # while detached nothing is dropped: `blocked` pauses the models instead
-        # Drop from finished streams first (oldest first), then from the oldest Deltas of this one.
-        for sid in list(self._finished):
-            st = self.streams.get(sid)
-            while st is not None and st.buffer and self.buffered > limit:
-                self._drop_oldest(st)
-            if self.buffered <= limit:
-                return
-        for st in sorted(self.streams.values(), key=lambda s: s is current):
-            while st.buffer and self.buffered > limit:
-                self._drop_oldest(st)
+        spill, holders = self._spill, self._holders
+        while self.buffered > limit:
+            if spill:
+                st = next(iter(spill.values()))
+            else:
+                for st in holders.values():  # `current` is skipped, so at most two steps
+                    if st is not current:
+                        break
+                else:
+                    st = current
+                if not st.buffer:
+                    return
+            self._drop_oldest(st)
 
     def _drop_oldest(self, st: StreamState) -> None:
         seq, _, cost = st.buffer.popleft()
         self.buffered -= cost
         st.lost_through = max(st.lost_through, seq)
+        if not st.buffer:
+            self._emptied(st)
+
+    def _emptied(self, st: StreamState) -> None:
+        """`st`'s buffer became empty: nothing more to drop from it."""
+        (self._holders if st.terminal is None else self._spill).pop(st.stream_id, None)
 
     def finish(self, stream_id: int, now: float, *, reason: str = "stop", timings_ms: Mapping[str, float] | None = None,
                error: ev.Error | None = None) -> ev.End | ev.Error | None:
@@ -204,6 +222,8 @@ class Session:
             st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
                                  usage={"deltas": st.seq, "output_bytes": st.out_bytes})
         self.active -= 1
+        if self._holders.pop(stream_id, None) is not None:  # its Deltas are now the first to drop
+            self._spill[stream_id] = st
         finished = self._finished
         finished.append(stream_id)
         while len(finished) > MAX_FINISHED:
@@ -220,6 +240,8 @@ class Session:
         st = self.streams.pop(sid, None)
         if st is not None:
             self.buffered -= sum(cost for _, _, cost in st.buffer)
+            self._holders.pop(sid, None)
+            self._spill.pop(sid, None)
             if st.terminal is None:
                 self.active -= 1
         try:
@@ -239,8 +261,12 @@ class Session:
     def _trim(self, st: StreamState, seq: int) -> None:
         seq = min(seq, st.seq)
         st.acked = max(st.acked, seq)
-        while st.buffer and st.buffer[0][0] <= seq:
-            self.buffered -= st.buffer.popleft()[2]
+        buffer = st.buffer
+        if buffer and buffer[0][0] <= seq:
+            while buffer and buffer[0][0] <= seq:
+                self.buffered -= buffer.popleft()[2]
+            if not buffer:
+                self._emptied(st)
 
     # ------------------------------------------------------------------ connection changes
     def detach(self, now: float) -> None:

@@ -105,6 +105,9 @@ class Settings:
     Delta per chunk. Fewer, larger frames for fast token producers (docs/protocol.md 8.2)."""
     merge_max_delay: float = 0.0005
     """Longest time (seconds) a chunk waits for more to merge with, when merge_deltas is on."""
+    direct_writes: bool = True
+    """Where the server offers it (lowlat-mw's uvicorn protocols), frame output here and write it straight
+    to the socket, a loop turn's frames in one write, instead of one ASGI send per frame (docs/architecture.md)."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",

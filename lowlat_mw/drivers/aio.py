@@ -40,6 +40,7 @@ from ..protocol.base import CloseConnection, Measured, SendFrame
 from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSession, ServerProtocol, StartStream
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
+from .direct import CORK_LIMIT, DirectTransport, frame_header
 from .timers import AsyncScheduler, cpu_clock
 
 __all__ = ["ConnectionDriver", "ModelRunner", "drain_all", "drain_on_shutdown", "run_authenticator"]
@@ -363,7 +364,10 @@ class ConnectionDriver:
     """Runs one WebSocket: frames in, frames out through the ASGI `send`, its timers from the loop's scheduler.
 
     `send` takes ASGI messages (``websocket.send`` and ``websocket.close``): the ASGI server's own,
-    or an adapter's that speaks to its socket the same way. The endpoint admitted the connection.
+    or an adapter's that speaks to its socket the same way. With `direct` (a server's
+    :class:`~lowlat_mw.drivers.direct.DirectTransport`) frames are built here and written to it, the
+    frames of one loop turn in one write; the close still goes through `send`. The endpoint admitted
+    the connection.
     """
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
@@ -371,7 +375,7 @@ class ConnectionDriver:
 
     def __init__(self, endpoint: Endpoint, *, send: Send, subprotocol: str | None, address: str | None = None,
                  client: tuple[str, int] | None = None, headers: Mapping[str, str] | None = None, user: Any = None,
-                 extra: Mapping[str, Any] | None = None) -> None:
+                 extra: Mapping[str, Any] | None = None, direct: DirectTransport | None = None) -> None:
         """`address`: what the endpoint admitted the connection as (released when it ends); `client`,
         `headers`, `user` and `extra`: what models and the authenticate hook see of it (SessionInfo)."""
         settings = self.settings = endpoint.settings
@@ -384,6 +388,10 @@ class ConnectionDriver:
         self.protocol = ServerProtocol(settings, subprotocol=subprotocol, now=now, session_id=session_id,
                                        secret=secret, meter=cpu_clock)
         self._send = send
+        self.direct = direct
+        self._cork: list[bytes] = []  # frames (header, payload, ...) held for one write at the end of the loop turn
+        self._corked = 0
+        self._flush_handle: asyncio.Handle | None = None
         self.address = address
         self.info = SessionInfo(session_id=session_id, subprotocol=subprotocol, client=client, headers=headers or {},
                                 user=user, extra=extra or {})
@@ -407,7 +415,7 @@ class ConnectionDriver:
         self._superseded = False  # a resume moved this connection's session to another connection
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         if self.metrics is not None:
-            self.metrics.connection_opened(self.protocol.stats)
+            self.metrics.connection_opened(self.protocol.stats, direct is not None)
         endpoint.connection_started(self)  # drains reach it from now on
         self._scheduled = self.protocol.handshake_deadline
         self.scheduler.schedule(self, self._scheduled)
@@ -440,6 +448,10 @@ class ConnectionDriver:
             return
         self._gone = True
         self._closing = True
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._cork = []
         proto = self.protocol
         by = "server" if proto.close_code is not None else "client"
         final = proto.close_code if proto.close_code is not None else (code or 1006)
@@ -600,6 +612,13 @@ class ConnectionDriver:
     async def _write(self, frames: list[bytes | str]) -> None:
         if self._closing:
             return
+        direct = self.direct
+        if direct is not None and not self._send_lock.locked() and direct.is_writable():
+            if direct.is_closing():
+                self._closing = True
+            else:
+                self._hold(frames)
+            return
         send = self._send
         try:
             async with self._send_lock:
@@ -616,6 +635,14 @@ class ConnectionDriver:
                     self._scheduled = since + timeout
                     self.scheduler.schedule(self, self._scheduled)
                 try:
+                    if direct is not None:  # held back by the transport's flow control
+                        while not direct.is_writable() and not direct.is_closing():
+                            await direct.wait_writable()
+                        if direct.is_closing():
+                            self._closing = True
+                        else:
+                            self._hold(frames)
+                        return
                     for data in frames:
                         if type(data) is bytes:
                             await send({"type": "websocket.send", "bytes": data})
@@ -638,6 +665,52 @@ class ConnectionDriver:
             log.debug("send failed, treating as disconnect: %r", exc)
             self._closing = True
 
+    def _hold(self, frames: list[bytes | str]) -> None:
+        """Frame `frames` for the direct transport. The first output of a loop turn is written at once (a
+        reply's first frame waits for nothing); what follows in the same turn is held and written in one
+        piece when the turn ends (at once past CORK_LIMIT bytes)."""
+        cork = self._cork
+        size = self._corked
+        for data in frames:
+            if type(data) is bytes:
+                cork.append(frame_header(data, False))
+            else:
+                data = data.encode()
+                cork.append(frame_header(data, True))
+            cork.append(data)
+            size += len(data)
+        self._corked = size
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._end_turn)
+            self._write_held()
+        elif size >= CORK_LIMIT:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        cork = self._cork
+        if not cork:
+            return
+        self._cork = []
+        self._corked = 0
+        direct = self.direct
+        assert direct is not None
+        if direct.is_closing():
+            self._closing = True
+            return
+        direct.write(b"".join(cork))
+
+    def _end_turn(self) -> None:
+        self._flush_handle = None
+        self._write_held()
+
+    def _flush(self) -> None:
+        """Write what `_hold` holds now (before anything goes out through ASGI `send`, so the order holds)."""
+        handle = self._flush_handle
+        if handle is not None:
+            self._flush_handle = None
+            handle.cancel()
+        self._write_held()
+
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
         """Close the WebSocket from the server side with `code` (idempotent)."""
         await self._act(self.protocol.close(code, reason))
@@ -657,8 +730,12 @@ class ConnectionDriver:
             async with asyncio.timeout(5.0):
                 if locked:
                     async with self._send_lock:
+                        if self._cork:
+                            self._flush()  # what was sent before the close goes out before it
                         await self._send(message)
                 else:
+                    if self._cork:
+                        self._flush()
                     await self._send(message)
         except Exception as exc:
             log.debug("close failed: %r", exc)

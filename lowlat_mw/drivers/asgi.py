@@ -18,6 +18,7 @@ from ..endpoint import Endpoint, Refuse
 from ..model import ModelSpec
 from ..settings import Settings
 from .aio import ConnectionDriver
+from .direct import EXTENSION
 
 __all__ = ["LowLatASGI", "accept"]
 
@@ -125,11 +126,14 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
         # Not a 403 (clients treat that as final): 4002 and 1013 tell them to retry.
         await send({"type": "websocket.close", "code": int(answer.close_code), "reason": answer.message})
         return None
+    extensions = scope.get("extensions")
+    direct = extensions.get(EXTENSION) if extensions and endpoint.settings.direct_writes else None
     try:
         driver = ConnectionDriver(
             endpoint, send=send, subprotocol=answer.subprotocol, address=address,
             client=tuple(client) if client else None, headers=headers, user=scope.get("user"),  # what models see
-            extra={"path": scope.get("path", ""), "query_string": scope.get("query_string", b"").decode("latin-1")})
+            extra={"path": scope.get("path", ""), "query_string": scope.get("query_string", b"").decode("latin-1")},
+            direct=direct)
     except BaseException:
         endpoint.release(address)
         raise

@@ -14,6 +14,11 @@ is buffered whole). These subclasses add both, and change nothing once a request
 
 ``lowlat-mw serve`` and ``lowlat_mw.servers.serving.run`` use it by default (``lowlat_mw.servers.serving.uvicorn_args``
 gives the whole command line).
+
+The WebSocket protocols (``WebSocketProtocol``, ``WSProtoProtocol``) bound what a flood of fragments
+may cost, drain lowlat-mw connections before uvicorn's 1012 on shutdown, and offer the application
+direct writes to the connection's transport (``scope["extensions"]["lowlat.transport"]``,
+:mod:`lowlat_mw.drivers.direct`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpTool
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 
 from lowlat_mw.drivers.aio import drain_on_shutdown
+from lowlat_mw.drivers.direct import EXTENSION
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
@@ -138,7 +144,34 @@ class _DrainOnShutdown:
             parent()
 
 
-class WebSocketProtocol(_DrainOnShutdown, _SansIOProtocol):
+class _Direct:
+    """The connection's transport as a :class:`~lowlat_mw.drivers.direct.DirectTransport` (uvicorn's own
+    WebSocket protocol object keeps the handshake, the close, pings and the reading side)."""
+
+    __slots__ = ("_protocol", "_transport", "is_writable", "wait_writable", "write")
+
+    def __init__(self, protocol: Any) -> None:
+        self._protocol = protocol
+        self._transport = transport = protocol.transport
+        self.write = transport.write
+        self.is_writable = protocol.writable.is_set  # uvicorn's pause_writing / resume_writing set it
+        self.wait_writable = protocol.writable.wait
+
+    def is_closing(self) -> bool:
+        return self._protocol.close_sent or self._transport.is_closing()
+
+
+class _OffersDirect:
+    """Mixin: offer the ``lowlat.transport`` scope extension (lowlat_mw.drivers.direct) to the app."""
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)  # type: ignore[misc]
+        scope = getattr(self, "scope", None)  # none when websockets refused the handshake itself
+        if scope is not None:
+            scope["extensions"][EXTENSION] = _Direct(self)
+
+
+class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
     (``--ws lowlat_mw.servers.uvicorn:WebSocketProtocol``; ``lowlat_mw.servers.serving`` uses it.) uvicorn
@@ -173,7 +206,7 @@ except ImportError as _missing:  # pragma: no cover - depends on what is install
                               f"{_WSPROTO_MISSING}")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 else:
-    class WSProtoProtocol(_DrainOnShutdown, _WSProtoProtocol):
+    class WSProtoProtocol(_OffersDirect, _DrainOnShutdown, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
         (``--ws lowlat_mw.servers.uvicorn:WSProtoProtocol``; ``lowlat_mw.servers.serving`` uses it for

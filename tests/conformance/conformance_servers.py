@@ -28,11 +28,16 @@ VENV_BIN = Path(sys.prefix) / "bin"
 FRAMEWORKS = ("starlette", "fastapi", "django", "flask")
 # Every server we ship with, for the server-level tests (limits, timers, transport, delivery, load,
 # shutdown): uvicorn websockets-sansio (the Starlette example), uvicorn wsproto (the same app,
-# "wsproto"), daphne (Django) and gunicorn (Flask). The FastAPI example is not among them: it is the
+# "wsproto"), daphne (Django) and gunicorn (Flask), and the Starlette example with direct writes off
+# ("asgi": LOWLAT_DIRECT_WRITES=false, every frame through ASGI send, as under any server that offers no
+# direct writes; our uvicorn protocols offer them). The FastAPI example is not among them: it is the
 # same LowLatMiddleware under the same uvicorn protocols as the Starlette one, so those modules would
 # run the same code twice. It runs the framework-level modules (handshake, streaming, cancel, bad
 # frames, merge, metrics, examples, startup) with the other frameworks.
-SERVERS = ("starlette", "django", "flask", "wsproto")
+SERVERS = ("starlette", "django", "flask", "wsproto", "asgi")
+DIRECT_OFF = "asgi"
+# Where frames are written straight to the socket (lowlat_mw.drivers.direct): our uvicorn protocols.
+DIRECT_WRITES = frozenset({"starlette", "fastapi", "wsproto", "serve"})
 
 START_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take a few seconds
 _PORT_IN_USE = re.compile(r"address already in use|errno 98|couldn't listen|cannot listen", re.I)
@@ -72,6 +77,8 @@ def server_argv(framework: str, port: int, app: str | None = None, extra: Sequen
     settings = transport_settings(env)
     if framework == "wsproto":
         framework, ws = "starlette", "wsproto"
+    if framework == DIRECT_OFF:
+        framework = "starlette"  # ServerProcess adds LOWLAT_DIRECT_WRITES=false
     if framework in ("starlette", "fastapi"):
         return [str(VENV_BIN / "uvicorn"), app or f"examples.{framework}_app:app", "--host", "127.0.0.1",
                 "--port", str(port), *uvicorn_args(settings, ws), *extra]
@@ -106,6 +113,8 @@ class ServerProcess(LoggedProcess):
 
     def __init__(self, name: str, framework: str, port: int, argv: Sequence[str], env: Mapping[str, str],
                  logdir: Path) -> None:
+        if framework == DIRECT_OFF:
+            env = {**env, "LOWLAT_DIRECT_WRITES": "false"}
         super().__init__(name, argv, logdir=logdir, env=env, cwd=REPO)
         self.framework = framework
         self.port = port

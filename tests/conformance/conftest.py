@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from conformance_servers import FRAMEWORKS, SERVERS, ServerProcess, running_server, spawn, start_ready
+from conformance_servers import DIRECT_OFF, FRAMEWORKS, SERVERS, ServerProcess, running_server, spawn, start_ready
 from conformance_support import MEASUREMENTS, SHORT_TIMERS, STARTUP_TIMES
 
 
@@ -53,9 +53,9 @@ def _session_server(request: pytest.FixtureRequest, conformance_dir: Path, kind:
     yield from running_server(f"{kind}-{framework}", framework, conformance_dir, extra, STARTUP_TIMES)
 
 
-@pytest.fixture(scope="session", params=FRAMEWORKS)
+@pytest.fixture(scope="session", params=(*FRAMEWORKS, DIRECT_OFF))
 def server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
-    """The default-settings conformance server of one framework."""
+    """The default-settings conformance server of one framework (and the Starlette one with direct writes off)."""
     yield from _session_server(request, conformance_dir, "default", {})
 
 
@@ -140,7 +140,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     tr = terminalreporter
     tr.write_sep("-", "lowlat-mw conformance")
-    for fw in (*FRAMEWORKS, "wsproto", "other"):
+    for fw in (*FRAMEWORKS, "wsproto", DIRECT_OFF, "other"):
         if fw in _DURATIONS:
             tr.write_line(f"{fw:10s} {_COUNTS[fw]:4d} tests  {_DURATIONS[fw]:7.1f} s (setup+call+teardown)")
     for name, times in sorted(STARTUP_TIMES.items()):

@@ -1,0 +1,54 @@
+"""Direct writes: WebSocket frames built here and written straight to the server's transport.
+
+Through ASGI every frame the driver sends is a message dict that the server's WebSocket protocol
+object turns into a frame and writes to its transport, one write per frame. A server that offers
+the ASGI scope extension ``"lowlat.transport"`` (our uvicorn protocols do:
+:mod:`lowlat_mw.servers.uvicorn`) hands the driver an object with four methods
+(:class:`DirectTransport`) instead: the driver frames its messages itself (server frames are not
+masked, RFC 6455 5.1) and writes everything a loop turn produced in one ``write``. The handshake
+and the close still go through ASGI ``send``, after the driver wrote out what it holds, so the
+server's WebSocket state machine sees the close and the order on the wire is the order of the
+driver's calls. Setting ``direct_writes=False`` keeps every frame on the ASGI path.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable
+from typing import Protocol
+
+__all__ = ["CORK_LIMIT", "EXTENSION", "DirectTransport", "frame_header"]
+
+EXTENSION = "lowlat.transport"  # the key in scope["extensions"]
+CORK_LIMIT = 64 * 1024  # bytes held for the end of the loop turn; more are written at once
+
+_OP_TEXT, _OP_BINARY = 0x81, 0x82  # FIN + opcode
+_SHORT = struct.Struct("!BBH").pack
+_LONG = struct.Struct("!BBQ").pack
+
+
+class DirectTransport(Protocol):
+    """What a server offers as ``scope["extensions"]["lowlat.transport"]`` for an accepted WebSocket."""
+
+    def write(self, data: bytes) -> None:
+        """Write bytes made of whole WebSocket frames (the transport's ``write``: never blocks)."""
+
+    def is_writable(self) -> bool:
+        """False while the transport's flow control holds writes (its buffer is over the high-water mark)."""
+
+    def wait_writable(self) -> Awaitable[object]:
+        """Wait until the transport takes writes again (or the connection is lost)."""
+
+    def is_closing(self) -> bool:
+        """True once the connection is closing or closed (a close was sent or the transport is going)."""
+
+
+def frame_header(data: bytes, text: bool) -> bytes:
+    """The header of one unmasked, unfragmented server frame carrying `data` (RFC 6455 5.2)."""
+    n = len(data)
+    op = _OP_TEXT if text else _OP_BINARY
+    if n < 126:
+        return bytes((op, n))
+    if n < 65536:
+        return _SHORT(op, 126, n)
+    return _LONG(op, 127, n)

@@ -1,0 +1,262 @@
+"""Direct writes (lowlat_mw.drivers.direct): frames built by the driver and written to the server's transport.
+
+The frames are checked with the `websockets` library's own parser; the driver is run with a fake
+transport that logs its writes and the ASGI messages in one list, so the order on the wire is what
+the tests assert. Ordering is proven with events (the loop turn ends, the transport resumes), never
+with timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from driver_support import endpoint_for
+from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
+
+from lowlat_mw.drivers.aio import ConnectionDriver
+from lowlat_mw.drivers.asgi import accept
+from lowlat_mw.drivers.direct import CORK_LIMIT, EXTENSION, frame_header
+from lowlat_mw.errors import CloseCode
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
+
+
+def parse_frames(data: bytes) -> list[Frame]:
+    """Every frame in `data`, parsed by websockets as a client reads a server's (unmasked) frames."""
+    reader = StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    frames = []
+    while reader.buffer:
+        parser = Frame.parse(reader.read_exact, mask=False)
+        try:
+            next(parser)
+        except StopIteration as done:
+            frames.append(done.value)
+        else:
+            raise AssertionError("incomplete frame")
+    return frames
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+@pytest.mark.parametrize("text", [False, True])
+def test_frame_header_makes_frames_websockets_parses(size: int, text: bool) -> None:
+    payload = b"x" * size
+    [frame] = parse_frames(frame_header(payload, text) + payload)
+    assert frame.fin and frame.opcode is (Opcode.TEXT if text else Opcode.BINARY)
+    assert frame.data == payload and not (frame.rsv1 or frame.rsv2 or frame.rsv3)
+
+
+class FakeDirect:
+    """A transport offered as the ``lowlat.transport`` extension, logging into `log` next to ASGI sends."""
+
+    def __init__(self, log: list[tuple[str, Any]]) -> None:
+        self.log = log
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closing, "written after the transport closed"
+        self.log.append(("write", data))
+
+    def is_writable(self) -> bool:
+        return self.writable.is_set()
+
+    def wait_writable(self) -> Any:
+        return self.writable.wait()
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+class Conn:
+    """A driver on a FakeDirect: `log` holds ("write", bytes) and ("send", ASGI message) in order."""
+
+    def __init__(self, model: Any, subprotocol: str = SUBPROTOCOL_PROTO, **settings: Any) -> None:
+        self.log: list[tuple[str, Any]] = []
+        self.direct = FakeDirect(self.log)
+        self.codec = codec_for(subprotocol)
+        self.driver = ConnectionDriver(endpoint_for(model, **settings), send=self._send, subprotocol=subprotocol,
+                                       direct=self.direct)
+
+    async def _send(self, message: Any) -> None:
+        self.log.append(("send", message))
+        if message["type"] == "websocket.close":
+            self.direct.closing = True
+
+    def writes(self) -> list[bytes]:
+        return [data for kind, data in self.log if kind == "write"]
+
+    def events(self) -> list[ev.Event]:
+        out = []
+        for frame in parse_frames(b"".join(self.writes())):
+            data = frame.data if frame.opcode is Opcode.BINARY else frame.data.decode()
+            out.append(self.codec.decode(data, limit=1 << 30, allowed=self.driver.protocol.compression))
+        return out
+
+    def closed(self) -> int | None:
+        codes = [m["code"] for kind, m in self.log if kind == "send" and m["type"] == "websocket.close"]
+        return codes[-1] if codes else None
+
+    async def send(self, event: ev.Event) -> None:
+        await self.driver.receive(self.codec.encode(event))
+
+
+async def end_of_turn() -> None:
+    """Let the loop finish its current turn (the driver's held frames go out at its end)."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
+async def tokens(req: Any) -> Any:
+    for i in range(int(req.params.get("n", 3))):
+        yield f"t{i} "
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("subprotocol", [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
+async def test_every_frame_goes_to_the_transport_and_none_through_asgi_send(subprotocol: str) -> None:
+    conn = Conn(tokens, subprotocol)
+    await conn.send(ev.Hello())
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 50}))
+    await wait_for(lambda: any(isinstance(e, ev.End) for e in conn.events()))
+    events = conn.events()
+    assert isinstance(events[0], ev.Welcome)
+    deltas = [e for e in events if isinstance(e, ev.Delta)]
+    assert [d.text for d in deltas] == [f"t{i} " for i in range(50)]
+    assert [d.seq for d in deltas] == list(range(1, 51)) and isinstance(events[-1], ev.End)
+    assert not [m for kind, m in conn.log if kind == "send"]  # nothing through ASGI
+    frames = parse_frames(b"".join(conn.writes()))
+    assert {f.opcode for f in frames} == {Opcode.BINARY if subprotocol == SUBPROTOCOL_PROTO else Opcode.TEXT}
+    await conn.driver.disconnected(1000)
+
+
+async def test_a_turns_first_frame_goes_at_once_the_rest_in_one_write_at_its_end() -> None:
+    conn = Conn(tokens)
+    await conn.send(ev.Hello())
+    assert len(conn.writes()) == 1  # Welcome: the first output of this turn, written at once
+    await end_of_turn()
+    # The model yields 20 tokens without waiting: one turn of the loop produces them all.
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 20}))
+    await wait_for(lambda: any(isinstance(e, ev.End) for e in conn.events()))
+    stream_writes = conn.writes()[1:]
+    # the first Delta alone, then the rest of that turn (19 Deltas and the End) together
+    assert [len(parse_frames(w)) for w in stream_writes] == [1, 20], [len(parse_frames(w)) for w in stream_writes]
+    await conn.driver.disconnected(1000)
+
+
+async def test_more_than_the_cork_limit_is_written_before_the_turn_ends() -> None:
+    big = "y" * (CORK_LIMIT // 4)
+
+    async def bulky(req: Any) -> Any:
+        for _ in range(12):
+            yield big
+
+    conn = Conn(bulky)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    await conn.send(ev.Request(stream_id=1, text="x"))
+    await wait_for(lambda: any(isinstance(e, ev.End) for e in conn.events()))
+    sizes = [len(w) for w in conn.writes()[1:]]
+    assert len(sizes) >= 3 and max(sizes) <= CORK_LIMIT + len(big) + 64, sizes
+    assert "".join(d.text for d in conn.events() if isinstance(d, ev.Delta)) == big * 12
+    await conn.driver.disconnected(1000)
+
+
+async def test_the_close_goes_after_every_frame_written_before_it() -> None:
+    conn = Conn(tokens)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 5}))
+    await conn.send(ev.Request(stream_id=1, text="again"))  # a stream id in use: Error, in the same turn
+    await conn.driver.close(CloseCode.GOING_AWAY, "bye")  # still the same turn: held frames are flushed first
+    kinds = [kind for kind, _ in conn.log]
+    assert kinds[-1] == "send" and conn.closed() == CloseCode.GOING_AWAY
+    assert "send" not in kinds[:-1]
+    assert any(isinstance(e, ev.Error) for e in conn.events())
+    await end_of_turn()
+    assert [kind for kind, _ in conn.log][-1] == "send"  # nothing written after the close
+    await conn.driver.disconnected(CloseCode.GOING_AWAY)
+
+
+async def test_a_paused_transport_holds_output_in_order_until_it_resumes() -> None:
+    conn = Conn(tokens)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    conn.direct.writable.clear()  # the transport's buffer is over its high-water mark
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 30}))
+    await wait_for(lambda: conn.driver._sender is not None)  # the first Delta waits for the transport
+    # A Ping's Pong queues behind it (and, as through ASGI, reading waits while output is held back).
+    ping = asyncio.create_task(conn.send(ev.Ping(id=7)))
+    for _ in range(5):
+        await end_of_turn()
+    assert len(conn.writes()) == 1 and not ping.done()  # only the Welcome went out
+    conn.direct.writable.set()
+    await asyncio.wait_for(ping, 10.0)
+    await wait_for(lambda: any(isinstance(e, ev.End) for e in conn.events()))
+    events = conn.events()
+    assert [e.seq for e in events if isinstance(e, ev.Delta)] == list(range(1, 31))
+    pong = next(i for i, e in enumerate(events) if isinstance(e, ev.Pong))
+    first = next(i for i, e in enumerate(events) if isinstance(e, ev.Delta))
+    assert first < pong  # in the order the driver wrote them
+    await conn.driver.disconnected(1000)
+
+
+async def test_a_transport_paused_past_slow_consumer_timeout_closes_with_4003() -> None:
+    conn = Conn(tokens, slow_consumer_timeout=5.0)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    conn.direct.writable.clear()
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10}))
+    await wait_for(lambda: conn.driver._sender is not None)  # a write is waiting for the transport
+    since = conn.driver._send_since
+    conn.driver.on_timer(since + 4.0)
+    await end_of_turn()
+    assert conn.closed() is None  # not stuck for long enough yet
+    conn.driver.on_timer(since + 5.0)
+    await wait_for(lambda: conn.closed() is not None)
+    assert conn.closed() == CloseCode.SLOW_CONSUMER
+    await conn.driver.disconnected(CloseCode.SLOW_CONSUMER)
+
+
+async def test_nothing_is_written_to_a_closing_transport() -> None:
+    conn = Conn(tokens)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    conn.direct.closing = True  # the peer went away; FakeDirect.write would fail
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10}))
+    for _ in range(5):
+        await end_of_turn()
+    assert len(conn.writes()) == 1
+    await conn.driver.disconnected(1006)
+
+
+@pytest.mark.parametrize("direct_writes", [True, False])
+async def test_accept_takes_the_extension_only_when_the_setting_allows(direct_writes: bool) -> None:
+    endpoint = endpoint_for(tokens, direct_writes=direct_writes)
+    log: list[tuple[str, Any]] = []
+    offered = FakeDirect(log)
+
+    async def send(message: Any) -> None:
+        log.append(("send", message))
+
+    scope = {"type": "websocket", "subprotocols": [SUBPROTOCOL_PROTO], "headers": [(b"host", b"127.0.0.1")],
+             "client": ("127.0.0.1", 5000), "extensions": {EXTENSION: offered, "websocket.http.response": {}}}
+    driver = await accept(endpoint, scope, send)
+    assert driver is not None
+    assert driver.direct is (offered if direct_writes else None)
+    scope_without = {**scope, "extensions": {"websocket.http.response": {}}}
+    other = await accept(endpoint, scope_without, send)
+    assert other is not None and other.direct is None
+    for d in (driver, other):
+        await d.disconnected(1000)

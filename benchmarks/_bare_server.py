@@ -1,7 +1,8 @@
 """The bare-vs-lowlat-mw benchmark server: ``python -m benchmarks._bare_server --fd N [--profile]``.
 
-One uvicorn (websockets-sansio, the same options as benchmarks._server) serving, on the listening
-socket inherited as file descriptor N, one Starlette app with:
+One uvicorn (lowlat-mw's WebSocket protocol, ``lowlat_mw.servers.uvicorn:WebSocketProtocol``: uvicorn's
+websockets-sansio one offering direct writes, as ``lowlat-mw serve`` runs it; ``--ws websockets-sansio``
+for uvicorn's own) serving, on the listening socket inherited as file descriptor N, one Starlette app with:
 
 * ``/echo``: a bare Starlette ``WebSocketRoute`` that sends every message back (text or bytes);
 * ``/stream``: a bare ``WebSocketRoute`` that answers a text message ``"stream N"`` with N text
@@ -10,6 +11,7 @@ socket inherited as file descriptor N, one Starlette app with:
 * ``/ws``: ``LowLatMiddleware`` with its default settings (metrics into a private registry, End
   stage timings, tracing) but no rate limit, serving :data:`~benchmarks._bare_models.MODELS`;
 * ``/ws-lean``: the same with metrics, stage timings and tracing off;
+* ``/ws-send``: the same as ``/ws`` with ``direct_writes`` off: every frame through ASGI ``send``;
 * ``GET /cpu``: the process's CPU seconds so far (``time.process_time``);
 * with ``--profile DIR``: cProfile (timed by the thread's CPU clock) runs on the event-loop thread, and
   ``GET /profile?save=NAME`` writes its stats to DIR/NAME.prof and starts a fresh profile.
@@ -101,6 +103,8 @@ def make_app() -> Any:
                        **lean),
             Middleware(LowLatMiddleware, model=MODELS, path="/ws-merge", registry=CollectorRegistry(), rate_limit=0,
                        merge_deltas=True),
+            Middleware(LowLatMiddleware, model=MODELS, path="/ws-send", registry=CollectorRegistry(), rate_limit=0,
+                       direct_writes=False),
         ],
     )
 
@@ -112,9 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks._bare_server")
     parser.add_argument("--fd", type=int, required=True, help="inherited listening TCP socket")
     parser.add_argument("--profile", metavar="DIR", help="run cProfile; GET /profile?save=NAME writes DIR/NAME.prof")
+    parser.add_argument("--ws", choices=("lowlat", "websockets-sansio"), default="lowlat",
+                        help="WebSocket protocol: lowlat-mw's (direct writes offered) or uvicorn's own")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    config = uvicorn.Config(make_app(), ws="websockets-sansio", ws_ping_interval=None, ws_per_message_deflate=False,
+    ws: Any = args.ws
+    if ws == "lowlat":
+        from lowlat_mw.servers.uvicorn import WebSocketProtocol as ws
+    config = uvicorn.Config(make_app(), ws=ws, ws_ping_interval=None, ws_per_message_deflate=False,
                             log_level="warning", lifespan="off", timeout_graceful_shutdown=3)
     if args.profile:
         _profile_dir = Path(args.profile)

@@ -1,9 +1,10 @@
 """Bare suite: lowlat-mw against a bare Starlette WebSocket served by the same uvicorn in the same run.
 
-One uvicorn child process (benchmarks._bare_server, websockets-sansio, uvloop when installed)
-serves a bare Starlette ``WebSocketRoute`` echo (``/echo``) and stream (``/stream``: ``"stream N"``
-is answered with N token frames and an ``"end"`` frame), lowlat-mw's Starlette middleware with its
-default settings at ``/ws`` and with observability off at ``/ws-lean``; its models are
+One uvicorn child process (benchmarks._bare_server: lowlat-mw's uvicorn WebSocket protocol, which is
+websockets-sansio offering direct writes; uvloop when installed) serves a bare Starlette
+``WebSocketRoute`` echo (``/echo``) and stream (``/stream``: ``"stream N"`` is answered with N token
+frames and an ``"end"`` frame), lowlat-mw's Starlette middleware with its default settings at ``/ws``,
+with observability off at ``/ws-lean`` and with direct writes off at ``/ws-send``; its models are
 benchmarks._bare_models (``echo``: the request text as one Delta; ``tokens``: N tokens, no delay).
 Clients run in this process, on one event loop, each on its own connection opened up front:
 
@@ -13,6 +14,7 @@ proto/json  lowlat_mw.client.AsyncClient (proto / JSON subprotocol) on /ws
             Requests and Acks, frames classified by their first bytes, not decoded): lowlat-mw's
             server cost with as little client cost as possible
 proto-lean  the raw proto client on /ws-lean (metrics, stage timings and tracing off)
+proto-send  the raw proto client on /ws-send (direct_writes off: one ASGI send per frame, as on any other server)
 proto-merge the AsyncClient on /ws-merge (default settings plus merge_deltas: back-to-back tokens share a Delta)
 
 Each round runs, for every configuration in an order rotated by one per round, a block of round
@@ -91,6 +93,8 @@ CONFIGS = (
     Config("proto-raw", "lowlat-mw proto, raw client", "raw", "/ws", "proto"),
     Config("json-raw", "lowlat-mw JSON, raw client", "raw", "/ws", "json"),
     Config("proto-lean", "lowlat-mw proto, raw client, observability off", "raw", "/ws-lean", "proto"),
+    Config("proto-send", "lowlat-mw proto, raw client, ASGI send path (`direct_writes` off)", "raw", "/ws-send",
+           "proto"),
     Config("proto-merge", "lowlat-mw proto, AsyncClient, `merge_deltas` on", "AsyncClient", "/ws-merge", "proto"),
 )
 HEADLINE = ("proto", "json")  # the configurations the targets are judged on (the real client)
@@ -553,39 +557,42 @@ def _analysis(rows: dict[str, dict[str, float]], profiles: dict[str, Profile]) -
                  f"{bp.calls / bp.units:.0f} for the bare stream, and {lr.calls / lr.units:.0f} per round trip "
                  f"against {br.calls / br.units:.0f}.")
     merged = rows["stream proto-merge"]
-    return f"""**Why the targets are missed.** The server is the bottleneck: with the raw client it spends
-{srv:.1f} µs of CPU per delta against {bare_srv:.1f} µs for the bare stream, and {rt_srv:.0f} µs per round trip
-against {rt_bare:.0f} µs for the echo.{calls} The bare stream's cost is almost all uvicorn's own per-frame
-send; lowlat-mw adds, per Delta, the protocol's work: the model's task hands the chunk to
-`ConnectionDriver.chunk`, `ServerProtocol.send_chunk` numbers it and encodes the Delta
-(`codec.encode_delta`), `Session.record` keeps it for resume and flow control, `_write` hands the frame
-to the server under the connection's send lock (frames of concurrent streams never interleave) and one
-`StreamTimer.delta` call records the stage timings (docs/architecture.md walks the path). Because the server
-is slower per frame, its frames reach the client one at a time, so the client pays a full wake-up
-(epoll, `websockets` frame parsing, an `asyncio.Queue` hop and a task switch to the consumer, a Protobuf
-decode, Ack bookkeeping) per delta: {cli:.1f} µs of client CPU per delta against {bare_cli:.1f} µs for the bare
-client, which receives its frames in batches. Per round trip the server decodes the Request, sets up the
-stream (session state, a stage timer, metrics histograms, a tracing span, a `ModelRequest`), starts a
-task (the model runs one event-loop turn later), sends the Delta, then the End with its stage timings,
-observes about ten histograms and handles the client's Ack.
+    send_srv = rows["stream proto-send"]["server_cpu_us_per_delta"]
+    rt_send = rows["roundtrip proto-send"]["server_cpu_us"]
+    rt_raw = rows["roundtrip proto-raw"]["first_p50_ratio"]
+    rt_client = rows["roundtrip proto"]["first_p50_ratio"]
+    return f"""**Where lowlat-mw stands, and why a target is missed.** Per delta the server now costs less than
+the bare endpoint: {srv:.1f} µs of CPU with the raw client against {bare_srv:.1f} µs for the bare stream. The
+bare stream's cost is almost all uvicorn's per-frame send (a message dict, a frame object in
+`websockets`, one socket write per frame); under lowlat-mw's uvicorn protocol the driver builds each
+frame's header itself and writes a loop turn's frames in one socket write (docs/architecture.md,
+"Direct writes"). Through ASGI `send` (`direct_writes` off, as under any other server) the same delta
+costs {send_srv:.1f} µs. Per delta lowlat-mw still does the protocol's own work: `ConnectionDriver.chunk`,
+`ServerProtocol.send_chunk` numbers the chunk and encodes the Delta, `Session.record` keeps it for
+resume and flow control, and one `StreamTimer.delta` call records the stage timings.
+
+Per round trip the server spends {rt_srv:.0f} µs against {rt_bare:.0f} µs for the echo ({rt_send:.0f} µs
+through ASGI `send`).{calls} That is the per-request work a bare echo does not do: decode the Request, set
+up the stream (session state, a stage timer, metrics, a `ModelRequest`), start a task (the model runs
+one event-loop turn later), send the Delta, then the End with its stage timings, observe about ten
+histograms and handle the client's Ack. With the raw client the round trip is {rt_raw:.2f}x the bare
+echo to the first Delta; the AsyncClient adds its own read path ({rt_client:.2f}x): an `asyncio.Queue`
+hop and a task switch per frame, a Protobuf decode, Ack bookkeeping ({cli:.1f} µs of client CPU per
+streamed delta against {bare_cli:.1f} µs for the bare client).
 
 **What was done, and what is left.** Applied after profiling this suite (each measured interleaved
-against the previous server): no `asyncio.timeout` per send (the connection's own timer catches a send
-stuck for `slow_consumer_timeout`), no Unicode check for ASCII text, a table for one-byte varints, frames
-sent without the generic action dispatch, and async-generator models iterated without wrapper
-generators: together about -45% server CPU per delta. Then the connection runtime of issue 14 (one
-driver call and one timer call per token, no Delta event built per token, no deadline recomputed per
-message, no span without an SDK): -18% to -25% server CPU per delta and -6% to -16% per round trip
-against the bare endpoint, in 5 interleaved rounds against the previous code (docs/architecture.md).
-One frame per token still costs about 1.5x the bare stream, so the remaining lever is fewer frames
-per token, or a cheaper write than the ASGI send (issue 15): the opt-in
-setting `merge_deltas` sends the tokens a model yields back to back as one Delta (the stream's first
-token still leaves alone, a model that waits between tokens still gets one Delta per token). With it the
-AsyncClient receives {merged["deltas_per_s"]:,.0f} tokens/s, {merged["ratio"]:.2f}x the bare stream, at
-{merged["server_cpu_us_per_delta"]:.1f} µs of server CPU per token. It is off by default because the README
-promises one Delta per yielded chunk. Not done: a cheaper client read path (a hand-written Delta decoder
-mirroring `encode_delta_fast`; a deque and one waiter instead of an `asyncio.Queue` per stream) and the
-per-request path (starting the model eagerly, as Python 3.12's eager task factory would).
+against the previous server): no `asyncio.timeout` per send, no Unicode check for ASCII text, a table
+for one-byte varints, frames sent without the generic action dispatch, async-generator models iterated
+without wrapper generators (together about -45% server CPU per delta); the connection runtime of issue
+14 (one driver call and one timer call per token: -18% to -25% per delta, docs/architecture.md); then
+direct writes (issue 15), which took the delta from about 1.6x the bare stream to about half of it.
+The opt-in setting `merge_deltas` sends the tokens a model yields back to back as one Delta: the
+AsyncClient then receives {merged["deltas_per_s"]:,.0f} tokens/s, {merged["ratio"]:.2f}x the bare stream,
+at {merged["server_cpu_us_per_delta"]:.1f} µs of server CPU per token (off by default: the README
+promises one Delta per yielded chunk). Left (issue 15): the per-request path (the model started without
+an extra loop turn, metrics bound once per stream, less set-up per Request), a cheaper client read path
+(a hand-written Delta decoder, a deque and one waiter per stream instead of an `asyncio.Queue`), and
+fewer socket writes per round trip.
 """
 
 
@@ -652,7 +659,8 @@ bare workload is the same on `/stream` and `/echo`. Profiling inflates every cal
 {inflation:.1f}x the unprofiled server CPU per delta of the raw proto client above), so read the
 columns as shares and the call counts as the real work; C functions are listed on their own
 ("C builtins") when Python calls them directly, and uvloop's socket writes (system calls included) are
-charged to uvicorn's `send`, which calls them.
+charged to their caller: uvicorn's `send` for the bare endpoint and the ASGI path, "C builtins" for
+lowlat-mw's direct writes.
 
 {cat_table}
 
@@ -695,11 +703,14 @@ charged to uvicorn's `send`, which calls them.
 Reproduce: `.venv/bin/python -m benchmarks --suite bare` (this section comes from one such run;
 `--quick` is the CI-sized run).
 
-**Method.** One uvicorn child process (`benchmarks/_bare_server.py`: websockets-sansio, no
-permessage-deflate, uvloop) serves a bare Starlette `WebSocketRoute` echo and stream, and
-lowlat-mw's `LowLatMiddleware` with its default settings (metrics into a private registry, End stage
-timings, tracing through opentelemetry-api; rate limit off) at `/ws` and with metrics, stage timings
-and tracing off at `/ws-lean`. Clients run in the benchmark process on one event loop, one connection
+**Method.** One uvicorn child process (`benchmarks/_bare_server.py`: lowlat-mw's WebSocket protocol
+`lowlat_mw.servers.uvicorn:WebSocketProtocol`, which `lowlat-mw serve` runs: uvicorn's websockets-sansio
+protocol that also offers the driver direct writes to the socket; no permessage-deflate, uvloop)
+serves a bare Starlette `WebSocketRoute` echo and stream, and lowlat-mw's `LowLatMiddleware` with its
+default settings (metrics into a private registry, End stage timings, tracing through
+opentelemetry-api; rate limit off) at `/ws`, with metrics, stage timings and tracing off at
+`/ws-lean`, and with `direct_writes` off at `/ws-send` (every frame through ASGI `send`, as under a
+server that offers no direct writes). Clients run in the benchmark process on one event loop, one connection
 each, opened before the first round:
 
 - **bare**: the `websockets` client; round trip = send a {len(PAYLOAD)}-character text message, receive
@@ -713,6 +724,7 @@ each, opened before the first round:
   and not decoded; on the wire it acts like the AsyncClient, with the same flow window and Acks):
   lowlat-mw's server cost with a client about as cheap as the bare one.
 - **proto-lean**: the raw proto client on `/ws-lean` (observability off).
+- **proto-send**: the raw proto client on `/ws-send` (direct writes off: the ASGI send path).
 - **proto-merge**: the AsyncClient on `/ws-merge`: default settings plus `merge_deltas`, which merges
   the tokens a model yields back to back into one Delta (the stream's first token still leaves alone).
   The `tokens` model yields to the event loop every {YIELD_EVERY} tokens, as the bare stream does, so a

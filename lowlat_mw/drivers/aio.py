@@ -614,10 +614,7 @@ class ConnectionDriver:
             return
         direct = self.direct
         if direct is not None and not self._send_lock.locked() and direct.is_writable():
-            if direct.is_closing():
-                self._closing = True
-            else:
-                self._hold(frames)
+            self._hold(frames)
             return
         send = self._send
         try:
@@ -638,10 +635,7 @@ class ConnectionDriver:
                     if direct is not None:  # held back by the transport's flow control
                         while not direct.is_writable() and not direct.is_closing():
                             await direct.wait_writable()
-                        if direct.is_closing():
-                            self._closing = True
-                        else:
-                            self._hold(frames)
+                        self._hold(frames)
                         return
                     for data in frames:
                         if type(data) is bytes:
@@ -668,7 +662,10 @@ class ConnectionDriver:
     def _hold(self, frames: list[bytes | str]) -> None:
         """Frame `frames` for the direct transport. The first output of a loop turn is written at once (a
         reply's first frame waits for nothing); what follows in the same turn is held and written in one
-        piece when the turn ends (at once past CORK_LIMIT bytes)."""
+        piece when the turn ends (at once past CORK_LIMIT bytes). Nothing for a closing transport."""
+        if self.direct.is_closing():  # type: ignore[union-attr]
+            self._closing = True
+            return
         cork = self._cork
         size = self._corked
         for data in frames:

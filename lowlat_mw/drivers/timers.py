@@ -125,6 +125,8 @@ class AsyncScheduler:
         self._queue = DeadlineQueue()
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
+        # Stop driving a target: forget its deadline (a stale wake-up finds nothing due).
+        self.cancel: Callable[[TimerTarget], None] = self._queue.discard
 
     @classmethod
     def current(cls) -> AsyncScheduler:
@@ -145,10 +147,6 @@ class AsyncScheduler:
         self._queue.set(target, when)
         if when < self._armed_at:
             self._arm(when)
-
-    def cancel(self, target: TimerTarget) -> None:
-        """Stop driving `target`."""
-        self._queue.discard(target)
 
     def _arm(self, when: float) -> None:
         if self._handle is not None:

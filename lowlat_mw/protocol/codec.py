@@ -35,6 +35,7 @@ __all__ = ["FRAME_VERSION", "JsonCodec", "ProtoCodec", "WireCodec", "codec_for",
 FRAME_VERSION = 1
 _HEADER_BASE = FRAME_VERSION << 4
 _HEADER_NONE = bytes((_HEADER_BASE,))
+_HEADER_DELTA = _HEADER_NONE + b"\x22"  # uncompressed frame, Envelope field 4 (delta), length-delimited
 
 
 class WireCodec(Protocol):
@@ -94,8 +95,9 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
-    """Protobuf bytes of ``Envelope(delta=Delta(...))`` without building messages (hot path).
+def encode_delta_frame(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
+    """A whole uncompressed binary frame (header byte + ``Envelope(delta=Delta(...))``) without building
+    messages: the hot path of every token.
 
     Byte-for-byte what the protobuf library produces; tests/test_codec.py checks that.
     """
@@ -111,7 +113,12 @@ def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
         + tag + (small[n] if n < 0x80 else encode_varint(n)) + body
     )
     m = len(inner)
-    return b"\x22" + (small[m] if m < 0x80 else encode_varint(m)) + inner
+    return _HEADER_DELTA + (small[m] if m < 0x80 else encode_varint(m)) + inner
+
+
+def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
+    """Protobuf bytes of ``Envelope(delta=Delta(...))`` (the frame of :func:`encode_delta_frame` without its header)."""
+    return encode_delta_frame(stream_id, seq, chunk)[1:]
 
 
 def _struct_to_dict(struct: Any) -> dict[str, Any]:
@@ -274,11 +281,10 @@ class ProtoCodec:
     def encode_delta(self, stream_id: int, seq: int, chunk: str | bytes, compressor: CompressionSelector | None = None
                      ) -> tuple[bytes, int, int]:
         """The Delta (`stream_id`, `seq`, `chunk`) as :meth:`encode_frame` would, without building the event."""
-        payload = encode_delta_fast(stream_id, seq, chunk)
-        if compressor is None or len(payload) < compressor.min_size:  # too small to try (the common case)
-            frame = _HEADER_NONE + payload
+        frame = encode_delta_frame(stream_id, seq, chunk)
+        if compressor is None or len(frame) <= compressor.min_size:  # payload too small to try (the common case)
             return frame, len(frame), 0
-        return self._compressed(payload, TEXT if type(chunk) is str else BINARY, compressor)
+        return self._compressed(frame[1:], TEXT if type(chunk) is str else BINARY, compressor)
 
     @staticmethod
     def _compressed(payload: bytes, kind: str, compressor: CompressionSelector) -> tuple[bytes, int, int]:

@@ -22,6 +22,7 @@ from ..errors import CloseCode, ErrorCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_JSON, Settings
 from . import events as ev
 from .base import CloseConnection, Measured, Protocol, SendFrame
+from .codec import PROTO_CODEC, encode_delta_frame
 from .compression import available_codecs
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
@@ -278,7 +279,11 @@ class ServerProtocol(Protocol):
             return [self._error(sid, ErrorCode.RATE_LIMITED, retryable=True,
                                 message=f"more than {self.settings.rate_limit:g} requests/s: "
                                         f"retry in {bucket.retry_after():.2f} s")]
-        size = request_size(req)
+        text = req.text
+        if req.params or req.messages or req.data is not None or (text is not None and not text.isascii()):
+            size = request_size(req)
+        else:  # a plain-text prompt: (request_size, inlined)
+            size = len(req.model) + (len(text) if text is not None else 0)
         if size > self.settings.max_request_size:
             return [self._error(sid, ErrorCode.MESSAGE_TOO_BIG,
                                 f"request of {size} bytes exceeds max_request_size ({self.settings.max_request_size})")]
@@ -320,8 +325,14 @@ class ServerProtocol(Protocol):
         limit = self.max_frame_size
         sent = self.stats.sent
         if len(chunk) * 4 <= limit - 32:  # the common case, far below the frame limit: one Delta as it is
-            data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, self.compressor)
-            size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
+            compressor = self.compressor
+            data = encode_delta_frame(stream_id, st.seq + 1, chunk) if self.codec is PROTO_CODEC else None
+            if data is not None and (compressor is None or len(data) <= compressor.min_size):
+                raw = size = len(data)  # (ProtoCodec.encode_delta, inlined: a token is too small to compress)
+                codec_id = 0
+            else:
+                data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, compressor)
+                size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
             if size <= limit or len(chunk) <= 1:
                 session.record(stream_id, chunk, now)
                 base = 3 * codec_id

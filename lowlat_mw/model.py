@@ -98,28 +98,57 @@ def _close_quietly(close: Callable[[], Any]) -> None:
         pass
 
 
+class _SyncSteps:
+    """A sync iterator stepped in worker threads. A close asked for while a step runs is done by that
+    step's thread as soon as the step returns, so the model's cleanup runs then, not whenever the
+    garbage collector gets to it."""
+
+    __slots__ = ("close_asked", "it", "lock", "on_run", "running")
+
+    def __init__(self, it: Iterator[Any], on_run: Callable[[], None] | None) -> None:
+        self.it = it
+        self.on_run = on_run
+        self.lock = threading.Lock()
+        self.running = False  # set on the loop's thread when a step is handed to a worker
+        self.close_asked = False
+
+    def step(self) -> Any:
+        try:
+            if self.on_run is not None:
+                self.on_run()
+            return _next_or_done(self.it)
+        finally:
+            with self.lock:
+                self.running = False
+                close = self.close_asked
+            if close:
+                _close_quietly(self.it.close)  # type: ignore[attr-defined]
+
+    def close(self, loop: asyncio.AbstractEventLoop, executor: Executor | None) -> None:
+        if getattr(self.it, "close", None) is None:
+            return
+        with self.lock:
+            if self.running:
+                self.close_asked = True
+                return
+        loop.run_in_executor(executor, _close_quietly, self.it.close)  # type: ignore[attr-defined]
+
+
 async def _iterate_sync(it: Iterator[Any], executor: Executor | None,
                         on_run: Callable[[], None] | None = None) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
-    pending: asyncio.Future[Any] | None = None
-    step = _next_or_done if on_run is None else _announced(_next_or_done, on_run)
+    steps = _SyncSteps(it, on_run)
     try:
         while True:
-            pending = loop.run_in_executor(executor, step, it)
-            item = await pending
-            pending = None
+            steps.running = True
+            item = await loop.run_in_executor(executor, steps.step)
             if item is _DONE:
                 return
             yield item
     finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            if pending is not None and not pending.done():
-                # Cancelled while next() runs in its thread: close the generator as soon as that
-                # chunk is produced, so it stops at its next yield and runs its cleanup.
-                pending.add_done_callback(lambda _f: loop.run_in_executor(executor, _close_quietly, close))
-            else:
-                loop.run_in_executor(executor, _close_quietly, close)
+        # Cancelled while next() runs in its thread: the generator is closed as soon as that chunk is
+        # produced, so it stops at its next yield and runs its cleanup.
+        steps.close(loop, executor)
 
 
 async def _from_result(result: Any, executor: Executor | None,

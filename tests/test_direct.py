@@ -116,6 +116,8 @@ async def end_of_turn() -> None:
 async def tokens(req: Any) -> Any:
     for i in range(int(req.params.get("n", 3))):
         yield f"t{i} "
+        if req.params.get("hold"):  # the stream stays open (until cancelled) after its first token
+            await asyncio.Event().wait()
 
 
 async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
@@ -177,7 +179,7 @@ async def test_the_close_goes_after_every_frame_written_before_it() -> None:
     conn = Conn(tokens)
     await conn.send(ev.Hello())
     await end_of_turn()
-    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 5}))
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 5, "hold": True}))
     await conn.send(ev.Request(stream_id=1, text="again"))  # a stream id in use: Error, in the same turn
     await conn.driver.close(CloseCode.GOING_AWAY, "bye")  # still the same turn: held frames are flushed first
     kinds = [kind for kind, _ in conn.log]

@@ -40,6 +40,7 @@ from ..protocol.base import CloseConnection, Measured, SendFrame
 from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSession, ServerProtocol, StartStream
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
+from . import eager
 from .direct import CORK_LIMIT, DirectTransport, frame_header
 from .timers import AsyncScheduler, cpu_clock
 
@@ -180,8 +181,10 @@ class ModelRunner:
         if arrived is not None:
             timer = StreamTimer(self.clock, arrived, *hists)
             timer.lap("decode")
-        self.tasks[request.stream_id] = asyncio.get_running_loop().create_task(
-            self._run(request, fn, label, kind, timer))
+        # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
+        task, finished = eager.start(asyncio.get_running_loop(), self._run(request, fn, label, kind, timer))
+        if not finished:  # (a stream that ended in that step popped itself already)
+            self.tasks[request.stream_id] = task
 
     def cancel(self, stream_id: int) -> None:
         """Stop the model of `stream_id` (it ends with End("cancelled"))."""

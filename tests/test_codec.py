@@ -17,6 +17,7 @@ from lowlat_mw.protocol.codec import (
     JsonCodec,
     ProtoCodec,
     codec_for,
+    decode_delta_fast,
     encode_delta_fast,
     from_json_dict,
     to_json_dict,
@@ -475,3 +476,39 @@ def test_from_json_dict_rejects_non_objects() -> None:
     for value in (None, 1, "x", [], ["type"]):
         with pytest.raises(RemoteProtocolError):
             from_json_dict(value)
+
+
+@FUZZ
+@given(u32, u32, st.one_of(st.text(), st.binary()))
+def test_decode_delta_fast_reads_what_protobuf_reads(stream_id: int, seq: int, chunk: str | bytes) -> None:
+    payload = encode_delta_fast(stream_id, seq, chunk)
+    event = ev.Delta.of(stream_id, seq, chunk)
+    assert decode_delta_fast(payload) == event
+    assert PROTO.decode(b"\x10" + payload, limit=LIMIT) == event
+
+
+@FUZZ
+@given(st.binary(max_size=64))
+def test_decode_delta_fast_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_it(tail: bytes) -> None:
+    """Whatever it accepts, the library parses to the same Delta; whatever else it leaves alone."""
+    for payload in (tail, b"\x22" + tail, b"\x22" + bytes((len(tail),)) + tail):
+        fast = decode_delta_fast(payload)
+        if fast is None:
+            continue
+        env = pb.Envelope.FromString(payload)
+        assert env.WhichOneof("msg") == "delta"
+        which = env.delta.WhichOneof("chunk")
+        assert fast == ev.Delta(stream_id=env.delta.stream_id, seq=env.delta.seq, **{which: getattr(env.delta, which)})
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x22\x04\x08\x01\x1a\x01",  # the text runs past the end
+    b"\x22\x05\x08\x01\x1a\x01\xff",  # invalid UTF-8 in a string field
+    b"\x22\x06\x10\x01\x08\x01\x1a\x00",  # fields out of order: the library's call
+    b"\x22\x03\x08\x01\x1a\x00\x00",  # bytes after the Delta
+    b"\x22\x0a\x08\xff\xff\xff\xff\x7f\x1a\x00",  # a stream id beyond uint32
+    b"\x0a\x00",  # not a Delta
+    b"",
+])
+def test_decode_delta_fast_leaves_every_other_layout_to_protobuf(payload: bytes) -> None:
+    assert decode_delta_fast(payload) is None

@@ -7,7 +7,7 @@
 The protocol (Hello and resume, seq checks and duplicate drops, Ping answers, the heartbeat, GoAway,
 flow-control Acks, which Errors mean "send the Request again") is the machine's; this module owns
 the WebSocket (the ``websockets`` library), the clock, the tasks, reconnecting with exponential
-backoff and full jitter, and the queues that hand each stream its chunks. Protobuf binary frames by
+backoff and full jitter, and the deques that hand each stream its chunks. Protobuf binary frames by
 default (``mode="json"`` for text frames). Streams cut by a drop that cannot be resumed raise
 :class:`ConnectionClosed`; server errors raise :class:`StreamError`.
 """
@@ -19,6 +19,7 @@ import itertools
 import math
 import ssl as ssl_module
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +93,10 @@ class Stream:
         self.request = request
         self.stream_id = request.stream_id
         self.state = ClientStream(request)  # what the protocol machine knows of it (seqs, Acks, resends)
-        self.queue: asyncio.Queue[ev.Event | _Closed | BaseException] = asyncio.Queue()
+        # What the reader delivered and the caller has not taken yet, and the caller's wait for more
+        # (one future at a time, only while the deque is empty: no queue machinery per Delta).
+        self._items: deque[ev.Event | _Closed | BaseException] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.end: ev.End | None = None
         self.started_at = 0.0
         self.first_delta_at: float | None = None
@@ -131,6 +135,15 @@ class Stream:
             model_first_chunk_ms=server.get("model_first_chunk"),
         )
 
+    def _put(self, item: ev.Event | _Closed | BaseException) -> None:
+        """The reader delivers `item` (a Delta, the End or Error, or why the connection ended)."""
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
     def __aiter__(self) -> Stream:
         return self
 
@@ -140,11 +153,17 @@ class Stream:
         client = self._client
         if not self._sent:
             await client._start(self)
+        items = self._items
         while True:
-            item = await self.queue.get()
-            if isinstance(item, ev.Delta):
+            while not items:
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                await waiter
+            item = items.popleft()
+            if type(item) is ev.Delta:
                 self.last_seq = item.seq
-                await client._consumed(self, item)
+                ack = client.protocol.consumed(self.state, item)  # (client._consumed: no coroutine per Delta)
+                if ack is not None:
+                    await client._send_ack(ack)
                 return item.chunk
             if isinstance(item, ev.Error):
                 # The machine says whether it means "send the Request again": the server never saw it
@@ -484,13 +503,13 @@ class AsyncClient:
                         if stream is not None:
                             if stream.first_delta_at is None:
                                 stream.first_delta_at = time.perf_counter()
-                            stream.queue.put_nowait(item)
+                            stream._put(item)
                     elif kind is ev.End or (kind is ev.Error and item.stream_id):
                         # Ended: no longer waiting on this connection, nor on a resume (the caller still reads it).
                         stream = streams.pop(item.stream_id, None)
                         if stream is not None:
                             stream.finished_at = time.perf_counter()
-                            stream.queue.put_nowait(item)
+                            stream._put(item)
                     elif kind is SendFrame:
                         await ws.send(item.data)
                     elif kind is ev.Pong:
@@ -500,7 +519,7 @@ class AsyncClient:
                     elif kind is StreamBroken:
                         stream = streams.get(item.stream_id)
                         if stream is not None:
-                            stream.queue.put_nowait(ClientError(item.message))
+                            stream._put(ClientError(item.message))
                     elif kind is CloseConnection:
                         await ws.close(item.code, item.reason)
                 if proto.deadline_moved and timer is not None:
@@ -531,7 +550,7 @@ class AsyncClient:
 
     def _fail_all(self, why: _Closed | BaseException) -> None:
         for stream in list(self._streams.values()):
-            stream.queue.put_nowait(why)
+            stream._put(why)
             self._drop(stream)
 
     def _drop(self, stream: Stream) -> None:
@@ -567,7 +586,11 @@ class AsyncClient:
     async def _consumed(self, stream: Stream, event: ev.Event) -> None:
         """Acknowledge what the caller consumed, opening the server's flow-control window."""
         ack = self.protocol.consumed(stream.state, event)
-        if ack is not None and self.connected:
+        if ack is not None:
+            await self._send_ack(ack)
+
+    async def _send_ack(self, ack: bytes | str) -> None:
+        if self.connected:
             try:
                 await self._send(ack)
             except ClientError:

@@ -121,6 +121,66 @@ def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
     return encode_delta_frame(stream_id, seq, chunk)[1:]
 
 
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """(value, index after it) of the uint32 varint at `buf[i]`; IndexError past the end, ValueError if too big."""
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            if value > 0xFFFFFFFF:
+                raise ValueError(value)
+            return value, i
+        shift += 7
+        if shift > 28:
+            raise ValueError(value)
+
+
+def decode_delta_fast(payload: bytes) -> ev.Delta | None:
+    """The Delta in `payload` (an Envelope's bytes) when it has exactly the layout :func:`encode_delta_frame`
+    writes; None for anything else (other messages, other field orders, bad UTF-8): the protobuf library
+    decides those. The hot path of every token a client receives; tests/test_codec.py checks it against
+    the library."""
+    try:
+        if payload[0] != 0x22:
+            return None
+        m = payload[1]
+        i = 2
+        if m >= 0x80:
+            m, i = _varint(payload, 1)
+        end = len(payload)
+        if i + m != end:
+            return None
+        sid = seq = 0
+        b = payload[i]
+        if b == 0x08:
+            sid = payload[i + 1]
+            i += 2
+            if sid >= 0x80:
+                sid, i = _varint(payload, i - 1)
+            b = payload[i]
+        if b == 0x10:
+            seq = payload[i + 1]
+            i += 2
+            if seq >= 0x80:
+                seq, i = _varint(payload, i - 1)
+            b = payload[i]
+        n = payload[i + 1]
+        i += 2
+        if n >= 0x80:
+            n, i = _varint(payload, i - 1)
+        if i + n != end:
+            return None
+        if b == 0x1a:
+            return ev.Delta(stream_id=sid, seq=seq, text=payload[i:].decode())
+        if b == 0x22:
+            return ev.Delta(stream_id=sid, seq=seq, data=payload[i:])
+    except (IndexError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        pass
+    return None
+
+
 def _struct_to_dict(struct: Any) -> dict[str, Any]:
     def fix(v: Any) -> Any:
         if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
@@ -308,6 +368,10 @@ class ProtoCodec:
             raise RemoteProtocolError(
                 f"payload exceeds max_decompressed_size ({limit} bytes)",
                 error_code=ErrorCode.MESSAGE_TOO_BIG, close_code=CloseCode.MESSAGE_TOO_BIG)
+        if payload[:1] == b"\x22":  # an Envelope whose message is a Delta (every token): read without protobuf
+            delta = decode_delta_fast(payload)
+            if delta is not None:
+                return delta
         try:
             env = pb.Envelope.FromString(payload)
         except DecodeError as exc:

@@ -18,7 +18,7 @@ from websockets.streams import StreamReader
 
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.drivers.asgi import accept
-from lowlat_mw.drivers.direct import CORK_LIMIT, EXTENSION, frame_header
+from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, frame_header
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
@@ -262,3 +262,116 @@ async def test_accept_takes_the_extension_only_when_the_setting_allows(direct_wr
     assert other is not None and other.direct is None
     for d in (driver, other):
         await d.disconnected(1000)
+
+
+# ================================================================================ direct reads
+class FakeReads(FakeDirect):
+    """A FakeDirect that also delivers messages straight to the driver (DirectReads), logging pauses."""
+
+    def __init__(self, log: list[tuple[str, Any]]) -> None:
+        super().__init__(log)
+        self.receiver: Any = None
+        self.queued = False  # messages already in the server's ASGI queue: direct reads are refused
+
+    def set_receiver(self, receiver: Any) -> bool:
+        if self.queued:
+            return False
+        self.receiver = receiver
+        return True
+
+    def pause_reading(self) -> None:
+        self.log.append(("pause", None))
+
+    def resume_reading(self) -> None:
+        self.log.append(("resume", None))
+
+
+class ReadConn(Conn):
+    """A driver whose messages come through `feed` (a socket read of several messages: `read`)."""
+
+    def __init__(self, model: Any, **settings: Any) -> None:
+        self.log = []
+        self.direct = FakeReads(self.log)
+        self.codec = codec_for(SUBPROTOCOL_PROTO)
+        self.driver = ConnectionDriver(endpoint_for(model, **settings), send=self._send,
+                                       subprotocol=SUBPROTOCOL_PROTO, direct=self.direct)
+        assert self.driver.read_directly()
+
+    def read(self, *events: ev.Event) -> None:
+        """One socket read carrying `events`: the server calls the receiver for each, in one go."""
+        for n, event in enumerate(events, 1):
+            self.direct.receiver(self.codec.encode(event), n)
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.log]
+
+
+async def echo(req: Any) -> Any:
+    yield req.text
+
+
+async def test_a_fed_request_is_answered_before_the_read_returns() -> None:
+    """No task, no loop turn: the Welcome, then the Delta (and the End) are out when feed returns."""
+    conn = ReadConn(echo)
+    conn.read(ev.Hello())
+    await end_of_turn()
+    conn.read(ev.Request(stream_id=1, text="hi"))
+    assert [type(e) for e in conn.events()][:2] == [ev.Welcome, ev.Delta]
+    await end_of_turn()
+    assert [type(e) for e in conn.events()] == [ev.Welcome, ev.Delta, ev.End]
+    assert "pause" not in conn.kinds() and "send" not in conn.kinds()
+    await conn.driver.disconnected(1000)
+
+
+async def test_a_message_that_waits_holds_the_ones_after_it_in_order_with_reading_paused() -> None:
+    """The authenticate hook runs in a thread: the Request read with the Hello waits for it, then runs."""
+    conn = ReadConn(echo, authenticate="driver_support:allow_all")
+    conn.read(ev.Hello(auth="t"), ev.Request(stream_id=1, text="after the hello"))
+    assert conn.kinds() == ["pause"]  # nothing answered yet: the hook is running
+    await wait_for(lambda: "resume" in conn.kinds())
+    events = conn.events()
+    assert [type(e) for e in events] == [ev.Welcome, ev.Delta, ev.End]
+    assert events[1].text == "after the hello"
+    assert [k for k in conn.kinds() if k in ("pause", "resume")] == ["pause", "resume"]
+    await conn.driver.disconnected(1000)
+
+
+async def test_a_flood_in_one_read_is_handled_one_message_per_loop_turn_past_the_burst() -> None:
+    conn = ReadConn(echo)
+    conn.read(ev.Hello())
+    await end_of_turn()
+    pings = [ev.Ping(id=i) for i in range(1, BURST + 41)]
+    conn.read(*pings)
+    await end_of_turn()
+    answered = sum(type(e) is ev.Pong for e in conn.events())
+    assert BURST <= answered < len(pings)  # the burst at once, the rest later
+    assert "pause" in conn.kinds()
+    await wait_for(lambda: "resume" in conn.kinds())
+    assert [e.id for e in conn.events() if type(e) is ev.Pong] == [p.id for p in pings]  # all, in order
+    await conn.driver.disconnected(1000)
+
+
+async def test_direct_reads_are_refused_while_messages_are_queued_and_asgi_receive_keeps_working() -> None:
+    log: list[tuple[str, Any]] = []
+    direct = FakeReads(log)
+    direct.queued = True
+    driver = ConnectionDriver(endpoint_for(echo), send=lambda m: asyncio.sleep(0), subprotocol=SUBPROTOCOL_PROTO,
+                              direct=direct)
+    assert not driver.read_directly() and direct.receiver is None
+    await driver.receive(codec_for(SUBPROTOCOL_PROTO).encode(ev.Hello()))
+    assert driver.protocol.session is not None
+    await driver.disconnected(1000)
+
+
+async def test_a_failure_handling_a_fed_message_closes_1011_and_is_logged(caplog: Any) -> None:
+    conn = ReadConn(echo)
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    conn.driver.protocol.receive_data = broken  # type: ignore[method-assign]
+    conn.read(ev.Hello())
+    await wait_for(lambda: conn.closed() is not None)
+    assert conn.closed() == CloseCode.INTERNAL_ERROR
+    assert "failed handling a message" in caplog.text
+    await conn.driver.disconnected(CloseCode.INTERNAL_ERROR)

@@ -25,7 +25,8 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -41,7 +42,7 @@ from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSessi
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
 from . import eager
-from .direct import CORK_LIMIT, DirectTransport, frame_header
+from .direct import BURST, CORK_LIMIT, DirectTransport, frame_header
 from .timers import AsyncScheduler, cpu_clock
 
 __all__ = ["ConnectionDriver", "ModelRunner", "drain_all", "drain_on_shutdown", "run_authenticator"]
@@ -393,6 +394,7 @@ class ConnectionDriver:
         self._send = send
         self.direct = direct
         self._cork: list[bytes] = []  # frames (header, payload, ...) held for one write at the end of the loop turn
+        self._inbox: deque[bytes | str] | None = None  # direct reads waiting for an earlier message to be handled
         self._corked = 0
         self._flush_handle: asyncio.Handle | None = None
         self.address = address
@@ -417,8 +419,10 @@ class ConnectionDriver:
         self._errors_logged = 0
         self._superseded = False  # a resume moved this connection's session to another connection
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
+        # Where offered, messages skip the ASGI queue too (ASGI receive still brings the disconnect).
+        reads = direct is not None and self.read_directly()
         if self.metrics is not None:
-            self.metrics.connection_opened(self.protocol.stats, direct is not None)
+            self.metrics.connection_opened(self.protocol.stats, direct is not None, reads)
         endpoint.connection_started(self)  # drains reach it from now on
         self._scheduled = self.protocol.handshake_deadline
         self.scheduler.schedule(self, self._scheduled)
@@ -444,6 +448,146 @@ class ConnectionDriver:
             runner.window_changed()
         if proto.deadline_moved:
             self.reschedule()
+
+    def read_directly(self) -> bool:
+        """Have the server hand messages straight to :meth:`feed` (the transport's optional
+        :class:`~lowlat_mw.drivers.direct.DirectReads`); False: they keep coming through ASGI ``receive``."""
+        set_receiver = getattr(self.direct, "set_receiver", None)
+        return set_receiver is not None and bool(set_receiver(self.feed))
+
+    def feed(self, data: bytes | str, burst: int) -> None:
+        """One message, from the server's ``data_received`` (direct reads; `burst`: its place in the socket
+        read). Handled at once, without a task or a loop turn, when nothing earlier is still being handled
+        and what it causes needs no waiting (:meth:`_act_now`); otherwise a task finishes it (a paused
+        transport, a close, the authenticate hook, a resume) while the messages after it wait in order,
+        reading paused. Past BURST messages of one socket read the rest go one per loop turn, as through
+        ASGI: a flood does not hold the loop."""
+        inbox = self._inbox
+        if inbox is not None:
+            inbox.append(data)
+            return
+        if burst > BURST:
+            self._inbox = deque((data,))
+            self._pause_reading()
+            self._spawn(self._read_inbox())
+            return
+        if self._superseded:
+            return
+        proto = self.protocol
+        try:
+            if self.timed:
+                self._arrived = self.clock()
+            actions = proto.receive_data(data, self.monotonic())
+            if actions and not self._act_now(actions):
+                self._inbox = deque()
+                self._pause_reading()
+                self._spawn(self._fed(actions))
+                return
+            runner = self.runner
+            if runner is not None and runner.waiting:
+                runner.window_changed()
+            if proto.deadline_moved:
+                self.reschedule()
+        except Exception:
+            self._spawn(self._failed())
+
+    async def _fed(self, actions: list[Any]) -> None:
+        """Carry out what a fed message caused that has to wait, then the messages that came meanwhile."""
+        try:
+            await self._act(actions)
+            runner = self.runner
+            if runner is not None and runner.waiting:
+                runner.window_changed()
+            if self.protocol.deadline_moved:
+                self.reschedule()
+        except Exception:
+            self._inbox = None
+            await self._failed()
+            return
+        await self._read_inbox()
+
+    async def _failed(self) -> None:
+        """A message could not be handled (a bug of ours): as an ASGI app's failure, logged and closed with 1011."""
+        log.exception("failed handling a message of %s", self.protocol.session_id,
+                      extra={"session_id": self.protocol.session_id})
+        await self.close(CloseCode.INTERNAL_ERROR, "internal error")
+
+    def _act_now(self, actions: Sequence[Any]) -> bool:
+        """Carry out `actions` here and now if none of them has to wait (frames the direct transport takes at
+        once, streams to start or cancel, measurements); else do nothing and return False. Once the Welcome
+        is out, the first call logs the open connection and times the handshake."""
+        direct = self.direct
+        writable = direct is not None and not self._send_lock.locked() and direct.is_writable()
+        for action in actions:
+            kind = type(action)
+            if kind is SendFrame:
+                if not writable:
+                    return False
+            elif kind is not StartStream and kind is not CancelStream and kind is not Measured:
+                return False
+        frames: list[bytes | str] = []
+        for action in actions:
+            kind = type(action)
+            if kind is SendFrame:
+                frames.append(action.data)
+                if action.error is not None:
+                    self._sent_error(action.error)
+                continue
+            if frames:
+                if not self._closing:
+                    self._hold(frames)
+                frames = []
+            if kind is StartStream:
+                runner = self.runner
+                if runner is None:
+                    if self._superseded or self.protocol.session is None:
+                        continue
+                    runner = self.runner = ModelRunner(self.protocol.session, self)
+                runner.start(action.request, self._arrived if self.timed else None)
+            elif kind is CancelStream:
+                if self.runner is not None:
+                    self.runner.cancel(action.stream_id)
+            elif self.metrics is not None:  # Measured
+                self.metrics.observe(action.name, action.value)
+        if frames and not self._closing:
+            self._hold(frames)
+        proto = self.protocol
+        if not self._welcomed and proto.state is ConnState.OPEN:  # the Welcome went out: log it, time the handshake
+            self._welcomed = True
+            if self.info.session_id != proto.session_id:
+                self.info = dataclasses.replace(self.info, session_id=proto.session_id)
+            log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or "json",
+                     ",".join(proto.compression) or "none", " (resumed)" if proto.resumed else "",
+                     extra={"session_id": proto.session_id, "subprotocol": proto.subprotocol,
+                            "client": self.info.client, "resumed": proto.resumed})
+            if self.metrics is not None:
+                self.metrics.handshake_done(self.monotonic() - self.opened_at)
+            if self._handshake_span is not None:
+                self._end_handshake()
+        return True
+
+    async def _read_inbox(self) -> None:
+        inbox = self._inbox
+        try:
+            while inbox:
+                await asyncio.sleep(0)  # one message per loop turn
+                await self.receive(inbox.popleft())
+        except Exception:
+            log.exception("failed handling a message of %s", self.protocol.session_id,
+                          extra={"session_id": self.protocol.session_id})
+            await self.close(CloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self._inbox = None
+            try:  # (closing too: the server reads the peer's close frame)
+                self.direct.resume_reading()  # type: ignore[union-attr]
+            except Exception:  # the transport is gone
+                pass
+
+    def _pause_reading(self) -> None:
+        try:
+            self.direct.pause_reading()  # type: ignore[union-attr]
+        except Exception:  # the transport is closing
+            pass
 
     async def disconnected(self, code: int | None = None) -> None:
         """The socket is gone (`code`: the peer's close code, if any): keep or end the session."""
@@ -524,6 +668,8 @@ class ConnectionDriver:
     # ------------------------------------------------------------------ actions
     async def _act(self, actions: list[Any]) -> None:
         """Carry out the machine's actions (consecutive frames go out in one locked write)."""
+        if self._act_now(actions):
+            return
         frames: list[bytes | str] = []
         for action in actions:
             kind = type(action)
@@ -535,44 +681,18 @@ class ConnectionDriver:
             if frames:
                 await self._write(frames)
                 frames = []
-            if kind is StartStream:
-                runner = self.runner
-                if runner is None:
-                    if self._superseded or self.protocol.session is None:
-                        continue
-                    runner = self.runner = ModelRunner(self.protocol.session, self)
-                runner.start(action.request, self._arrived if self.timed else None)
-            elif kind is CancelStream:
-                if self.runner is not None:
-                    self.runner.cancel(action.stream_id)
-            elif kind is CloseConnection:
+            if kind is CloseConnection:
                 await self._close_socket(action.code, action.reason)
-            elif kind is Measured:
-                if self.metrics is not None:
-                    self.metrics.observe(action.name, action.value)
             elif kind is ResumeSession:
                 await self._resume(action)
             elif kind is Authenticate:
                 await self._authenticate(action)
+            else:  # a stream to start or cancel, a measurement: nothing to wait for
+                self._act_now([action])
         if frames:
             await self._write(frames)
         if not self._welcomed and self.protocol.state is ConnState.OPEN:
-            self._opened()
-
-    def _opened(self) -> None:
-        """Welcome went out: log it, time the handshake."""
-        self._welcomed = True
-        proto = self.protocol
-        if self.info.session_id != proto.session_id:
-            self.info = dataclasses.replace(self.info, session_id=proto.session_id)
-        log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or "json",
-                 ",".join(proto.compression) or "none", " (resumed)" if proto.resumed else "",
-                 extra={"session_id": proto.session_id, "subprotocol": proto.subprotocol, "client": self.info.client,
-                        "resumed": proto.resumed})
-        if self.metrics is not None:
-            self.metrics.handshake_done(self.monotonic() - self.opened_at)
-        if self._handshake_span is not None:
-            self._end_handshake()
+            self._act_now(())  # (nothing left to do: it notes the Welcome)
 
     async def _authenticate(self, action: Authenticate) -> None:
         hook = load_authenticator(self.settings.authenticate)

@@ -14,13 +14,14 @@ driver's calls. Setting ``direct_writes=False`` keeps every frame on the ASGI pa
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-__all__ = ["CORK_LIMIT", "EXTENSION", "DirectTransport", "frame_header"]
+__all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "frame_header"]
 
 EXTENSION = "lowlat.transport"  # the key in scope["extensions"]
 CORK_LIMIT = 64 * 1024  # bytes held for the end of the loop turn; more are written at once
+BURST = 32  # messages of one socket read handled at once; the rest one per loop turn (fair to other connections)
 
 _OP_TEXT, _OP_BINARY = 0x81, 0x82  # FIN + opcode
 _SHORT = struct.Struct("!BBH").pack
@@ -41,6 +42,26 @@ class DirectTransport(Protocol):
 
     def is_closing(self) -> bool:
         """True once the connection is closing or closed (a close was sent or the transport is going)."""
+
+
+class DirectReads(DirectTransport, Protocol):
+    """A :class:`DirectTransport` that also delivers messages straight to the driver (optional).
+
+    Without it every message goes through the ASGI queue: a message dict, the server pausing and
+    resuming its reads around it, and a wake-up of the application's task. With it the server calls
+    the receiver from its ``data_received``, as each message is complete.
+    """
+
+    def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
+        """From now on call ``receiver(message, n)`` for each whole message (`n`: its place in the
+        current socket read, from 1) instead of queueing it for ASGI ``receive``. Refused (False) when
+        messages are queued already: they must be read first, so the connection keeps the ASGI path."""
+
+    def pause_reading(self) -> None:
+        """Stop reading the socket (the driver has messages waiting to be handled)."""
+
+    def resume_reading(self) -> None:
+        """Read the socket again."""
 
 
 def frame_header(data: bytes, text: bool) -> bytes:

@@ -70,8 +70,9 @@ _SPECS = (
     _Spec("streams", "gauge", "Streams whose model is running."),
     _Spec("sessions_detached", "gauge", "Sessions whose connection dropped, kept for a resume."),
     _Spec("connections_opened", "counter",
-          "WebSocket connections accepted, by how frames are written (direct: to the socket; send: through ASGI).",
-          ("subprotocol", "writes")),
+          "WebSocket connections accepted, by how frames are written (direct: to the socket; send: through ASGI) "
+          "and read (direct: from the server's parser; receive: through ASGI).",
+          ("subprotocol", "writes", "reads")),
     _Spec("connections_closed", "counter",
           "Connections closed, by close code (name: idle_timeout = reaped, heartbeat_timeout = dead peer).",
           ("code", "name", "by")),
@@ -230,12 +231,13 @@ class Metrics:
 
     # ------------------------------------------------------------------ one call per event (the drivers')
     # Written out rather than built on inc/hist/observe above: these run per connection and per stream.
-    def connection_opened(self, stats: FrameStats, direct: bool = False) -> None:
-        """A WebSocket was accepted (`direct`: its frames are written straight to the socket): count it, and
-        its frames from now on (read at scrape time)."""
+    def connection_opened(self, stats: FrameStats, direct: bool = False, reads: bool = False) -> None:
+        """A WebSocket was accepted (`direct`: its frames are written straight to the socket; `reads`: its
+        messages come straight from the server's parser): count it, and its frames from now on (read at
+        scrape time)."""
         self.connections += 1
         series = self._values["connections_opened"]
-        key = (stats.label, "direct" if direct else "send")
+        key = (stats.label, "direct" if direct else "send", "direct" if reads else "receive")
         with self._inc_lock:
             series[key] = series.get(key, 0) + 1
         with self._frames_lock:

@@ -146,9 +146,11 @@ class _DrainOnShutdown:
 
 class _Direct:
     """The connection's transport as a :class:`~lowlat_mw.drivers.direct.DirectTransport` (uvicorn's own
-    WebSocket protocol object keeps the handshake, the close, pings and the reading side)."""
+    WebSocket protocol object keeps the handshake, the close, pings and the frame parsing); on
+    :class:`WebSocketProtocol` also a :class:`~lowlat_mw.drivers.direct.DirectReads`."""
 
-    __slots__ = ("_protocol", "_transport", "is_writable", "wait_writable", "write")
+    __slots__ = ("_protocol", "_transport", "is_writable", "pause_reading", "resume_reading", "wait_writable",
+                 "write")
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
@@ -156,9 +158,18 @@ class _Direct:
         self.write = transport.write
         self.is_writable = protocol.writable.is_set  # uvicorn's pause_writing / resume_writing set it
         self.wait_writable = protocol.writable.wait
+        self.pause_reading = transport.pause_reading
+        self.resume_reading = transport.resume_reading
 
     def is_closing(self) -> bool:
         return self._protocol.close_sent or self._transport.is_closing()
+
+    def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
+        protocol = self._protocol
+        if not hasattr(protocol, "_lowlat_receiver") or not protocol.queue.empty():
+            return False  # (wsproto: not offered) / messages already queued must be read through ASGI first
+        protocol._lowlat_receiver = receiver
+        return True
 
 
 class _OffersDirect:
@@ -183,7 +194,11 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
     (``--ws-max-size``), unchanged.
     """
 
+    _lowlat_receiver: Callable[[bytes | str, int], None] | None = None  # direct reads (the driver's feed)
+    _lowlat_burst = 0  # messages delivered from the current socket read
+
     def data_received(self, data: bytes) -> None:
+        self._lowlat_burst = 0
         _in_slices(data, super().data_received,
                    lambda: self.conn.parser_exc is not None or self.transport.is_closing())
 
@@ -191,6 +206,27 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         add_fragment(self.frames, event.data)
         if event.fin:
             self.send_receive_event_to_app()  # b"".join(frames) takes bytes and bytearrays alike
+
+    def send_receive_event_to_app(self) -> None:
+        receiver = self._lowlat_receiver
+        if receiver is None or self.close_sent:
+            super().send_receive_event_to_app()
+            return
+        frames = self.frames
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        self.frames = []
+        if self.curr_msg_data_type == "text":
+            try:
+                message: bytes | str = data.decode()
+            except UnicodeDecodeError:  # the close code says it all: no traceback per bad frame (uvicorn logs one)
+                self.logger.info("invalid UTF-8 in a text frame: closing with 1007")
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+        else:
+            message = data if type(data) is bytes else bytes(data)
+        self._lowlat_burst = burst = self._lowlat_burst + 1
+        receiver(message, burst)
 
 
 try:  # wsproto is optional (uvicorn[standard] brings websockets, not wsproto)

@@ -38,6 +38,7 @@ SERVERS = ("starlette", "django", "flask", "wsproto", "asgi")
 DIRECT_OFF = "asgi"
 # Where frames are written straight to the socket (lowlat_mw.drivers.direct): our uvicorn protocols.
 DIRECT_WRITES = frozenset({"starlette", "fastapi", "wsproto", "serve"})
+DIRECT_READS = frozenset({"starlette", "fastapi", "serve"})  # (our wsproto protocol offers writes only)
 
 START_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take a few seconds
 _PORT_IN_USE = re.compile(r"address already in use|errno 98|couldn't listen|cannot listen", re.I)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conformance_servers import DIRECT_WRITES, http_get
+from conformance_servers import DIRECT_READS, DIRECT_WRITES, http_get
 from conformance_support import MODES, PROTO, hello, measure, raw_connect
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import InvalidStatus
@@ -147,6 +147,9 @@ async def test_scrape_counts_streams_errors_connections_and_bytes(server, mode):
     # frames written straight to the socket where our uvicorn protocols offer it, through ASGI send elsewhere
     writes = "direct" if server.framework in DIRECT_WRITES else "send"
     assert d("lowlat_connections_opened_total", writes=writes) == CONNECTIONS, writes
+    # and read straight from the parser of our websockets-sansio protocol, through ASGI receive elsewhere
+    reads = "direct" if server.framework in DIRECT_READS else "receive"
+    assert d("lowlat_connections_opened_total", reads=reads) == CONNECTIONS, reads
     assert d("lowlat_handshake_seconds_count") == CONNECTIONS
     assert d("lowlat_handshake_seconds_sum") > 0
     assert d("lowlat_handshake_seconds_bucket", le="+Inf") == CONNECTIONS

@@ -151,7 +151,7 @@ async def _iterate_sync(it: Iterator[Any], executor: Executor | None,
         steps.close(loop, executor)
 
 
-async def _from_result(result: Any, executor: Executor | None,
+async def chunks_of(result: Any, executor: Executor | None,
                        on_run: Callable[[], None] | None = None) -> AsyncIterator[Any]:
     """Turn whatever a call returned into chunks (`on_run`: see stream_model)."""
     if inspect.isawaitable(result):
@@ -234,7 +234,7 @@ async def _stream_model(
     else:
         call = fn if on_run is None else _announced(fn, on_run)
         result = await asyncio.get_running_loop().run_in_executor(executor, call, request)
-    async for chunk in _from_result(result, executor, on_run if kind != "asyncgen" and kind != "async" else None):
+    async for chunk in chunks_of(result, executor, on_run if kind != "asyncgen" and kind != "async" else None):
         yield chunk
 
 

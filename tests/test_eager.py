@@ -219,3 +219,37 @@ async def test_a_stream_that_ends_in_its_first_step_leaves_no_task_behind():
     assert peer.texts() == ["echo"]
     assert type(peer.events[-1]) is ev.End
     assert peer.driver.tasks == {}
+
+
+@pytest.mark.parametrize(("result", "texts"), [
+    ("whole reply", ["whole reply"]),
+    (["a", "b"], ["a", "b"]),  # an iterable of chunks
+    (None, []),
+])
+async def test_an_async_function_model_is_awaited_directly(result, texts):
+    """No wrapper generators for `async def model(req) -> str`: its reply is one Delta, then the End."""
+
+    async def model(req):
+        return result
+
+    peer = Peer(endpoint_for(model))
+    await peer.receive(ev.Hello())
+    await peer.receive(ev.Request(stream_id=1, text="x"))
+    async with asyncio.timeout(30):
+        while not peer.events or type(peer.events[-1]) is not ev.End:
+            await asyncio.sleep(0)
+    assert peer.texts() == texts
+    assert peer.events[-1].finish_reason == "stop"
+
+
+async def test_an_async_function_model_that_raises_ends_with_model_error():
+    async def model(req):
+        raise ValueError("no")
+
+    peer = Peer(endpoint_for(model))
+    await peer.receive(ev.Hello())
+    await peer.receive(ev.Request(stream_id=1, text="x"))
+    async with asyncio.timeout(30):
+        while not peer.events or type(peer.events[-1]) is not ev.Error:
+            await asyncio.sleep(0)
+    assert peer.events[-1].code.name == "MODEL_ERROR"

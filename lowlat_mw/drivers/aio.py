@@ -32,7 +32,7 @@ from typing import Any
 
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
-from ..model import DONE, WAIT, ModelRequest, SessionInfo, step_now, stream_model
+from ..model import DONE, WAIT, ModelRequest, SessionInfo, chunks_of, step_now, stream_model
 from ..observability import tracing
 from ..observability.metrics import Metrics
 from ..observability.timing import StreamTimer
@@ -211,6 +211,15 @@ class ModelRunner:
                 if timer is not None:
                     timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)
                 agen = fn(mreq)
+            elif kind == "async" and not self.settings.merge_deltas:  # awaited here: no wrapper generators
+                if timer is not None:
+                    timer.model_started = timer.lap("queue")
+                result = await fn(mreq)
+                if isinstance(result, str | bytes | bytearray | memoryview):  # the whole reply (as chunks_of)
+                    await self._emit(sid, result, timer)
+                    ending = ("stop",)
+                    return
+                agen = chunks_of(result, self.endpoint.executor)
             else:
                 agen = stream_model(fn, mreq, self.endpoint.executor,
                                     timer.model_running if timer is not None else None, kind)

@@ -178,6 +178,7 @@ class Metrics:
         self._open: weakref.WeakSet[FrameStats] = weakref.WeakSet()
         self._frames_lock = threading.Lock()
         self._inc_lock = threading.Lock()
+        self._stages_of: dict[str, tuple[_Hist, ...]] = {}  # each label's stage histograms, in STAGES order
         if registry is not None:
             registry.register(_Collector(self))
 
@@ -306,12 +307,14 @@ class Metrics:
             if timer.first_delta is not None and timer.deltas > 1:
                 gaps.sum += timer.last_delta - timer.first_delta
             timer.gaps = timer.gap_counts = None
-        series = self._values["stage_seconds"]
-        for stage, value in zip(STAGES, (timer.decode, timer.queue, timer.model, timer.encode, timer.compress,
-                                         timer.send, timer.flow), strict=True):
-            h = series.get((stage, label))
-            if h is None:
-                h = series[(stage, label)] = _Hist(LATENCY_BUCKETS)
+        hists = self._stages_of.get(label)
+        if hists is None:  # bound once per label, not looked up per stage of every stream
+            series = self._values["stage_seconds"]
+            hists = tuple(series.setdefault((stage, label), _Hist(LATENCY_BUCKETS)) for stage in STAGES)
+            if len(self._stages_of) < 256:
+                self._stages_of[label] = hists
+        for h, value in zip(hists, (timer.decode, timer.queue, timer.model, timer.encode, timer.compress,
+                                    timer.send, timer.flow), strict=True):
             h.counts[bisect_left(h.bounds, value)] += 1
             h.sum += value
 

@@ -207,8 +207,14 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
     elif isinstance(event, ev.End):
         e = env.end
         e.stream_id, e.last_seq, e.finish_reason = event.stream_id, event.last_seq, event.finish_reason
-        e.timings_ms.update(event.timings_ms)
-        e.usage.update(event.usage)
+        if event.timings_ms:  # (item by item: a protobuf map's update() is the slow generic Mapping one)
+            timings = e.timings_ms
+            for name, ms in event.timings_ms.items():
+                timings[name] = ms
+        if event.usage:
+            usage = e.usage
+            for name, count in event.usage.items():
+                usage[name] = count
     elif isinstance(event, ev.Request):
         r = env.request
         r.stream_id, r.model = event.stream_id, event.model
@@ -259,6 +265,8 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
     """Turn a parsed Envelope into an event (RemoteProtocolError for unset / unknown kinds)."""
     kind = env.WhichOneof("msg")
     try:
+        if kind == "ack":  # (what a server reads most, with Requests)
+            return ev.Ack(stream_id=env.ack.stream_id, seq=env.ack.seq, done=env.ack.done)
         if kind == "delta":
             d = env.delta
             which = d.WhichOneof("chunk")
@@ -308,8 +316,6 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 max_streams=w.max_streams, heartbeat_interval_ms=w.heartbeat_interval_ms,
                 idle_timeout_ms=w.idle_timeout_ms, server=w.server, resumed=w.resumed,
                 resume_window_ms=w.resume_window_ms, flow_window=w.flow_window)
-        if kind == "ack":
-            return ev.Ack(stream_id=env.ack.stream_id, seq=env.ack.seq, done=env.ack.done)
         if kind == "goaway":
             return ev.GoAway(reason=env.goaway.reason, reconnect_after_ms=env.goaway.reconnect_after_ms)
     except LocalProtocolError as exc:  # event validation failed: the peer's fault

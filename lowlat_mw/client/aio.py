@@ -20,13 +20,15 @@ import math
 import ssl as ssl_module
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
+from websockets.frames import Frame, Opcode
 
 from ..drivers.timers import AsyncScheduler, cpu_clock
 from ..errors import (
@@ -251,6 +253,38 @@ class _Timer:
         return proto.next_deadline()
 
 
+class _Connection(ClientConnection):
+    """websockets' client connection, handing each whole message straight to the client from its
+    ``data_received`` (`deliver`, set once the connection is open) instead of queueing it for a reader
+    task to wake up for: one task switch less per message. Only while nothing is queued (order holds),
+    and never again once a message comes fragmented (websockets reassembles those); control frames,
+    bad UTF-8 and the close are websockets' own business as before."""
+
+    deliver: Callable[[bytes | str], None] | None = None
+
+    def process_event(self, event: Any) -> None:
+        deliver = self.deliver
+        if deliver is not None and type(event) is Frame and self.response is not None:
+            opcode = event.opcode
+            if opcode is Opcode.BINARY or opcode is Opcode.TEXT:
+                if not event.fin:
+                    self.deliver = None  # a fragmented message: from here on through websockets' queue
+                elif not len(self.recv_messages.frames):
+                    if opcode is Opcode.BINARY:
+                        deliver(bytes(event.data))
+                        return
+                    try:
+                        text = bytes(event.data).decode()
+                    except UnicodeDecodeError:
+                        pass  # websockets closes with 1007
+                    else:
+                        deliver(text)
+                        return
+            elif opcode is Opcode.CONT:
+                self.deliver = None
+        super().process_event(event)
+
+
 class AsyncClient:
     """A lowlat-mw connection with many concurrent streams; reconnects between requests and resumes."""
 
@@ -312,6 +346,7 @@ class AsyncClient:
         self.last_close: _Closed | None = None
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._ping_ids = itertools.count(1 << 31)  # apart from the heartbeat's own ids
+        self._io_tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ state (the machine's)
     @property
@@ -448,6 +483,7 @@ class AsyncClient:
             max_size=self.max_frame_size,
             ping_interval=None,  # the protocol's own heartbeat replaces WebSocket pings
             compression=None,
+            create_connection=_Connection,
             **({"ssl": self.ssl} if self.ssl is not None else {}),  # websockets refuses ssl= for ws://
         )
         proto = self.protocol
@@ -488,46 +524,64 @@ class AsyncClient:
         except websockets.exceptions.ConnectionClosed:
             pass
 
-    async def _read_loop(self, ws: ClientConnection) -> None:
+    def _handle(self, ws: ClientConnection, frame: bytes | str) -> None:
+        """One message from the server: the machine reads it, the streams get what is theirs. Called by
+        the reader task, or straight from the connection's data_received (:class:`_Connection`)."""
         proto = self.protocol
         streams = self._streams
+        for item in proto.receive_data(frame, time.monotonic()):
+            kind = type(item)
+            if kind is ev.Delta:
+                stream = streams.get(item.stream_id)
+                if stream is not None:
+                    if stream.first_delta_at is None:
+                        stream.first_delta_at = time.perf_counter()
+                    stream._put(item)
+            elif kind is ev.End or (kind is ev.Error and item.stream_id):
+                # Ended: no longer waiting on this connection, nor on a resume (the caller still reads it).
+                stream = streams.pop(item.stream_id, None)
+                if stream is not None:
+                    stream.finished_at = time.perf_counter()
+                    stream._put(item)
+            elif kind is SendFrame:
+                self._later(self._send_quietly(ws, item.data))
+            elif kind is ev.Pong:
+                waiter = self._pings.pop(item.id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(time.perf_counter())
+            elif kind is StreamBroken:
+                stream = streams.get(item.stream_id)
+                if stream is not None:
+                    stream._put(ClientError(item.message))
+            elif kind is CloseConnection:
+                self._later(ws.close(item.code, item.reason))
+        timer = self._timer
+        if proto.deadline_moved and timer is not None:
+            proto.deadline_moved = False
+            timer.scheduler.schedule(timer, proto.next_deadline())
+
+    def _later(self, coro: Any) -> None:
+        """Run `coro` (a Pong to send, a close) in a task of its own, kept until it is done."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._io_tasks.add(task)
+        task.add_done_callback(self._io_tasks.discard)
+
+    async def _read_loop(self, ws: ClientConnection) -> None:
+        proto = self.protocol
         code: int | None = None
         reason = ""
         timer = self._timer
+        handle = self._handle
         try:
-            async for frame in ws:
-                for item in proto.receive_data(frame, time.monotonic()):
-                    kind = type(item)
-                    if kind is ev.Delta:
-                        stream = streams.get(item.stream_id)
-                        if stream is not None:
-                            if stream.first_delta_at is None:
-                                stream.first_delta_at = time.perf_counter()
-                            stream._put(item)
-                    elif kind is ev.End or (kind is ev.Error and item.stream_id):
-                        # Ended: no longer waiting on this connection, nor on a resume (the caller still reads it).
-                        stream = streams.pop(item.stream_id, None)
-                        if stream is not None:
-                            stream.finished_at = time.perf_counter()
-                            stream._put(item)
-                    elif kind is SendFrame:
-                        await ws.send(item.data)
-                    elif kind is ev.Pong:
-                        waiter = self._pings.pop(item.id, None)
-                        if waiter is not None and not waiter.done():
-                            waiter.set_result(time.perf_counter())
-                    elif kind is StreamBroken:
-                        stream = streams.get(item.stream_id)
-                        if stream is not None:
-                            stream._put(ClientError(item.message))
-                    elif kind is CloseConnection:
-                        await ws.close(item.code, item.reason)
-                if proto.deadline_moved and timer is not None:
-                    proto.deadline_moved = False
-                    timer.scheduler.schedule(timer, proto.next_deadline())
+            if isinstance(ws, _Connection):
+                ws.deliver = partial(handle, ws)  # from now on, messages come without this task's wake-up
+            async for frame in ws:  # (messages queued before that, or while direct delivery is off)
+                handle(ws, frame)
         except websockets.exceptions.ConnectionClosed:
             pass
         finally:
+            if isinstance(ws, _Connection):
+                ws.deliver = None
             if timer is not None:
                 timer.stop()
             proto.connection_lost()

@@ -882,7 +882,7 @@ class ConnectionDriver:
             self._stuck_task = sender
             sender.cancel()  # _write turns this into the slow-consumer close
         actions = self.protocol.tick(now)
-        if actions:
+        if actions and not self._act_now(actions):  # a Ping goes out here; a close (idle, dead peer) in a task
             self._spawn(self._act(actions))
         self._scheduled = self._next_deadline()
         return self._scheduled

@@ -19,6 +19,7 @@ from lowlat_mw.protocol.codec import (
     codec_for,
     decode_delta_fast,
     encode_delta_fast,
+    encode_small_fast,
     from_json_dict,
     to_json_dict,
     to_protobuf,
@@ -512,3 +513,30 @@ def test_decode_delta_fast_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_i
 ])
 def test_decode_delta_fast_leaves_every_other_layout_to_protobuf(payload: bytes) -> None:
     assert decode_delta_fast(payload) is None
+
+
+@FUZZ
+@given(u32, u32, st.booleans())
+def test_encode_small_fast_acks_are_byte_identical_to_protobuf(stream_id: int, seq: int, done: bool) -> None:
+    ack = ev.Ack(stream_id=stream_id, seq=seq, done=done)
+    assert encode_small_fast(ack) == to_protobuf(ack).SerializeToString()
+
+
+@FUZZ
+@given(st.integers(1, 2**32 - 1), st.text(max_size=20), st.text())
+def test_encode_small_fast_text_requests_are_byte_identical_to_protobuf(stream_id: int, model: str, text: str) -> None:
+    try:
+        text.encode()
+        model.encode()
+    except UnicodeEncodeError:  # lone surrogates: protobuf refuses them too
+        return
+    req = ev.Request(stream_id=stream_id, model=model, text=text)
+    assert encode_small_fast(req) == to_protobuf(req).SerializeToString()
+    assert PROTO.decode(PROTO.encode(req), limit=LIMIT) == req
+
+
+def test_encode_small_fast_leaves_other_requests_to_protobuf() -> None:
+    assert encode_small_fast(ev.Request(stream_id=1, text="x", params={"a": 1})) is None
+    assert encode_small_fast(ev.Request(stream_id=1, data=b"x")) is None
+    assert encode_small_fast(ev.Request(stream_id=1)) is None
+    assert encode_small_fast(ev.Ping(id=1)) is None

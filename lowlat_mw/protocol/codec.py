@@ -116,6 +116,35 @@ def encode_delta_frame(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
     return _HEADER_DELTA + (small[m] if m < 0x80 else encode_varint(m)) + inner
 
 
+def _field(tag: bytes, body: bytes) -> bytes:
+    """A length-delimited field: `tag`, the varint length of `body`, `body`."""
+    n = len(body)
+    return tag + (_SMALL_VARINTS[n] if n < 0x80 else encode_varint(n)) + body
+
+
+def _uint(tag: bytes, value: int) -> bytes:
+    """A varint field (proto3: nothing for 0)."""
+    if not value:
+        return b""
+    return tag + (_SMALL_VARINTS[value] if value < 0x80 else encode_varint(value))
+
+
+def encode_small_fast(event: ev.Event) -> bytes | None:
+    """Protobuf bytes of ``Envelope(ack=...)`` and of a Request with text only (what a client sends per
+    stream), without building messages; None for anything else. Byte-for-byte what the protobuf library
+    produces; tests/test_codec.py checks that."""
+    kind = type(event)
+    if kind is ev.Ack:
+        return _field(b"\x5a", _uint(b"\x08", event.stream_id) + _uint(b"\x10", event.seq)  # type: ignore[union-attr]
+                      + (b"\x18\x01" if event.done else b""))  # type: ignore[union-attr]
+    if kind is ev.Request and event.text is not None and not event.params:  # type: ignore[union-attr]
+        model = event.model  # type: ignore[union-attr]
+        return _field(b"\x1a", _uint(b"\x08", event.stream_id)  # type: ignore[union-attr]
+                      + (_field(b"\x12", model.encode()) if model else b"")
+                      + _field(b"\x1a", event.text.encode()))  # type: ignore[union-attr]
+    return None
+
+
 def encode_delta_fast(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
     """Protobuf bytes of ``Envelope(delta=Delta(...))`` (the frame of :func:`encode_delta_frame` without its header)."""
     return encode_delta_frame(stream_id, seq, chunk)[1:]
@@ -337,7 +366,10 @@ class ProtoCodec:
         """(frame, its size before compression, compression codec id)."""
         if isinstance(event, ev.Delta):
             return self.encode_delta(event.stream_id, event.seq, event.chunk, compressor)
-        payload = to_protobuf(event).SerializeToString()
+        kind = type(event)
+        payload = encode_small_fast(event) if kind is ev.Ack or kind is ev.Request else None  # (a client's)
+        if payload is None:
+            payload = to_protobuf(event).SerializeToString()
         if compressor is None or len(payload) < compressor.min_size:
             frame = _HEADER_NONE + payload
             return frame, len(frame), 0

@@ -17,10 +17,11 @@ from lowlat_mw.protocol.codec import (
     JsonCodec,
     ProtoCodec,
     codec_for,
-    decode_delta_fast,
+    decode_fast,
     encode_delta_fast,
     encode_small_fast,
     from_json_dict,
+    from_protobuf,
     to_json_dict,
     to_protobuf,
 )
@@ -481,19 +482,19 @@ def test_from_json_dict_rejects_non_objects() -> None:
 
 @FUZZ
 @given(u32, u32, st.one_of(st.text(), st.binary()))
-def test_decode_delta_fast_reads_what_protobuf_reads(stream_id: int, seq: int, chunk: str | bytes) -> None:
+def test_decode_fast_delta_reads_what_protobuf_reads(stream_id: int, seq: int, chunk: str | bytes) -> None:
     payload = encode_delta_fast(stream_id, seq, chunk)
     event = ev.Delta.of(stream_id, seq, chunk)
-    assert decode_delta_fast(payload) == event
+    assert decode_fast(payload) == event
     assert PROTO.decode(b"\x10" + payload, limit=LIMIT) == event
 
 
 @FUZZ
 @given(st.binary(max_size=64))
-def test_decode_delta_fast_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_it(tail: bytes) -> None:
+def test_decode_fast_delta_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_it(tail: bytes) -> None:
     """Whatever it accepts, the library parses to the same Delta; whatever else it leaves alone."""
     for payload in (tail, b"\x22" + tail, b"\x22" + bytes((len(tail),)) + tail):
-        fast = decode_delta_fast(payload)
+        fast = decode_fast(payload)
         if fast is None:
             continue
         env = pb.Envelope.FromString(payload)
@@ -511,8 +512,8 @@ def test_decode_delta_fast_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_i
     b"\x0a\x00",  # not a Delta
     b"",
 ])
-def test_decode_delta_fast_leaves_every_other_layout_to_protobuf(payload: bytes) -> None:
-    assert decode_delta_fast(payload) is None
+def test_decode_fast_delta_leaves_every_other_layout_to_protobuf(payload: bytes) -> None:
+    assert decode_fast(payload) is None
 
 
 @FUZZ
@@ -540,3 +541,41 @@ def test_encode_small_fast_leaves_other_requests_to_protobuf() -> None:
     assert encode_small_fast(ev.Request(stream_id=1, data=b"x")) is None
     assert encode_small_fast(ev.Request(stream_id=1)) is None
     assert encode_small_fast(ev.Ping(id=1)) is None
+
+
+@FUZZ
+@given(u32, u32, st.booleans())
+def test_decode_fast_small_reads_acks_as_protobuf_does(stream_id: int, seq: int, done: bool) -> None:
+    ack = ev.Ack(stream_id=stream_id, seq=seq, done=done)
+    payload = to_protobuf(ack).SerializeToString()
+    assert decode_fast(payload) == ack == from_protobuf(pb.Envelope.FromString(payload))
+
+
+@FUZZ
+@given(st.integers(1, 2**32 - 1), st.text(max_size=20), st.text())
+def test_decode_fast_small_reads_text_requests_as_protobuf_does(stream_id: int, model: str, text: str) -> None:
+    try:
+        req = ev.Request(stream_id=stream_id, model=model, text=text)
+        payload = to_protobuf(req).SerializeToString()
+    except (UnicodeEncodeError, ValueError):  # lone surrogates: not encodable
+        return
+    assert decode_fast(payload) == req == from_protobuf(pb.Envelope.FromString(payload))
+
+
+@FUZZ
+@given(st.sampled_from([b"\x5a", b"\x1a"]), st.binary(max_size=48))
+def test_decode_fast_small_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_it(tag: bytes, tail: bytes) -> None:
+    for payload in (tag + tail, tag + bytes((len(tail),)) + tail):
+        fast = decode_fast(payload)
+        if fast is None:
+            continue
+        assert fast == from_protobuf(pb.Envelope.FromString(payload))
+
+
+def test_decode_fast_small_leaves_requests_with_params_or_data_and_bad_ids_to_protobuf() -> None:
+    for req in (ev.Request(stream_id=1, text="x", params={"a": 1}), ev.Request(stream_id=1, data=b"x"),
+                ev.Request(stream_id=1)):
+        assert decode_fast(to_protobuf(req).SerializeToString()) is None
+    assert decode_fast(b"\x1a\x04\x08\x00\x1a\x00") is None  # stream id 0: the library's bad_request
+    with pytest.raises(RemoteProtocolError):
+        PROTO.decode(b"\x10\x1a\x04\x08\x00\x1a\x00", limit=LIMIT)

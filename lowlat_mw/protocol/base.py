@@ -210,8 +210,10 @@ class Protocol:
                 hb.on_receive(now)
             return self._bad_frame(exc)
         kind = type(event)
-        if hb is not None:
-            hb.on_receive(now, application=kind in self.APPLICATION)
+        if hb is not None:  # (Heartbeat.on_receive, written out: every message)
+            hb.alive_since_ping = True
+            if kind in self.APPLICATION:
+                hb.rx_since_ping = True
         handler = self.HANDLERS[self.state].get(kind)
         if handler is None:
             return self._unexpected(event)

@@ -166,14 +166,15 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             raise ValueError(value)
 
 
-def decode_delta_fast(payload: bytes) -> ev.Delta | None:
-    """The Delta in `payload` (an Envelope's bytes) when it has exactly the layout :func:`encode_delta_frame`
-    writes; None for anything else (other messages, other field orders, bad UTF-8): the protobuf library
-    decides those. The hot path of every token a client receives; tests/test_codec.py checks it against
-    the library."""
+def decode_fast(payload: bytes) -> ev.Event | None:
+    """The message in `payload` (an Envelope's bytes) read without the protobuf library, for the three a
+    peer sends per stream: a Delta laid out exactly as :func:`encode_delta_frame` writes it (every token a
+    client receives), an Ack, and a Request with a model and text only (what a server reads per stream),
+    their fields each at most once and in order. None for anything else (other messages, other layouts,
+    bad UTF-8, invalid ids): the library decides those. tests/test_codec.py checks it against the library.
+    (One function, written out: it runs for every message.)"""
     try:
-        if payload[0] != 0x22:
-            return None
+        tag = payload[0]
         m = payload[1]
         i = 2
         if m >= 0x80:
@@ -181,33 +182,69 @@ def decode_delta_fast(payload: bytes) -> ev.Delta | None:
         end = len(payload)
         if i + m != end:
             return None
-        sid = seq = 0
-        b = payload[i]
-        if b == 0x08:
-            sid = payload[i + 1]
-            i += 2
-            if sid >= 0x80:
-                sid, i = _varint(payload, i - 1)
+        if tag == 0x22:  # Delta: [stream_id] [seq] text | data
+            sid = seq = 0
             b = payload[i]
-        if b == 0x10:
-            seq = payload[i + 1]
+            if b == 0x08:
+                sid = payload[i + 1]
+                i += 2
+                if sid >= 0x80:
+                    sid, i = _varint(payload, i - 1)
+                b = payload[i]
+            if b == 0x10:
+                seq = payload[i + 1]
+                i += 2
+                if seq >= 0x80:
+                    seq, i = _varint(payload, i - 1)
+                b = payload[i]
+            n = payload[i + 1]
             i += 2
-            if seq >= 0x80:
-                seq, i = _varint(payload, i - 1)
-            b = payload[i]
-        n = payload[i + 1]
-        i += 2
-        if n >= 0x80:
-            n, i = _varint(payload, i - 1)
-        if i + n != end:
+            if n >= 0x80:
+                n, i = _varint(payload, i - 1)
+            if i + n != end:
+                return None
+            if b == 0x1a:
+                return ev.Delta(stream_id=sid, seq=seq, text=payload[i:].decode())
+            if b == 0x22:
+                return ev.Delta(stream_id=sid, seq=seq, data=payload[i:])
             return None
-        if b == 0x1a:
-            return ev.Delta(stream_id=sid, seq=seq, text=payload[i:].decode())
-        if b == 0x22:
-            return ev.Delta(stream_id=sid, seq=seq, data=payload[i:])
-    except (IndexError, ValueError):  # (UnicodeDecodeError is a ValueError)
-        pass
-    return None
+        if tag == 0x5a:
+            allowed = _ACK_FIELDS
+        elif tag == 0x1a:
+            allowed = _REQUEST_FIELDS
+        else:
+            return None
+        f: dict[int, Any] = {}
+        last = 0
+        while i < end:
+            key = payload[i]
+            num, wire = key >> 3, key & 7
+            if key >= 0x80 or num <= last or allowed.get(num) != wire:
+                return None
+            last = num
+            value = payload[i + 1]
+            i += 2
+            if value >= 0x80:
+                value, i = _varint(payload, i - 1)
+            if wire == 2:
+                if i + value > end:
+                    return None
+                value, i = payload[i:i + value], i + value
+            f[num] = value
+        if tag == 0x5a:
+            done = f.get(3, 0)
+            if done > 1:
+                return None
+            return ev.Ack(stream_id=f.get(1, 0), seq=f.get(2, 0), done=done == 1)
+        if 3 not in f:
+            return None
+        return ev.Request(stream_id=f.get(1, 0), model=f[2].decode() if 2 in f else "", text=f[3].decode())
+    except (IndexError, ValueError, LocalProtocolError):  # bad UTF-8 is a ValueError; an invalid id: the
+        return None  # library's path names it in a bad_request
+
+
+_ACK_FIELDS = {1: 0, 2: 0, 3: 0}  # field number -> wire type (0 varint, 2 length-delimited)
+_REQUEST_FIELDS = {1: 0, 2: 2, 3: 2}
 
 
 def _struct_to_dict(struct: Any) -> dict[str, Any]:
@@ -406,10 +443,11 @@ class ProtoCodec:
             raise RemoteProtocolError(
                 f"payload exceeds max_decompressed_size ({limit} bytes)",
                 error_code=ErrorCode.MESSAGE_TOO_BIG, close_code=CloseCode.MESSAGE_TOO_BIG)
-        if payload[:1] == b"\x22":  # an Envelope whose message is a Delta (every token): read without protobuf
-            delta = decode_delta_fast(payload)
-            if delta is not None:
-                return delta
+        first = payload[:1]
+        if first == b"\x22" or first == b"\x5a" or first == b"\x1a":  # a Delta, an Ack, a Request
+            event = decode_fast(payload)
+            if event is not None:
+                return event
         try:
             env = pb.Envelope.FromString(payload)
         except DecodeError as exc:

@@ -151,12 +151,15 @@ async def _iterate_sync(it: Iterator[Any], executor: Executor | None,
         steps.close(loop, executor)
 
 
+WHOLE_REPLY = (str, bytes, bytearray, memoryview)  # what a model may return as its whole reply, one chunk
+
+
 async def chunks_of(result: Any, executor: Executor | None,
                        on_run: Callable[[], None] | None = None) -> AsyncIterator[Any]:
     """Turn whatever a call returned into chunks (`on_run`: see stream_model)."""
     if inspect.isawaitable(result):
         result = await result
-    if isinstance(result, str | bytes | bytearray | memoryview):
+    if isinstance(result, WHOLE_REPLY):
         yield result
         return
     if result is None:

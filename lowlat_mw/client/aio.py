@@ -215,6 +215,13 @@ class Stream:
         return "".join(parts)
 
 
+def _keep_running(tasks: set[asyncio.Task[Any]], coro: Any) -> None:
+    """Run `coro` (a Pong or Ping to send, a close) in a task of its own, kept in `tasks` until it is done."""
+    task = asyncio.get_running_loop().create_task(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
 class _Timer:
     """One connection's heartbeat, driven by the loop's one scheduler: the machine's Pings and its 4001.
 
@@ -229,11 +236,6 @@ class _Timer:
         self._tasks: set[asyncio.Task[None]] = set()
         self.scheduler.schedule(self, client.protocol.next_deadline())
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def stop(self) -> None:
         self.stopped = True
         self.scheduler.cancel(self)
@@ -244,10 +246,10 @@ class _Timer:
         proto = self.client.protocol
         for action in proto.tick(now):
             if isinstance(action, SendFrame):
-                self._spawn(self.client._send_quietly(self.ws, action.data))
+                _keep_running(self._tasks, self.client._send_quietly(self.ws, action.data))
             elif isinstance(action, CloseConnection):
                 self.stopped = True
-                self._spawn(self.ws.close(action.code, action.reason))
+                _keep_running(self._tasks, self.ws.close(action.code, action.reason))
                 return math.inf
         proto.deadline_moved = False
         return proto.next_deadline()
@@ -544,7 +546,7 @@ class AsyncClient:
                     stream.finished_at = time.perf_counter()
                     stream._put(item)
             elif kind is SendFrame:
-                self._later(self._send_quietly(ws, item.data))
+                _keep_running(self._io_tasks, self._send_quietly(ws, item.data))
             elif kind is ev.Pong:
                 waiter = self._pings.pop(item.id, None)
                 if waiter is not None and not waiter.done():
@@ -554,17 +556,11 @@ class AsyncClient:
                 if stream is not None:
                     stream._put(ClientError(item.message))
             elif kind is CloseConnection:
-                self._later(ws.close(item.code, item.reason))
+                _keep_running(self._io_tasks, ws.close(item.code, item.reason))
         timer = self._timer
         if proto.deadline_moved and timer is not None:
             proto.deadline_moved = False
             timer.scheduler.schedule(timer, proto.next_deadline())
-
-    def _later(self, coro: Any) -> None:
-        """Run `coro` (a Pong to send, a close) in a task of its own, kept until it is done."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._io_tasks.add(task)
-        task.add_done_callback(self._io_tasks.discard)
 
     async def _read_loop(self, ws: ClientConnection) -> None:
         proto = self.protocol

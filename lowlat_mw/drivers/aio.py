@@ -32,7 +32,7 @@ from typing import Any
 
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
-from ..model import DONE, WAIT, ModelRequest, SessionInfo, chunks_of, step_now, stream_model
+from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model
 from ..observability import tracing
 from ..observability.metrics import Metrics
 from ..observability.timing import StreamTimer
@@ -215,7 +215,7 @@ class ModelRunner:
                 if timer is not None:
                     timer.model_started = timer.lap("queue")
                 result = await fn(mreq)
-                if isinstance(result, str | bytes | bytearray | memoryview):  # the whole reply (as chunks_of)
+                if isinstance(result, WHOLE_REPLY):  # one chunk (as chunks_of would yield it)
                     await self._emit(sid, result, timer)
                     ending = ("stop",)
                     return
@@ -582,9 +582,7 @@ class ConnectionDriver:
                 await asyncio.sleep(0)  # one message per loop turn
                 await self.receive(inbox.popleft())
         except Exception:
-            log.exception("failed handling a message of %s", self.protocol.session_id,
-                          extra={"session_id": self.protocol.session_id})
-            await self.close(CloseCode.INTERNAL_ERROR, "internal error")
+            await self._failed()
         finally:
             self._inbox = None
             try:  # (closing too: the server reads the peer's close frame)

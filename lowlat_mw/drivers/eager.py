@@ -111,9 +111,7 @@ class _Rest(_Steps):
         return self._pick_up()
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
-        """Cancelled (or thrown into) before its first turn."""
-        if self.finished:
-            return self._pick_up()
+        """Cancelled (or thrown into) before its first turn (a coroutine that already ended: _pick_up raises how)."""
         pending = self._pick_up()
         if pending is not None and hasattr(pending, "cancel"):
             pending.cancel()  # what Task.cancel does to the future a task waits on

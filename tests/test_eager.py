@@ -221,6 +221,13 @@ async def test_a_stream_that_ends_in_its_first_step_leaves_no_task_behind():
     assert peer.driver.tasks == {}
 
 
+async def _until_it_ends(peer: Peer, last: type) -> None:
+    """Wait (bounded) until the stream's last message, an End or an Error, went out."""
+    async with asyncio.timeout(30):
+        while not peer.events or type(peer.events[-1]) is not last:
+            await asyncio.sleep(0)
+
+
 @pytest.mark.parametrize(("result", "texts"), [
     ("whole reply", ["whole reply"]),
     (["a", "b"], ["a", "b"]),  # an iterable of chunks
@@ -235,9 +242,7 @@ async def test_an_async_function_model_is_awaited_directly(result, texts):
     peer = Peer(endpoint_for(model))
     await peer.receive(ev.Hello())
     await peer.receive(ev.Request(stream_id=1, text="x"))
-    async with asyncio.timeout(30):
-        while not peer.events or type(peer.events[-1]) is not ev.End:
-            await asyncio.sleep(0)
+    await _until_it_ends(peer, ev.End)
     assert peer.texts() == texts
     assert peer.events[-1].finish_reason == "stop"
 
@@ -249,7 +254,5 @@ async def test_an_async_function_model_that_raises_ends_with_model_error():
     peer = Peer(endpoint_for(model))
     await peer.receive(ev.Hello())
     await peer.receive(ev.Request(stream_id=1, text="x"))
-    async with asyncio.timeout(30):
-        while not peer.events or type(peer.events[-1]) is not ev.Error:
-            await asyncio.sleep(0)
+    await _until_it_ends(peer, ev.Error)
     assert peer.events[-1].code.name == "MODEL_ERROR"

@@ -18,7 +18,7 @@ from websockets.streams import StreamReader
 
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.drivers.asgi import accept
-from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, frame_header
+from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, frame_header
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
@@ -323,12 +323,34 @@ async def test_a_fed_request_is_answered_before_the_read_returns() -> None:
     await conn.driver.disconnected(1000)
 
 
+async def test_connections_writing_in_one_loop_turn_share_one_end_of_turn_callback() -> None:
+    """Each connection writes its first frame of a turn at once and holds the rest; one callback (not one
+    per connection) writes out every connection's held frames when the turn ends."""
+    conns = [ReadConn(tokens) for _ in range(3)]
+    for conn in conns:
+        conn.read(ev.Hello())
+    await end_of_turn()
+    turns = Turns.of(asyncio.get_running_loop())
+    before = turns.turn
+    for conn in conns:  # one turn: each stream runs to its End in its eager first step
+        conn.read(ev.Request(stream_id=1, text="x"))
+    assert [conn.kinds().count("write") for conn in conns] == [2, 2, 2]  # the Welcome, then the first Delta
+    assert turns.scheduled and turns.held == [conn.driver for conn in conns]
+    await end_of_turn()
+    assert turns.turn == before + 1 and not turns.held
+    for conn in conns:
+        assert conn.kinds().count("write") == 3  # the other Deltas and the End: one write
+        assert [type(e) for e in conn.events()] == [ev.Welcome, ev.Delta, ev.Delta, ev.Delta, ev.End]
+        await conn.driver.disconnected(1000)
+
+
 async def test_a_message_that_waits_holds_the_ones_after_it_in_order_with_reading_paused() -> None:
     """The authenticate hook runs in a thread: the Request read with the Hello waits for it, then runs."""
     conn = ReadConn(echo, authenticate="driver_support:allow_all")
     conn.read(ev.Hello(auth="t"), ev.Request(stream_id=1, text="after the hello"))
     assert conn.kinds() == ["pause"]  # nothing answered yet: the hook is running
-    await wait_for(lambda: "resume" in conn.kinds())
+    # (the End, which follows the Delta in the same loop turn, is written when that turn ends)
+    await wait_for(lambda: "resume" in conn.kinds() and any(isinstance(e, ev.End) for e in conn.events()))
     events = conn.events()
     assert [type(e) for e in events] == [ev.Welcome, ev.Delta, ev.End]
     assert events[1].text == "after the hello"

@@ -42,7 +42,7 @@ from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSessi
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
 from . import eager
-from .direct import BURST, CORK_LIMIT, DirectTransport, frame_header
+from .direct import BURST, CORK_LIMIT, DirectTransport, Turns, frame_header
 from .timers import AsyncScheduler, cpu_clock
 
 __all__ = ["ConnectionDriver", "ModelRunner", "drain_all", "drain_on_shutdown", "run_authenticator"]
@@ -405,11 +405,12 @@ class ConnectionDriver:
         self._cork: list[bytes] = []  # frames (header, payload, ...) held for one write at the end of the loop turn
         self._inbox: deque[bytes | str] | None = None  # direct reads waiting for an earlier message to be handled
         self._corked = 0
-        self._flush_handle: asyncio.Handle | None = None
+        self._turn = -1  # the loop turn (Turns.turn) of this connection's last direct write
         self.address = address
         self.info = SessionInfo(session_id=session_id, subprotocol=subprotocol, client=client, headers=headers or {},
                                 user=user, extra=extra or {})
         self.loop = loop = asyncio.get_running_loop()
+        self._turns = Turns.of(loop) if direct is not None else None  # (only direct writes hold frames)
         scheduler = AsyncScheduler.by_loop.get(loop)
         self.scheduler = scheduler if scheduler is not None else AsyncScheduler.current()
         self.runner: ModelRunner | None = None
@@ -602,10 +603,7 @@ class ConnectionDriver:
             return
         self._gone = True
         self._closing = True
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        self._cork = []
+        self._cork = []  # (if it is in Turns.held, the end of the turn finds nothing to write)
         proto = self.protocol
         by = "server" if proto.close_code is not None else "client"
         final = proto.close_code if proto.close_code is not None else (code or 1006)
@@ -792,11 +790,29 @@ class ConnectionDriver:
     def _hold(self, frames: list[bytes | str]) -> None:
         """Frame `frames` for the direct transport. The first output of a loop turn is written at once (a
         reply's first frame waits for nothing); what follows in the same turn is held and written in one
-        piece when the turn ends (at once past CORK_LIMIT bytes). Nothing for a closing transport."""
-        if self.direct.is_closing():  # type: ignore[union-attr]
+        piece when the turn ends (at once past CORK_LIMIT bytes; see Turns). Nothing for a closing transport."""
+        direct = self.direct
+        if direct.is_closing():  # type: ignore[union-attr]
             self._closing = True
             return
+        turns: Turns = self._turns  # type: ignore[assignment]
         cork = self._cork
+        first = self._turn != turns.turn and not cork
+        if first:  # the first output of this turn: written at once
+            self._turn = turns.turn
+            if not turns.scheduled:  # the turn ends when the loop has run what is ready now
+                turns.scheduled = True
+                self.loop.call_soon(turns.end)
+            if len(frames) == 1:  # (most often a single Delta)
+                data = frames[0]
+                if type(data) is not bytes:
+                    data = data.encode()
+                    direct.write(frame_header(data, True) + data)  # type: ignore[union-attr]
+                else:
+                    direct.write(frame_header(data, False) + data)  # type: ignore[union-attr]
+                return
+        elif not cork:  # held until the turn ends
+            turns.held.append(self)
         size = self._corked
         for data in frames:
             if type(data) is bytes:
@@ -807,13 +823,12 @@ class ConnectionDriver:
             cork.append(data)
             size += len(data)
         self._corked = size
-        if self._flush_handle is None:
-            self._flush_handle = self.loop.call_soon(self._end_turn)
-            self._write_held()
-        elif size >= CORK_LIMIT:
+        if first or size >= CORK_LIMIT:
             self._write_held()
 
     def _write_held(self) -> None:
+        """Write what `_hold` holds now (at the end of the turn, or before anything goes out through ASGI
+        `send`, so the order holds)."""
         cork = self._cork
         if not cork:
             return
@@ -825,18 +840,6 @@ class ConnectionDriver:
             self._closing = True
             return
         direct.write(b"".join(cork))
-
-    def _end_turn(self) -> None:
-        self._flush_handle = None
-        self._write_held()
-
-    def _flush(self) -> None:
-        """Write what `_hold` holds now (before anything goes out through ASGI `send`, so the order holds)."""
-        handle = self._flush_handle
-        if handle is not None:
-            self._flush_handle = None
-            handle.cancel()
-        self._write_held()
 
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
         """Close the WebSocket from the server side with `code` (idempotent)."""
@@ -858,11 +861,11 @@ class ConnectionDriver:
                 if locked:
                     async with self._send_lock:
                         if self._cork:
-                            self._flush()  # what was sent before the close goes out before it
+                            self._write_held()  # what was sent before the close goes out before it
                         await self._send(message)
                 else:
                     if self._cork:
-                        self._flush()
+                        self._write_held()
                     await self._send(message)
         except Exception as exc:
             log.debug("close failed: %r", exc)

@@ -42,8 +42,18 @@ class StreamState:
     cancelling: bool = False
     acked: int = 0
     lost_through: int = 0  # Deltas with seq <= this were dropped unacknowledged: no replay below
-    buffer: deque[tuple[int, str | bytes, int]] = field(default_factory=deque)  # (seq, chunk, cost) of each Delta
+    # The Deltas kept for a resume: their chunks and costs (bytes + DELTA_OVERHEAD), oldest first, seqs
+    # seq - len(pieces) + 1 .. seq (a buffer loses only its oldest). Two deques, not one of (seq, chunk,
+    # cost) tuples: no container object per Delta for the garbage collector to count and visit.
+    pieces: deque[str | bytes] = field(default_factory=deque)
+    costs: deque[int] = field(default_factory=deque)
     terminal: ev.End | ev.Error | None = None
+
+    @property
+    def buffer(self) -> list[tuple[int, str | bytes, int]]:
+        """(seq, chunk, cost) of each kept Delta, oldest first."""
+        first = self.seq - len(self.pieces) + 1
+        return [(first + i, piece, cost) for i, (piece, cost) in enumerate(zip(self.pieces, self.costs, strict=True))]
 
     @property
     def running(self) -> bool:
@@ -150,9 +160,10 @@ class Session:
         n = len(piece) if type(piece) is bytes or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
         st.out_bytes += n
         cost = n + DELTA_OVERHEAD
-        if not st.buffer:
+        if not st.pieces:
             self._holders[stream_id] = st
-        st.buffer.append((seq, piece, cost))
+        st.pieces.append(piece)
+        st.costs.append(cost)
         self.buffered += cost
         if self.buffered > self.settings.resume_buffer_size:
             self._enforce_buffer_limit(st)
@@ -187,15 +198,16 @@ class Session:
                         break
                 else:
                     st = current
-                if not st.buffer:
+                if not st.pieces:
                     return
             self._drop_oldest(st)
 
     def _drop_oldest(self, st: StreamState) -> None:
-        seq, _, cost = st.buffer.popleft()
-        self.buffered -= cost
-        st.lost_through = max(st.lost_through, seq)
-        if not st.buffer:
+        pieces = st.pieces
+        pieces.popleft()
+        self.buffered -= st.costs.popleft()
+        st.lost_through = max(st.lost_through, st.seq - len(pieces))  # the seq just dropped
+        if not pieces:
             self._emptied(st)
 
     def _emptied(self, st: StreamState) -> None:
@@ -239,7 +251,7 @@ class Session:
     def _forget(self, sid: int) -> None:
         st = self.streams.pop(sid, None)
         if st is not None:
-            self.buffered -= sum(cost for _, _, cost in st.buffer)
+            self.buffered -= sum(st.costs)
             self._holders.pop(sid, None)
             self._spill.pop(sid, None)
             if st.terminal is None:
@@ -261,11 +273,20 @@ class Session:
     def _trim(self, st: StreamState, seq: int) -> None:
         seq = min(seq, st.seq)
         st.acked = max(st.acked, seq)
-        buffer = st.buffer
-        if buffer and buffer[0][0] <= seq:
-            while buffer and buffer[0][0] <= seq:
-                self.buffered -= buffer.popleft()[2]
-            if not buffer:
+        pieces = st.pieces
+        drop = seq - (st.seq - len(pieces))  # how many of the kept Deltas have a seq <= `seq`
+        if drop > 0 and pieces:
+            costs = st.costs
+            if drop >= len(pieces):
+                self.buffered -= sum(costs)
+                pieces.clear()
+                costs.clear()
+            else:
+                popleft = costs.popleft
+                for _ in range(drop):
+                    pieces.popleft()
+                    self.buffered -= popleft()
+            if not pieces:
                 self._emptied(st)
 
     # ------------------------------------------------------------------ connection changes

@@ -7,10 +7,11 @@ with one JSON line ``{"id": ..., ...}`` on stdout (commands run concurrently; id
   opens `n` more connections of group `g` to ``ws://127.0.0.1:p/ws``; a lowlat connection sends
   Hello and counts as open once Welcome arrived. Answers ``{"opened", "failed", "errors"}``.
 * ``{"cmd": "stats", "group": g}``: ``{"open", "pings", "lost", "errors"}`` so far.
-* ``{"cmd": "stream", "group": g, "tokens": t, "yield": bool, "timeout": s}``: every open connection
-  of `g` sends one request at once and reads its reply; answers the per-request times to first
-  delta (ms, from that request's send), deltas, errors and the monotonic times of the first send
-  and last End (``time.monotonic`` is one system-wide clock, so the parent compares processes).
+* ``{"cmd": "stream", "group": g, "tokens": t, "yield": bool, "delay": d, "timeout": s}``: every open
+  connection of `g` sends one request at once (a model of t tokens, d seconds apart if it
+  yields) and reads its reply; answers the per-request times to first delta (ms, from that
+  request's send), deltas, errors and the monotonic times of the first send and last End
+  (``time.monotonic`` is one system-wide clock, so the parent compares processes).
 * ``{"cmd": "drop", "group": g}``: abort every connection of `g` (not counted as lost).
 * ``{"cmd": "quit"}``.
 
@@ -297,16 +298,17 @@ class Client:
 
     async def stream(self, cmd: dict[str, Any]) -> dict[str, Any]:
         group = self.group(cmd["group"])
-        tokens, cooperative = int(cmd["tokens"]), bool(cmd["yield"])
+        tokens, cooperative, delay = int(cmd["tokens"]), bool(cmd["yield"]), float(cmd.get("delay", 0.0))
         group.sid += 1
         conns = [c for c in group.conns if c.welcomed or not c.lowlat]
         if not conns:
             return {"ttfd_ms": [], "deltas": 0, "errors": 0, "requests": 0, "first_send": 0.0, "last_end": 0.0}
         if conns[0].lowlat:
             data = frame(CODEC.encode(ev.Request(stream_id=group.sid, text="benchmark",
-                                                 params={"tokens": tokens, "yield": cooperative})))
+                                                 params={"tokens": tokens, "yield": cooperative,
+                                                         "delay": delay})))
         else:
-            data = frame(f"{tokens} {int(cooperative)}".encode(), 1)
+            data = frame(f"{tokens} {int(cooperative)} {delay!r}".encode(), 1)
         group.pending = len(conns)
         group.done = done = asyncio.Event()
         first_send = time.monotonic()

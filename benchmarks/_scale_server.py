@@ -4,9 +4,10 @@ One uvicorn process on the listening socket inherited as file descriptor N (boun
 serving WebSockets at ``/ws`` in one of two apps:
 
 * ``bare``: a plain Starlette WebSocket endpoint. It accepts (echoing the first offered
-  subprotocol) and waits for messages; each message it gets is a streaming request ``"T Y"`` (T
-  tokens; Y=1 awaits ``asyncio.sleep(0)`` between tokens) answered with T pre-encoded protobuf
-  Deltas and an End, the same frames the middleware sends, so both servers feed one client.
+  subprotocol) and waits for messages; each message it gets is a streaming request ``"T Y D"`` (T
+  tokens; Y=1 awaits ``asyncio.sleep(D)`` between tokens, D seconds, 0 if absent) answered with T
+  pre-encoded protobuf Deltas and an End, the same frames the middleware sends, so both servers
+  feed one client.
 * ``lowlat``: the lowlat-mw Starlette middleware with the default settings except
   ``heartbeat_interval`` (``--heartbeat``), no connection limits (every benchmark client comes
   from 127.0.0.1) and a private metrics registry; its model streams the same tokens.
@@ -14,15 +15,21 @@ serving WebSockets at ``/ws`` in one of two apps:
 Both apps answer plain HTTP control requests (never on the WebSocket path):
 
 * ``GET /cpu``: ``{"cpu", "user", "sys"}`` process CPU seconds (getrusage: all threads; "sys" is kernel time,
-  e.g. socket system calls) and ``"t"`` monotonic seconds; cheap, no gc.
+  e.g. socket system calls), ``"t"`` monotonic seconds, and per gc generation the collections so far
+  (``"gc_n"``), their wall-clock seconds (``"gc_s"``) and the unreachable objects they freed (``"gc_freed"``);
+  cheap, no gc.
 * ``GET /mem``: ``gc.collect()``, then ``{"rss", "uss", "pss"}`` bytes (psutil), the number of
   open WebSockets the app serves, the gc-tracked object count and, with ``--tracemalloc``, the
   traced Python heap.
+* ``GET /gc/types``: the gc-tracked objects alive, counted by type (for diagnosis).
 * ``GET /prof/start`` and ``GET /prof/stop?path=FILE``: cProfile the interval (for diagnosis).
 * ``GET /tm/base`` and ``GET /tm/diff``: (``--tracemalloc`` only) forget the traces so far, then the
   allocations made since and still alive, grouped by the innermost frame inside a server package
   (see :func:`_site`).
 
+``--ws lowlat`` runs lowlat-mw's uvicorn WebSocket protocol
+(``lowlat_mw.servers.uvicorn:WebSocketProtocol``, which ``lowlat-mw serve`` runs: direct reads and
+writes); any other value is uvicorn's own (``websockets-sansio``: the ASGI path).
 uvicorn's own WebSocket pings are off (``ws_ping_interval=None``) and permessage-deflate is off,
 as in benchmarks._server. Raises RLIMIT_NOFILE to its hard limit. Stops on SIGTERM/SIGINT.
 """
@@ -75,13 +82,15 @@ def token(i: int) -> str:
 
 
 async def scale_model(req: Any) -> AsyncIterator[str]:
-    """Zero-delay model: ``params["tokens"]`` tokens; ``params["yield"]`` awaits sleep(0) between them."""
+    """``params["tokens"]`` tokens; with ``params["yield"]`` it awaits sleep(``params["delay"]``, default 0)
+    between them (a paced model), else it never yields."""
     total = int(req.params.get("tokens", 30))
     cooperative = bool(req.params.get("yield", False))
+    delay = float(req.params.get("delay", 0.0))
     for i in range(total):
         yield token(i)
-        if cooperative:
-            await asyncio.sleep(0)
+        if cooperative and i + 1 < total:
+            await asyncio.sleep(delay)
 
 
 class _Frames:
@@ -130,10 +139,27 @@ def make_app(kind: str, heartbeat: float) -> Any:
     state: dict[str, Any] = {"open": 0}
     endpoint: Any = None
 
+    gc_time = [0.0, 0.0, 0.0]  # seconds spent in collections of each generation
+    gc_count = [0, 0, 0]
+    gc_collected = [0, 0, 0]  # unreachable objects freed (reference cycles)
+    gc_began = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_began[0] = time.perf_counter()
+        else:
+            gen = info["generation"]
+            gc_time[gen] += time.perf_counter() - gc_began[0]
+            gc_count[gen] += 1
+            gc_collected[gen] += info["collected"]
+
+    gc.callbacks.append(on_gc)
+
     async def cpu(request: Request) -> JSONResponse:
         usage = resource.getrusage(resource.RUSAGE_SELF)  # µs resolution (os.times has clock ticks)
         return JSONResponse({"cpu": usage.ru_utime + usage.ru_stime, "user": usage.ru_utime, "sys": usage.ru_stime,
-                             "t": time.monotonic()})
+                             "t": time.monotonic(), "gc_s": gc_time, "gc_n": gc_count,
+                             "gc_freed": gc_collected})
 
     async def mem(request: Request) -> JSONResponse:
         gc.collect()
@@ -148,6 +174,14 @@ def make_app(kind: str, heartbeat: float) -> Any:
         if tracemalloc.is_tracing():
             out["traced"] = tracemalloc.get_traced_memory()[0]
         return JSONResponse(out)
+
+    async def gc_types(request: Request) -> JSONResponse:
+        """Diagnosis: the gc-tracked objects alive now, counted by type (no collection first)."""
+        counts: dict[str, int] = {}
+        for obj in gc.get_objects():
+            name = type(obj).__qualname__
+            counts[name] = counts.get(name, 0) + 1
+        return JSONResponse(counts)
 
     async def tm_base(request: Request) -> JSONResponse:
         gc.collect()
@@ -177,7 +211,8 @@ def make_app(kind: str, heartbeat: float) -> Any:
         return JSONResponse({"ok": True})
 
     routes: list[Any] = [Route("/cpu", cpu), Route("/mem", mem), Route("/tm/base", tm_base),
-                         Route("/tm/diff", tm_diff), Route("/prof/{action}", prof)]
+                         Route("/tm/diff", tm_diff), Route("/prof/{action}", prof),
+                         Route("/gc/types", gc_types)]
     if kind == "bare":
         frames = _Frames()
 
@@ -190,12 +225,13 @@ def make_app(kind: str, heartbeat: float) -> Any:
                     message = await websocket.receive()
                     if message["type"] == "websocket.disconnect":
                         break
-                    tokens, cooperative = (int(x) for x in (message.get("text") or "0 0").split())
-                    deltas, end = frames.get(tokens)
-                    for frame in deltas:
+                    tokens, cooperative, *rest = (message.get("text") or "0 0").split()
+                    delay = float(rest[0]) if rest else 0.0
+                    deltas, end = frames.get(int(tokens))
+                    for i, frame in enumerate(deltas):
                         await websocket.send_bytes(frame)
-                        if cooperative:
-                            await asyncio.sleep(0)
+                        if cooperative == "1" and i + 1 < len(deltas):
+                            await asyncio.sleep(delay)
                     await websocket.send_bytes(end)
             finally:
                 state["open"] -= 1
@@ -226,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks._scale_server")
     parser.add_argument("kind", choices=("bare", "lowlat"))
     parser.add_argument("--fd", type=int, required=True, help="inherited listening TCP socket")
-    parser.add_argument("--ws", default="websockets-sansio", help="uvicorn WebSocket implementation")
+    parser.add_argument("--ws", default="websockets-sansio",
+                        help="uvicorn WebSocket implementation; lowlat: lowlat-mw's (direct reads and writes)")
     parser.add_argument("--heartbeat", type=float, default=30.0, help="lowlat heartbeat_interval, seconds")
     parser.add_argument("--ws-ping", type=float, default=0.0, metavar="S",
                         help="uvicorn's own WebSocket ping interval (0: off, the default here)")
@@ -238,7 +275,10 @@ def main(argv: list[str] | None = None) -> None:
     app = make_app(args.kind, args.heartbeat)
     if args.tracemalloc:  # after the imports: far fewer traces, so snapshots stay quick
         tracemalloc.start(args.tracemalloc)
-    config = uvicorn.Config(app, ws=args.ws, ws_ping_interval=args.ws_ping or None, ws_per_message_deflate=False,
+    ws: Any = args.ws
+    if ws == "lowlat":
+        from lowlat_mw.servers.uvicorn import WebSocketProtocol as ws
+    config = uvicorn.Config(app, ws=ws, ws_ping_interval=args.ws_ping or None, ws_per_message_deflate=False,
                             log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
     uvicorn.Server(config).run(sockets=[sock])
 

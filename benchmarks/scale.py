@@ -36,6 +36,7 @@ import io
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,12 @@ TARGET_CPU_PCT = 2.0
 TARGET_MEM_KIB = 8.0  # "8 KB", taken as 8 KiB = 8,192 bytes
 TARGET_STREAMS = 1_000
 TARGET_TTFD_MS = 200.0
+# issue 15 (the fast path): 10,000 idle connections under 1% of a core, memory at most bare + 4 KiB;
+# 1,000 clients x 100 tokens at 50 tokens/s: TTFD p99 at most 1.2x bare's (and under 200 ms), CPU at most 1.1x.
+FAST_CPU_PCT = 1.0
+FAST_MEM_KIB = 4.0
+FAST_TTFD_RATIO = 1.2
+FAST_CPU_RATIO = 1.1
 KIB = 1024.0
 TRACE_FRAMES = 10  # tracemalloc frames per allocation (enough to reach a server-package frame)
 
@@ -67,6 +74,7 @@ class Size:
     clients: int  # client processes
     streams: int  # streaming clients per server
     tokens: int
+    paced_tokens: int  # tokens of the paced model (PACE s apart)
     stream_rounds: int
     warm: int  # connections opened and closed on each server before its baseline
     settle: float  # seconds after opening, before memory and CPU
@@ -77,11 +85,11 @@ class Size:
 
 SIZES = {
     "tiny": Size(levels=(24,), window=1.0, sample=0.5, fast=0.5, fast_max=24, rounds=1, clients=2, streams=12,
-                 tokens=20, stream_rounds=1, warm=4, settle=0.2, traced=12, timeout=15.0),
+                 tokens=20, paced_tokens=5, stream_rounds=1, warm=4, settle=0.2, traced=12, timeout=15.0),
     "quick": Size(levels=(200,), window=2.0, sample=0.5, fast=0.5, fast_max=200, rounds=1, clients=2, streams=100,
-                  tokens=30, stream_rounds=2, warm=16, settle=0.3, traced=0),
+                  tokens=30, paced_tokens=20, stream_rounds=2, warm=16, settle=0.3, traced=0),
     "full": Size(levels=(1_000, 10_000), window=30.0, sample=2.0, fast=5.0, fast_max=1_000, rounds=2, clients=4,
-                 streams=1_000, tokens=30, stream_rounds=4, warm=32, settle=2.0, traced=400),
+                 streams=1_000, tokens=30, paced_tokens=100, stream_rounds=4, warm=32, settle=2.0, traced=400),
 }
 
 
@@ -91,6 +99,7 @@ class IdleConfig:
     kind: str  # bare | lowlat
     heartbeat: float = DEFAULT_HEARTBEAT
     ws_ping: float = 0.0
+    ws: str = WS  # uvicorn's WebSocket protocol; "lowlat": lowlat-mw's (direct reads and writes)
 
     @property
     def fast(self) -> bool:
@@ -102,17 +111,39 @@ class IdleConfig:
             return ("bare Starlette WebSocket, no heartbeat" if not self.ws_ping else
                     f"bare + uvicorn WebSocket pings every {self.ws_ping:g} s")
         default = " (default)" if self.heartbeat == DEFAULT_HEARTBEAT else ""
-        return f"lowlat-mw, heartbeat every {self.heartbeat:g} s{default}"
+        where = ", lowlat-mw's uvicorn protocol (direct)" if self.ws == "lowlat" else ""
+        return f"lowlat-mw, heartbeat every {self.heartbeat:g} s{default}{where}"
 
 
 def idle_configs(size: Size) -> list[IdleConfig]:
     return [IdleConfig("bare", "bare"), IdleConfig("bare-ping", "bare", ws_ping=size.fast),
-            IdleConfig("lowlat", "lowlat"), IdleConfig("lowlat-fast", "lowlat", heartbeat=size.fast)]
+            IdleConfig("lowlat", "lowlat"), IdleConfig("lowlat-fast", "lowlat", heartbeat=size.fast),
+            IdleConfig("lowlat-direct", "lowlat", ws="lowlat"),
+            IdleConfig("lowlat-direct-fast", "lowlat", heartbeat=size.fast, ws="lowlat")]
 
 
-MODELS = {"await": True, "tight": False}  # model kind -> awaits sleep(0) between tokens
-MODEL_LABELS = {"await": "awaits between tokens", "tight": "tight loop, never yields"}
-STREAM_SERVERS = ("bare", "lowlat")
+LOWLAT_IDLE = (("lowlat", "lowlat-fast"), ("lowlat-direct", "lowlat-direct-fast"))  # (default, fast) pairs
+
+
+PACE = 0.02  # seconds between the paced model's tokens: 50 tokens/s, as issue 15's workload
+
+
+@dataclass(frozen=True)
+class Model:
+    cooperative: bool  # awaits asyncio.sleep(delay) between tokens
+    delay: float = 0.0
+    paced: bool = False  # size.paced_tokens tokens instead of size.tokens
+
+    def tokens(self, size: Size) -> int:
+        return size.paced_tokens if self.paced else size.tokens
+
+
+MODELS = {"await": Model(True), "tight": Model(False), "paced": Model(True, PACE, paced=True)}
+MODEL_LABELS = {"await": "awaits between tokens", "tight": "tight loop, never yields",
+                "paced": f"{1 / PACE:g} tokens/s"}
+# streaming server key -> (app kind, uvicorn ws): the middleware on uvicorn's own WebSocket protocol
+# (the ASGI path) and on lowlat-mw's (direct reads and writes, what `lowlat-mw serve` runs).
+STREAM_SERVERS = {"bare": ("bare", WS), "lowlat": ("lowlat", WS), "lowlat-direct": ("lowlat", "lowlat")}
 
 
 # ================================================================================ measurements
@@ -167,7 +198,7 @@ def _idle_name(r: int, key: str) -> str:
 
 def _add_idle_servers(fleet: Fleet, r: int, configs: list[IdleConfig]) -> None:
     for c in configs:
-        fleet.add_server(_idle_name(r, c.key), c.kind, ws=WS, heartbeat=c.heartbeat, ws_ping=c.ws_ping)
+        fleet.add_server(_idle_name(r, c.key), c.kind, ws=c.ws, heartbeat=c.heartbeat, ws_ping=c.ws_ping)
 
 
 async def _idle_round(fleet: Fleet, size: Size, r: int, configs: list[IdleConfig]) -> dict[int, dict[str, IdleSample]]:
@@ -237,11 +268,12 @@ async def _idle_round(fleet: Fleet, size: Size, r: int, configs: list[IdleConfig
     return out
 
 
-async def _burst(fleet: Fleet, name: str, group: str, size: Size, cooperative: bool) -> Burst:
+async def _burst(fleet: Fleet, name: str, group: str, size: Size, model: Model) -> Burst:
     srv = fleet.servers[name]
     c0 = await srv.get("/cpu")
-    answers = await fleet.each({"cmd": "stream", "group": group, "tokens": size.tokens, "yield": cooperative,
-                                "timeout": size.timeout}, size.timeout + 30)
+    answers = await fleet.each({"cmd": "stream", "group": group, "tokens": model.tokens(size),
+                                "yield": model.cooperative, "delay": model.delay, "timeout": size.timeout},
+                               size.timeout + 30)
     c1 = await srv.get("/cpu")
     starts = [a["first_send"] for a in answers if a["requests"]]
     ends = [a["last_end"] for a in answers if a["requests"]]
@@ -259,15 +291,15 @@ async def _streaming(fleet: Fleet, size: Size) -> tuple[dict[tuple[str, str], li
         # Warm-up: a few connections stream once per model (lazy imports, first-use allocations).
         res = await fleet.open(name, size.warm, group=f"{name} warm-up", timeout=size.timeout)
         warm_errors += res["failed"]
-        for cooperative in MODELS.values():
-            warm_errors += (await _burst(fleet, name, f"{name} warm-up", size, cooperative)).errors
+        for model in MODELS.values():
+            warm_errors += (await _burst(fleet, name, f"{name} warm-up", size, model)).errors
         res = await fleet.open(name, size.streams, concurrency=size.concurrency, timeout=size.timeout)
         if res["failed"]:
             log(f"   {res['failed']} streaming connections to {key} failed: {res['errors']}")
     for r in range(size.stream_rounds):
-        for model, cooperative in MODELS.items():
+        for model, spec in MODELS.items():
             for key in rotated(list(STREAM_SERVERS), r):
-                burst = await _burst(fleet, f"stream {key}", f"stream {key}", size, cooperative)
+                burst = await _burst(fleet, f"stream {key}", f"stream {key}", size, spec)
                 burst.errors += size.streams - burst.requests  # connections that failed to open or were lost
                 if burst.errors:
                     burst.samples = (await fleet.stats(f"stream {key}"))["errors"]
@@ -302,8 +334,8 @@ async def _run(size: Size, configs: list[IdleConfig]) -> tuple[
     async with Fleet() as fleet:
         # Every server of the run that can start now does, so their start-ups overlap.
         _add_idle_servers(fleet, 0, configs)
-        for key in STREAM_SERVERS:
-            fleet.add_server(f"stream {key}", key, ws=WS)
+        for key, (kind, ws) in STREAM_SERVERS.items():
+            fleet.add_server(f"stream {key}", kind, ws=ws)
         if size.traced:
             for key in ("bare", "lowlat"):
                 fleet.add_server(f"traced {key}", key, ws=WS, tracemalloc=TRACE_FRAMES)
@@ -346,7 +378,7 @@ def _idle_tables(size: Size, configs: list[IdleConfig], rounds: list[dict[int, d
                  rows: dict[str, dict[str, float]]) -> tuple[str, str]:
     mem_rows: list[list[str]] = []
     cpu_rows: list[list[str]] = []
-    fast_cost: float | None = None  # µs of server CPU per lowlat heartbeat, at the largest level measured
+    fast_cost: dict[str, float] = {}  # fast server -> µs of server CPU per heartbeat, at the largest level measured
     for level in size.levels:
         active = [c for c in configs if c.key in rounds[0][level]]
         per = {c.key: [rd[level][c.key] for rd in rounds] for c in active}
@@ -386,16 +418,17 @@ def _idle_tables(size: Size, configs: list[IdleConfig], rounds: list[dict[int, d
                              "reference" if c.key == "bare" else f"{row['cpu_pct_extra']:+.2f} pp",
                              f"{row['us_per_ping']:.0f}" if "us_per_ping" in row else "",
                              f"{row['lost']:.0f}"])
-        fast, ping = rows.get(f"idle {level} lowlat-fast", {}), rows.get(f"idle {level} bare-ping", {})
-        if "us_per_ping" in fast and ping.get("us_per_ping", 0) > 0:
-            ratio = fast["us_per_ping"] / ping["us_per_ping"]
-            rows[f"idle {level} lowlat-fast vs bare-ping"] = {"per_ping_ratio": ratio}
-        if "us_per_ping" in fast:
-            fast_cost = fast["us_per_ping"]
-        if fast_cost is not None:
-            # CPU is linear in the heartbeat rate: the default heartbeat's cost from the cost per heartbeat.
-            lo = rows[f"idle {level} lowlat"]
-            lo["cpu_pct_projected"] = fast_cost * 1e-6 * lo["open"] / DEFAULT_HEARTBEAT * 100
+        for default_key, fast_key in LOWLAT_IDLE:
+            fast, ping = rows.get(f"idle {level} {fast_key}", {}), rows.get(f"idle {level} bare-ping", {})
+            if "us_per_ping" in fast and ping.get("us_per_ping", 0) > 0:
+                ratio = fast["us_per_ping"] / ping["us_per_ping"]
+                rows[f"idle {level} {fast_key} vs bare-ping"] = {"per_ping_ratio": ratio}
+            if "us_per_ping" in fast:
+                fast_cost[fast_key] = fast["us_per_ping"]
+            lo = rows.get(f"idle {level} {default_key}")
+            if fast_key in fast_cost and lo is not None:
+                # CPU is linear in the heartbeat rate: the default heartbeat's cost from the cost per heartbeat.
+                lo["cpu_pct_projected"] = fast_cost[fast_key] * 1e-6 * lo["open"] / DEFAULT_HEARTBEAT * 100
     mem_table = markdown_table(["Connections", "Server", "open: clients / server", "USS KiB/conn", "RSS KiB/conn",
                                 "USS KiB/conn vs bare", "gc objects/conn", "opened/s"], mem_rows)
     cpu_table = markdown_table(["Connections", "Server", "heartbeats/s", "CPU, % of one core", "user / sys",
@@ -405,6 +438,7 @@ def _idle_tables(size: Size, configs: list[IdleConfig], rounds: list[dict[int, d
 
 def _stream_table(size: Size, bursts: dict[tuple[str, str], list[Burst]], rows: dict[str, dict[str, float]]) -> str:
     table: list[list[str]] = []
+    ratios: list[list[str]] = []
     for model in MODELS:
         for key in STREAM_SERVERS:
             bs = bursts[(model, key)]
@@ -422,18 +456,27 @@ def _stream_table(size: Size, bursts: dict[tuple[str, str], list[Burst]], rows: 
                           f"{row['ttfd_p99_ms']:.1f}", f"{row['ttfd_max_ms']:.1f}", f"{row['burst_s'] * 1000:.0f}",
                           f"{row['deltas_per_s']:,.0f}", f"{row['server_cpu_us_per_delta']:.1f}",
                           f"{row['errors']:.0f}"])
-        lo, ba = rows[f"stream {model} lowlat"], rows[f"stream {model} bare"]
-        p99_ratio = [_q(a.ttfd_ms, 0.99) / _q(b.ttfd_ms, 0.99)
-                     for a, b in zip(bursts[(model, "lowlat")], bursts[(model, "bare")], strict=True)
-                     if a.ttfd_ms and b.ttfd_ms and _q(b.ttfd_ms, 0.99) > 0]
-        rows[f"stream {model} lowlat vs bare"] = {
-            "ttfd_p99_ratio": median(p99_ratio) if p99_ratio else 0.0,
-            "deltas_per_s_ratio": lo["deltas_per_s"] / ba["deltas_per_s"] if ba["deltas_per_s"] else 0.0,
-            "cpu_per_delta_ratio": (lo["server_cpu_us_per_delta"] / ba["server_cpu_us_per_delta"]
-                                    if ba["server_cpu_us_per_delta"] else 0.0),
-        }
-    return markdown_table(["Model", "Server", "requests", "TTFD p50 ms", "TTFD p99 ms", "TTFD max ms",
-                           "burst ms (median)", "deltas/s (median)", "server CPU µs/delta", "errors"], table)
+        ba = rows[f"stream {model} bare"]
+        for key in STREAM_SERVERS:
+            if key == "bare":
+                continue
+            lo = rows[f"stream {model} {key}"]
+            # Per round: the bursts of one round ran back to back, so their ratio shares that round's load.
+            p99_ratio = [_q(a.ttfd_ms, 0.99) / _q(b.ttfd_ms, 0.99)
+                         for a, b in zip(bursts[(model, key)], bursts[(model, "bare")], strict=True)
+                         if a.ttfd_ms and b.ttfd_ms and _q(b.ttfd_ms, 0.99) > 0]
+            rows[f"stream {model} {key} vs bare"] = vs = {
+                "ttfd_p99_ratio": median(p99_ratio) if p99_ratio else 0.0,
+                "deltas_per_s_ratio": lo["deltas_per_s"] / ba["deltas_per_s"] if ba["deltas_per_s"] else 0.0,
+                "cpu_per_delta_ratio": (lo["server_cpu_us_per_delta"] / ba["server_cpu_us_per_delta"]
+                                        if ba["server_cpu_us_per_delta"] else 0.0),
+            }
+            ratios.append([MODEL_LABELS[model], key, f"{vs['ttfd_p99_ratio']:.2f}x",
+                           f"{vs['cpu_per_delta_ratio']:.2f}x", f"{vs['deltas_per_s_ratio']:.2f}x"])
+    return (markdown_table(["Model", "Server", "requests", "TTFD p50 ms", "TTFD p99 ms", "TTFD max ms",
+                            "burst ms (median)", "deltas/s (median)", "server CPU µs/delta", "errors"], table)
+            + "\n\n" + markdown_table(["Model", "Server", "TTFD p99 vs bare (median of rounds)",
+                                         "server CPU/delta vs bare", "deltas/s vs bare"], ratios))
 
 
 def _traced_table(traced: dict[str, dict[str, Any]], rows: dict[str, dict[str, float]]) -> str:
@@ -463,6 +506,42 @@ def _traced_table(traced: dict[str, dict[str, Any]], rows: dict[str, dict[str, f
     site_table = markdown_table(["lowlat-mw allocation site", "B/conn", "blocks/conn"],
                                 [[f"`{s}`", f"{b:,.0f}", f"{c:.1f}"] for s, b, c in top])
     return pkg_table + "\n\n" + site_table
+
+
+def _fast_verdicts(size: Size, rows: dict[str, dict[str, float]],
+                   judged: Callable[[bool, bool, str], str]) -> list[str]:
+    """Issue 15's targets for the idle and streaming measurements, per lowlat server."""
+    top = size.levels[-1]
+    idle_what = f"{top:,} connections per server, not {TARGET_IDLE:,}"
+    out = []
+    for key, _fast in LOWLAT_IDLE:
+        lo = rows.get(f"idle {top} {key}")
+        if lo is None:
+            continue
+        cpu = lo["cpu_pct_extra"] if lo["pings_per_s"] > 0 else lo.get("cpu_pct_projected", math.inf)
+        how = "measured" if lo["pings_per_s"] > 0 else "projected from the fast heartbeat"
+        out.append(f"- **{TARGET_IDLE:,} idle connections under {FAST_CPU_PCT:g}% of one core, memory at most bare + "
+                   f"{FAST_MEM_KIB:g} KiB** (`{key}`): CPU {judged(cpu < FAST_CPU_PCT, top >= TARGET_IDLE, idle_what)} "
+                   f"({how} {cpu:+.2f} percentage points over bare); memory "
+                   f"{judged(lo['uss_kib_extra'] <= FAST_MEM_KIB, top >= TARGET_IDLE, idle_what)} "
+                   f"({lo['uss_kib_extra']:+.1f} KiB of USS).")
+    what = f"{size.streams:,} clients x {size.paced_tokens} tokens, not {TARGET_STREAMS:,} x 100"
+    at_size = size.streams >= TARGET_STREAMS and size.paced_tokens >= 100
+    bare = rows["stream paced bare"]
+    for key in STREAM_SERVERS:
+        if key == "bare":
+            continue
+        row, vs = rows[f"stream paced {key}"], rows[f"stream paced {key} vs bare"]
+        ttfd_ok = vs["ttfd_p99_ratio"] <= FAST_TTFD_RATIO and row["ttfd_p99_ms"] < TARGET_TTFD_MS
+        out.append(f"- **{TARGET_STREAMS:,} clients x 100 tokens at {1 / PACE:g} tokens/s, TTFD p99 at most "
+                   f"{FAST_TTFD_RATIO:g}x bare and under {TARGET_TTFD_MS:g} ms, zero errors, server CPU at most "
+                   f"{FAST_CPU_RATIO:g}x** (`{key}`): TTFD {judged(ttfd_ok, at_size, what)} (p99 "
+                   f"{row['ttfd_p99_ms']:.0f} ms, {vs['ttfd_p99_ratio']:.2f}x bare's {bare['ttfd_p99_ms']:.0f} ms, "
+                   f"median of the rounds' ratios); errors {judged(row['errors'] == 0, at_size, what)} "
+                   f"({row['errors']:.0f}); CPU {judged(vs['cpu_per_delta_ratio'] <= FAST_CPU_RATIO, at_size, what)} "
+                   f"({row['server_cpu_us_per_delta']:.1f} vs {bare['server_cpu_us_per_delta']:.1f} µs per delta, "
+                   f"{vs['cpu_per_delta_ratio']:.2f}x).")
+    return out
 
 
 def _bottlenecks(size: Size, rows: dict[str, dict[str, float]], top: int, fast_level: int) -> str:
@@ -618,7 +697,9 @@ def report(mode: str, size: Size, configs: list[IdleConfig], rounds: list[dict[i
         f"{s_await['requests'] + s_tight['requests']:,.0f} requests" + (" (warm-up included)" if warm_errors else "")
         + ".",
     ]
-    verdict_text = "**Verdicts** (issue 7):\n\n" + "\n".join(verdicts)
+    verdict_text = ("**Verdicts** (issue 7):\n\n" + "\n".join(verdicts) + "\n\n**Verdicts** (issue 15, the fast "
+                    "path; `lowlat` runs on uvicorn's own WebSocket protocol, the ASGI path, `lowlat-direct` on "
+                    "lowlat-mw's, which `lowlat-mw serve` runs):\n\n" + "\n".join(_fast_verdicts(size, rows, judged)))
     bottlenecks = _bottlenecks(size, rows, top, fast_level)
 
     import uvicorn

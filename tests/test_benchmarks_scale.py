@@ -49,8 +49,11 @@ def test_report_full_size_from_synthetic_measurements() -> None:
     small, big = size.levels
     rounds = [{
         small: {"bare": _sample(small, 24.0, 0.05, 0), "bare-ping": _sample(small, 25.0, 0.6, 6000),
-                "lowlat": _sample(small, 29.0, 0.5, 1000), "lowlat-fast": _sample(small, 29.0, 1.25, 6000)},
-        big: {"bare": _sample(big, 24.0, 0.05, 0), "lowlat": _sample(big, 29.0, 0.5 + r, 10000)},
+                "lowlat": _sample(small, 29.0, 0.5, 1000), "lowlat-fast": _sample(small, 29.0, 1.25, 6000),
+                "lowlat-direct": _sample(small, 27.0, 0.2, 1000),
+                "lowlat-direct-fast": _sample(small, 27.0, 0.5, 6000)},
+        big: {"bare": _sample(big, 24.0, 0.05, 0), "lowlat": _sample(big, 29.0, 0.5 + r, 10000),
+              "lowlat-direct": _sample(big, 27.0, 0.2, 10000)},
     } for r in range(size.rounds)]
     bursts = {(m, s): [Burst(ttfd_ms=[float(i % 300) for i in range(size.streams)], deltas=size.streams * size.tokens,
                              errors=0, requests=size.streams, span=2.0, server_cpu=1.0)
@@ -61,6 +64,13 @@ def test_report_full_size_from_synthetic_measurements() -> None:
     result = report("full", size, configs, rounds, bursts, 0, traced, 20_000)
 
     assert f"idle {big} bare-ping" not in result.rows and f"idle {big} lowlat-fast" not in result.rows
+    assert f"idle {big} lowlat-direct-fast" not in result.rows
+    direct = result.rows[f"idle {big} lowlat-direct"]
+    assert direct["uss_kib_extra"] == pytest.approx(3.0) and direct["cpu_pct_extra"] == pytest.approx(0.5)
+    assert result.rows[f"idle {small} lowlat-direct-fast vs bare-ping"]["per_ping_ratio"] < 1
+    assert "**Verdicts** (issue 15" in result.body
+    assert "(`lowlat-direct`): CPU **met** (measured +0.50 percentage points over bare); memory **met**" in result.body
+    assert "(`lowlat`): CPU **missed**" in result.body
     lo = result.rows[f"idle {big} lowlat"]
     assert lo["uss_kib_extra"] == pytest.approx(5.0)
     extra_cpu = ((0.5 + 1.5) / 2 - 0.05) / 30 * 100  # median over the two rounds, minus bare, % of one core
@@ -82,25 +92,27 @@ def test_scale_suite_quick_writes_every_row(quick_bench: Any) -> None:
     keys = [c.key for c in idle_configs(size)]
     expected = {f"idle {n} {k}" for n in size.levels for k in keys}
     expected |= {f"stream {m} {s}" for m in MODELS for s in STREAM_SERVERS}
-    expected |= {f"stream {m} lowlat vs bare" for m in MODELS}
+    expected |= {f"stream {m} {s} vs bare" for m in MODELS for s in STREAM_SERVERS if s != "bare"}
     if size.traced:  # the allocation trace (full mode; quick skips it)
         expected |= {"traced bare", "traced lowlat"}
     # The ratio of the two costs per heartbeat needs a positive bare-ping cost: in quick mode's short window it
     # may round to nothing, so that row is optional here.
-    optional = {f"idle {n} lowlat-fast vs bare-ping" for n in size.levels}
+    optional = {f"idle {n} {k}-fast vs bare-ping" for n in size.levels for k in ("lowlat", "lowlat-direct")}
     assert expected <= set(result.rows) <= expected | optional
 
     idle_cols = {"open", "server_open", "uss_kib_per_conn", "rss_kib_per_conn", "objects_per_conn", "cpu_pct",
                  "user_pct", "sys_pct", "pings_per_s", "lost", "opened_per_s"}
     for n in size.levels:
         assert set(result.rows[f"idle {n} bare"]) == idle_cols
-        for k in ("bare-ping", "lowlat-fast"):
+        for k in ("bare-ping", "lowlat-fast", "lowlat-direct-fast"):
             assert set(result.rows[f"idle {n} {k}"]) == idle_cols | {"uss_kib_extra", "rss_kib_extra",
                                                                      "cpu_pct_extra", "us_per_ping"}
-        assert idle_cols | {"uss_kib_extra", "rss_kib_extra", "cpu_pct_extra"} <= set(result.rows[f"idle {n} lowlat"])
+        for k in ("lowlat", "lowlat-direct"):
+            assert idle_cols | {"uss_kib_extra", "rss_kib_extra", "cpu_pct_extra"} <= set(result.rows[f"idle {n} {k}"])
         for k in keys:  # every connection was opened and held
             assert result.rows[f"idle {n} {k}"]["open"] == n and result.rows[f"idle {n} {k}"]["lost"] == 0
         assert result.rows[f"idle {n} lowlat-fast"]["pings_per_s"] > 0
+        assert result.rows[f"idle {n} lowlat-direct-fast"]["pings_per_s"] > 0
         assert result.rows[f"idle {n} bare-ping"]["pings_per_s"] > 0
     for m in MODELS:
         for s in STREAM_SERVERS:
@@ -108,8 +120,10 @@ def test_scale_suite_quick_writes_every_row(quick_bench: Any) -> None:
             assert set(row) == {"ttfd_p50_ms", "ttfd_p99_ms", "ttfd_max_ms", "deltas_per_s",
                                 "server_cpu_us_per_delta", "errors", "requests", "burst_s"}
             assert row["requests"] == size.streams * size.stream_rounds and row["errors"] == 0
-        assert set(result.rows[f"stream {m} lowlat vs bare"]) == {"ttfd_p99_ratio", "deltas_per_s_ratio",
-                                                                   "cpu_per_delta_ratio"}
+        for s in STREAM_SERVERS:
+            if s != "bare":
+                assert set(result.rows[f"stream {m} {s} vs bare"]) == {"ttfd_p99_ratio", "deltas_per_s_ratio",
+                                                                        "cpu_per_delta_ratio"}
     for label, cols in result.rows.items():
         for col, value in cols.items():
             assert isinstance(value, float) and math.isfinite(value), (label, col, value)

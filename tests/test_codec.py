@@ -164,6 +164,65 @@ def test_params_numbers_survive_protobuf_struct() -> None:
     assert type(got.params["n"]) is int and type(got.params["b"]) is bool  # type: ignore[union-attr]
 
 
+def _library_struct_to_dict(struct: Any) -> Any:
+    """What the codec gave before it read Structs itself: json_format.MessageToDict, whole numbers as ints."""
+    from google.protobuf import json_format
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
+            return int(v)
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    return fix(json_format.MessageToDict(struct))
+
+
+any_number = st.one_of(st.integers(-(2**60), 2**60), st.floats())  # big ints, NaN and infinities too
+struct_value = st.recursive(
+    st.one_of(st.none(), st.booleans(), any_number, st.text(max_size=20)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(st.text(max_size=10), struct_value, max_size=4))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_params_read_as_the_protobuf_library_reads_them(value: dict[str, Any]) -> None:
+    from google.protobuf import struct_pb2
+
+    from lowlat_mw.protocol.codec import _struct_to_dict
+
+    struct = struct_pb2.Struct()
+    struct.update(value)
+    struct.fields["unset"].SetInParent()  # a Value with no kind: null, as the library reads it
+    try:
+        expected = _library_struct_to_dict(struct)
+    except ValueError:  # NaN or an infinity: both refuse it
+        with pytest.raises(ValueError):
+            _struct_to_dict(struct)
+        return
+    got = _struct_to_dict(struct)
+    assert got == expected and json.dumps(got) == json.dumps(expected)  # same types too (1 vs 1.0 vs True)
+
+
+def test_decoding_params_leaves_no_garbage_for_the_collector() -> None:
+    """Reading a Request's params makes no reference cycle (a recursive closure did, on every Request)."""
+    import gc
+
+    frame_ = PROTO.encode(ev.Request(stream_id=1, text="x", params={"n": 1, "l": [1, {"a": None}], "s": "v"}))
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(100):
+            PROTO.decode(frame_, limit=LIMIT)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 # ================================================================================ wire format
 def test_json_wire_format_is_compact_and_documented() -> None:
     assert JSON.encode(ev.Delta(stream_id=1, seq=2, text="hi")) == '{"type":"delta","stream_id":1,"seq":2,"text":"hi"}'

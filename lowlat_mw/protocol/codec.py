@@ -16,11 +16,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
@@ -248,16 +248,31 @@ _REQUEST_FIELDS = {1: 0, 2: 2, 3: 2}
 
 
 def _struct_to_dict(struct: Any) -> dict[str, Any]:
-    def fix(v: Any) -> Any:
-        if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
-            return int(v)
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        return v
+    """A google.protobuf.Struct as the dict JSON would give, whole numbers as ints (what MessageToDict gives,
+    then ints for whole numbers below 2**53). Module-level functions, not a nested recursive one: a closure
+    that refers to itself is a reference cycle per call, left for the garbage collector, on every Request
+    with params. A ValueError for NaN or an infinity (JSON has no such number)."""
+    return {key: _value(v) for key, v in struct.fields.items()}
 
-    return fix(json_format.MessageToDict(struct))
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("kind")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "number_value":
+        x = v.number_value
+        if x.is_integer():
+            return int(x) if -2**53 < x < 2**53 else x
+        if math.isinf(x) or math.isnan(x):
+            raise ValueError(f"{x} is not a JSON number")
+        return x
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "struct_value":
+        return {key: _value(x) for key, x in v.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_value(x) for x in v.list_value.values]
+    return None  # null_value, or no kind set (as MessageToDict reads it)
 
 
 def to_protobuf(event: ev.Event) -> pb.Envelope:
@@ -349,7 +364,7 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 kw[which] = getattr(r, which)
             try:
                 params = _struct_to_dict(r.params) if r.HasField("params") else {}
-            except ValueError as exc:  # NaN / Infinity numbers: json_format refuses to convert them
+            except ValueError as exc:  # NaN / Infinity numbers: JSON has none
                 raise _bad_request(f"request.params: {exc}", r.stream_id) from None
             return ev.Request(stream_id=r.stream_id, model=r.model, params=params, **kw)
         if kind == "end":

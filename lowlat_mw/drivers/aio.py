@@ -634,10 +634,14 @@ class ConnectionDriver:
     async def chunk(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """The model of stream `sid` produced `chunk`: frame it, record it for resume, write it."""
         proto = self.protocol
+        direct = self.direct
         if timer is None:
             frames = proto.send_chunk(sid, chunk, self.monotonic())
-            if frames:
-                await self._write(frames)
+            if frames:  # (_write's direct path, written out: no coroutine per Delta)
+                if direct is not None and not self._closing and not self._send_lock.locked() and direct.is_writable():
+                    self._hold(frames)
+                else:
+                    await self._write(frames)
             return
         clock = self.clock
         produced = clock()
@@ -646,8 +650,11 @@ class ConnectionDriver:
         frames = proto.send_chunk(sid, chunk, self.monotonic())
         encoded = clock()
         try:
-            if frames:
-                await self._write(frames)
+            if frames:  # (as above)
+                if direct is not None and not self._closing and not self._send_lock.locked() and direct.is_writable():
+                    self._hold(frames)
+                else:
+                    await self._write(frames)
         finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
             timer.delta(produced, encoded, clock(), compressor.spent - spent if compressor is not None else 0.0)
 

@@ -35,7 +35,7 @@ from ..errors import CloseCode, ErrorCode, close_code_reconnects
 from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model
 from ..observability import tracing
 from ..observability.metrics import Metrics
-from ..observability.timing import StreamTimer
+from ..observability.timing import SAMPLE_EVERY, StreamTimer
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, Measured, SendFrame
 from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSession, ServerProtocol, StartStream
@@ -251,11 +251,14 @@ class ModelRunner:
                 timer.lap("model")
             self.tasks.pop(sid, None)
             # The stream is observed, then its End or Error recorded, the span ended, and only then is the End
-            # sent: whoever reads it finds the metrics and the span already there.
+            # sent: whoever reads it finds the metrics and the span already there. The timings are read first:
+            # that splits what the timer lumped together (StreamTimer.tick) before the metrics see the stages.
+            timings = timer.timings_ms() if timer is not None else None
             if self.metrics is not None:
                 self.metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error",
                                           self.monotonic() - started, timer)
-            timings = timer.timings_ms() if timer is not None and self.settings.stage_timings else None
+            if not self.settings.stage_timings:
+                timings = None
             driver = self.driver
             if self.destroyed:
                 if span is not None:
@@ -286,7 +289,7 @@ class ModelRunner:
         self.session.keep(sid, chunk, self.monotonic())
         if timer is not None:
             now = self.clock()
-            timer.delta(produced, now, now)
+            timer.tick(now, now, produced)
 
     async def _paused(self, timer: StreamTimer | None) -> None:
         """The flow-control window (or, detached, the replay buffer) is full: wait until it opens."""
@@ -644,6 +647,19 @@ class ConnectionDriver:
                     await self._write(frames)
             return
         clock = self.clock
+        if timer.deltas % SAMPLE_EVERY:  # most Deltas: two clock reads (StreamTimer.tick)
+            frames = proto.send_chunk(sid, chunk, self.monotonic())
+            encoded = clock()
+            try:
+                if frames:  # (as above)
+                    if (direct is not None and not self._closing and not self._send_lock.locked()
+                            and direct.is_writable()):
+                        self._hold(frames)
+                    else:
+                        await self._write(frames)
+            finally:  # (as below)
+                timer.tick(encoded, clock())
+            return
         produced = clock()
         compressor = proto.compressor
         spent = compressor.spent if compressor is not None else 0.0
@@ -656,7 +672,7 @@ class ConnectionDriver:
                 else:
                     await self._write(frames)
         finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
-            timer.delta(produced, encoded, clock(), compressor.spent - spent if compressor is not None else 0.0)
+            timer.tick(encoded, clock(), produced, compressor.spent - spent if compressor is not None else 0.0)
 
     async def end_stream(self, sid: int, ending: tuple[Any, ...], timings_ms: dict[str, float] | None, span: Any,
                          timer: StreamTimer | None) -> None:

@@ -302,6 +302,8 @@ class Metrics:
         h.sum += seconds
         if timer is None:
             return
+        if timer.lumped_deltas:  # (the driver read timer.timings_ms() first, which splits them)
+            timer.timings_ms()
         gaps = timer.gaps
         if gaps is not None:  # per Delta only the gap's bucket was counted: the sum is added once, here
             if timer.first_delta is not None and timer.deltas > 1:

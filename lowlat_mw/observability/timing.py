@@ -11,7 +11,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["STAGES", "StreamTimer", "stage_sum"]
+__all__ = ["SAMPLE_EVERY", "STAGES", "StreamTimer", "stage_sum"]
+
+SAMPLE_EVERY = 16
+"""A stream's first Delta and every 16th after it are timed stage by stage (model, encode, compress, send:
+three clock reads); the others with two reads (before and after the send), their model, encode and
+compress time split in the proportions of the sampled ones (:meth:`StreamTimer.timings_ms`)."""
 
 STAGES = ("decode", "queue", "model", "encode", "compress", "send", "flow")
 """The additive stages of a stream, in End.timings_ms (milliseconds); they sum to ``total``.
@@ -21,7 +26,8 @@ scheduling, or a free worker thread for sync models, per chunk for sync generato
 inside the model callable. encode: numbering, recording (for resume) and encoding Delta frames.
 compress: compressing them. send: handing frames to the server (including waiting for the
 connection's send lock). flow: paused because the client's flow-control window was full or the
-connection was gone.
+connection was gone. Send is measured for every Delta; encode and compress on a stream's first Delta
+and every 16th, and estimated for the others from those; model is the rest.
 """
 
 
@@ -34,15 +40,17 @@ class StreamTimer:
     """Lap timer of one stream: each lap charges the time since the previous one to a stage.
 
     Created when the Request frame arrives (`start`: the clock value before it was decoded) and
-    carried by the stream's task, so a resumed stream keeps counting. Per Delta the driver reads the
-    clock where the model's chunk reached it, where the frames were built and where they were handed
-    to the server, and makes one call, :meth:`delta`: written out, not built on :meth:`lap`, because
-    it runs for every token. `ttfd` and `gaps` are the metrics' histograms (None: metrics off).
+    carried by the stream's task, so a resumed stream keeps counting. For a sampled Delta (the first,
+    then every SAMPLE_EVERY-th) the driver reads the clock where the model's chunk reached it, where
+    the frames were built and where they were handed to the server; for the others only the last two;
+    either way it makes one call, :meth:`tick` (written out, not built on :meth:`lap`: it runs for every
+    token).
+    `ttfd` and `gaps` are the metrics' histograms (None: metrics off).
     """
 
     __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gap_bounds", "gap_counts",
-                 "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "model", "model_first_chunk",
-                 "model_started", "queue", "send", "start", "ttfd")
+                 "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "lumped", "lumped_deltas", "model",
+                 "model_first_chunk", "model_started", "queue", "sampled", "send", "start", "ttfd")
 
     def __init__(self, clock: Callable[[], float], start: float, ttfd: Any = None, gaps: Any = None) -> None:
         self.clock = clock
@@ -52,6 +60,9 @@ class StreamTimer:
         self.model_started: float | None = None
         self.model_first_chunk: float | None = None
         self.deltas = 0
+        self.sampled = 0  # Deltas timed stage by stage (delta)
+        self.lumped = 0.0  # model + encode + compress time of the other Deltas (tick), not split yet
+        self.lumped_deltas = 0
         self.last_delta = 0.0
         self.first_delta: float | None = None
         self.ttfd = ttfd  # time to first delta: observed at the first Delta
@@ -63,7 +74,9 @@ class StreamTimer:
 
     @property
     def stages(self) -> dict[str, float]:
-        """Seconds per stage, in STAGES order."""
+        """Seconds per stage, in STAGES order (read at the stream's end: what :meth:`tick` lumped is split)."""
+        if self.lumped_deltas:
+            self.timings_ms()
         return {"decode": self.decode, "queue": self.queue, "model": self.model, "encode": self.encode,
                 "compress": self.compress, "send": self.send, "flow": self.flow}
 
@@ -88,18 +101,26 @@ class StreamTimer:
         if self.model_first_chunk is None and self.model_started is not None:
             self.model_first_chunk = now
 
-    def delta(self, produced: float, encoded: float, sent: float, compressed: float = 0.0) -> None:
-        """One Delta: its chunk reached the driver at `produced` (model time until then), its frames were
-        built by `encoded` (`compressed` seconds of that compressing) and handed to the server by `sent`.
-        Feeds the time to first delta and the inter-delta gaps."""
-        self.model += produced - self.last
-        if self.model_first_chunk is None and self.model_started is not None:
-            self.model_first_chunk = produced
-        took = encoded - produced
-        if compressed:
-            compressed = took if compressed > took else compressed
-            self.compress += compressed
-        self.encode += took - compressed
+    def tick(self, encoded: float, sent: float, produced: float | None = None, compressed: float = 0.0) -> None:
+        """One Delta: its frames were built by `encoded` and handed to the server by `sent` (send time).
+
+        Sampled (`produced` given: when its chunk reached the driver), the time until then is model time
+        and from then to `encoded` encode time (`compressed` seconds of it compressing). Otherwise the time
+        until `encoded` is model, encode and compress time together, split when the stream's timings are
+        read (:meth:`timings_ms`). Feeds the time to first delta and the inter-delta gaps."""
+        if produced is None:
+            self.lumped += encoded - self.last
+            self.lumped_deltas += 1
+        else:
+            self.model += produced - self.last
+            if self.model_first_chunk is None and self.model_started is not None:
+                self.model_first_chunk = produced
+            took = encoded - produced
+            if compressed:
+                compressed = took if compressed > took else compressed
+                self.compress += compressed
+            self.encode += took - compressed
+            self.sampled += 1
         self.send += sent - encoded
         self.last = sent
         self.deltas += 1
@@ -127,7 +148,7 @@ class StreamTimer:
     def sent(self) -> None:
         """A Delta went to the server with nothing to charge but send time (since the last lap)."""
         last = self.last
-        self.delta(last, last, self.clock())
+        self.tick(last, self.clock(), last)
 
     def timings_ms(self) -> dict[str, float]:
         """The stages in milliseconds; ``total`` on the same clock (the Request frame's arrival to the last
@@ -136,6 +157,18 @@ class StreamTimer:
         ``total`` is the stages' own span: read from another clock at another moment, a pause between
         the two reads (a garbage collection in a big heap) opened a gap the stages did not cover.
         """
+        n = self.lumped_deltas
+        if n:  # split what tick() lumped: each such Delta is charged the sampled ones' mean encode and compress
+            lumped, sampled = self.lumped, self.sampled  # time (scaled down if more than was lumped), model the rest
+            self.lumped, self.lumped_deltas = 0.0, 0
+            encode = self.encode / sampled * n if sampled else 0.0
+            compress = self.compress / sampled * n if sampled else 0.0
+            if encode + compress > lumped:
+                scale = lumped / (encode + compress) if lumped > 0 else 0.0
+                encode, compress = encode * scale, compress * scale
+            self.encode += encode
+            self.compress += compress
+            self.model += lumped - encode - compress
         out = {"decode": self.decode * 1000.0, "queue": self.queue * 1000.0, "model": self.model * 1000.0,
                "encode": self.encode * 1000.0, "compress": self.compress * 1000.0, "send": self.send * 1000.0,
                "flow": self.flow * 1000.0, "total": (self.last - self.start) * 1000.0}

@@ -547,44 +547,44 @@ def _fast_verdicts(size: Size, rows: dict[str, dict[str, float]],
 def _bottlenecks(size: Size, rows: dict[str, dict[str, float]], top: int, fast_level: int) -> str:
     """Where the heartbeat's and the streams' server time goes, with this run's numbers."""
     lo, lof = rows[f"idle {top} lowlat"], rows[f"idle {fast_level} lowlat-fast"]
+    ldf = rows.get(f"idle {fast_level} lowlat-direct-fast", {})
     ping = rows[f"idle {fast_level} bare-ping"]
     per_hb = f"{lo['us_per_ping']:.0f} µs" if "us_per_ping" in lo else "not measurable in this run's window"
-    budget = TARGET_CPU_PCT / 100 * DEFAULT_HEARTBEAT / TARGET_IDLE * 1e6
-    s_await, b_await = rows["stream await lowlat"], rows["stream await bare"]
-    ratio = rows["stream await lowlat vs bare"]["cpu_per_delta_ratio"]
+    budget = 1.0 / 100 * DEFAULT_HEARTBEAT / TARGET_IDLE * 1e6  # issue 15: 1% of a core
+    paced = {k: rows[f"stream paced {k}"] for k in STREAM_SERVERS}
+    direct_vs = rows["stream paced lowlat-direct vs bare"]
     return f"""**Where the time goes.** *Heartbeat:* with the default heartbeat and {top:,} connections a heartbeat
-(one Ping sent, one Pong received) cost {per_hb} of server CPU; with {size.fast:g} s heartbeats on {fast_level:,}
-connections {lof.get('us_per_ping', 0):.0f} µs, where uvicorn's own WebSocket ping cost
-{ping.get('us_per_ping', 0):.0f} µs. CPU % = connections x cost per heartbeat / interval, so 2% of a core
-for {TARGET_IDLE:,} connections every {DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat. Per Ping the
-middleware creates one Task to send it and takes the connection's send Lock; per Pong, uvicorn queues an
-ASGI message and wakes the connection's `_serve` task, which decodes it, recomputes the deadline and
-yields with `asyncio.sleep(0)`; and with the default interval (30 s, longer than the 10 s
-`heartbeat_timeout`) the connection's timer fires once more, for nothing, at Ping + 10 s, because a Pong
-only ever moves the timer earlier. Applied after profiling this suite: the scheduler wakes on a
-power-of-two grid (late by at most 1/64 of the wait, 0.25 s at most; `lowlat_mw.drivers.timers.fire_time`), so
-the heartbeats of connections opened at different moments share wake-ups instead of each waking the
-process; no `asyncio.timeout` (a loop timer) per send; running streams counted without building a
-dict. Prototyped, not applied: sending every Ping due in one wake-up from one task (a stuck send to one
-client must not hold up the others' Pings, which needs a task per blocked send), letting a Pong move the
-timer later and yielding in `_serve` every 16 messages (in a patched server with 10,000 connections,
-before the grid was applied, those and a grid together took a heartbeat from 329 to 155 µs; the grid
-alone now gives {per_hb}). At about 160 µs a heartbeat, 10,000 connections every 30 s take 5% of a core:
-meeting 2% also needs fewer heartbeats on idle connections, e.g. a connection with no stream running
-stretched to `heartbeat_max_interval` (120 s): 83 heartbeats/s x 160 µs = 1.3%. That would change the
-product's heartbeat (30 s when idle, docs/protocol.md 9.1), so it is not done.
+(one Ping sent, one Pong received) cost {per_hb} of server CPU on the ASGI path; with {size.fast:g} s heartbeats on
+{fast_level:,} connections {lof.get('us_per_ping', 0):.0f} µs there and {ldf.get('us_per_ping', 0):.0f} µs on
+lowlat-mw's protocol, where uvicorn's own WebSocket ping cost {ping.get('us_per_ping', 0):.0f} µs. CPU % =
+connections x cost per heartbeat / interval, so 1% of a core for {TARGET_IDLE:,} connections every
+{DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat: less than the server's own WebSocket ping costs
+(a timer wake-up, a frame written, a frame read and parsed). A due Ping is written from the scheduler's
+timer callback (no task, no lock); the scheduler wakes on a power-of-two grid (late by at most 1/64 of
+the wait; `lowlat_mw.drivers.timers.fire_time`), so connections opened at different moments share
+wake-ups; on lowlat-mw's protocol the Pong goes from uvicorn's parser to the driver without an ASGI
+message or a task wake-up. What is left is mostly the server's own frame work. Meeting 1% would need
+fewer heartbeats on idle connections (e.g. an idle connection's heartbeat stretched to
+`heartbeat_max_interval`, 120 s), which changes the product's heartbeat (30 s when idle,
+docs/protocol.md 9.1): not done.
 
-*Streams:* the middleware spent {s_await['server_cpu_us_per_delta']:.0f} µs of server CPU per delta against
-{b_await['server_cpu_us_per_delta']:.0f} µs for the bare endpoint ({ratio:.1f}x, per-request work included). With
-{size.streams:,} requests at once, a request's first delta waits until the event loop has gone round the other
-ready tasks, so TTFD p99 grows with streams x cost per delta. Without a socket (a ConnectionDriver
-driven in process, free send) the middleware's own work is about 40-50 µs per delta on this machine;
-the rest is the ASGI send through uvicorn and the extra task switches. The per-send `asyncio.timeout`
-(-23% CPU per delta once removed), per-chunk wrapper generators and a second `ev.Delta` per chunk were
-the largest items in the profile and are gone; the send Lock, `StreamTimer` and the replay-buffer
-`record` remain. A tight-loop model makes each stream run to its End before the next one starts: TTFD then
-grows with whole replies, for the bare endpoint too; such a model must await between tokens (or the
-middleware could yield to the loop after a stream's first delta)."""
+*Streams, {1 / PACE:g} tokens/s:* {size.streams:,} streams of {size.paced_tokens} tokens want
+{size.streams / PACE:,.0f} deltas/s; the bare endpoint spent {paced['bare']['server_cpu_us_per_delta']:.1f} µs of
+server CPU per delta, lowlat-mw {paced['lowlat']['server_cpu_us_per_delta']:.1f} µs on the ASGI path and
+{paced['lowlat-direct']['server_cpu_us_per_delta']:.1f} µs on its own protocol ({direct_vs['cpu_per_delta_ratio']:.2f}x,
+per-request work included), so on this 2-CPU machine, shared with the client processes, every server
+is saturated and a burst takes longer than the model's {size.paced_tokens * PACE:g} s. TTFD p99 is then set
+by how long the server takes to go through the burst of requests: a request costs lowlat-mw about 3x what
+it costs the bare endpoint, which decodes nothing and sends pre-encoded frames (profiled: in process,
+with no socket, a one-token request is 70-85 µs of Python: decoding, the stream's state, its task and
+eager first step, the End; the rest is the server parsing two frames and writing two). The garbage
+collector is the other part: a running stream holds about 20 objects the collector tracks (the bare
+endpoint's about 5), and a full collection of a heap of ~150,000 objects, under this load, stalls the
+process for about 100 ms of wall time, which lands in the p99 when it falls in a burst. Found with this
+suite's gc counters and removed: a loop-turn callback handle per direct write (now one per loop turn
+for every connection), a tuple per buffered Delta, and a reference cycle per Request with params
+(gen-0 collections per 100,000 paced deltas ~600 -> ~200). A tight-loop model makes each stream run to
+its End before the next one starts: TTFD then grows with whole replies, for the bare endpoint too."""
 
 
 def _plots(size: Size, configs: list[IdleConfig], rounds: list[dict[int, dict[str, IdleSample]]],
@@ -626,7 +626,7 @@ def _plots(size: Size, configs: list[IdleConfig], rounds: list[dict[int, dict[st
     ax.set_xscale("log")
     ax.set_xlabel("time to first delta, ms (log)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title(f"{size.streams:,} clients, one request each at once, {size.tokens} tokens")
+    ax.set_title(f"{size.streams:,} clients, one request each at once")
     ax.legend(fontsize=7)
     out["scale-ttfd.png"] = png(fig)
     return out
@@ -716,8 +716,9 @@ client processes (and, for this run, whatever else ran on it): CPU times below a
 process's own (`getrusage`, user + system), which other load does not inflate much; latencies and
 rates are wall-clock and do include that sharing.
 
-**Idle connections.** {size.rounds} round(s); each starts four fresh uvicorn servers (Starlette apps on
-`{WS}`, uvicorn's WebSocket pings off unless stated, permessage-deflate off), fed by {size.clients}
+**Idle connections.** {size.rounds} round(s); each starts {len(configs)} fresh uvicorn servers (Starlette apps on
+`{WS}`, or on lowlat-mw's protocol for the `lowlat-direct` ones, uvicorn's WebSocket pings off unless
+stated, permessage-deflate off), fed by {size.clients}
 client processes holding the client ends (the file-descriptor limit is raised to the hard limit in
 every process; the lowlat servers run with `max_connections=0, max_connections_per_client=0`,
 because every benchmark client comes from 127.0.0.1: the defaults, 10,000 per process and 256 per
@@ -727,7 +728,7 @@ that stay open (first-use imports and allocations land in the baseline, and noth
 closed connection lingers in the measurement); its memory then is the baseline. For each level
 ({levels} connections per server, warm-up included), the connections are opened (servers in an order
 rotated per round), then after {size.settle:g} s every server runs `gc.collect()` and reports USS and RSS
-(psutil), and every server's CPU time is read over the same {size.window:g} s window. The two fast
+(psutil), and every server's CPU time is read over the same {size.window:g} s window. The fast
 servers run up to {size.fast_max:,} connections only: they measure the cost per heartbeat, and are
 stopped before bigger levels so that their load neither disturbs those windows nor slows the opening.
 Per-connection memory = (USS at the level - USS at the baseline) / connections added, median over
@@ -747,9 +748,11 @@ deadline bookkeeping of every timer tick, included.
 
 ![server CPU during the window](benchmarks/scale-idle-cpu.png)
 
-**Streaming.** A bare streaming endpoint (sends {size.tokens} pre-encoded Deltas and an End for each
-message it gets) and the middleware (default settings, a zero-delay model streaming {size.tokens}
-tokens), each in its own uvicorn server. Each server is warmed up ({size.warm} connections stream once
+**Streaming.** A bare streaming endpoint (sends pre-encoded Deltas and an End for each message it
+gets) and the middleware (default settings, a model streaming the same tokens), each in its own
+uvicorn server: `lowlat` on uvicorn's own WebSocket protocol (the ASGI path), `lowlat-direct` on
+lowlat-mw's (`lowlat_mw.servers.uvicorn:WebSocketProtocol`, what `lowlat-mw serve` runs; direct reads
+and writes). Each server is warmed up ({size.warm} connections stream once
 per model), then gets {size.streams:,} client connections (spread over the client processes); in each
 of {size.stream_rounds} rounds, for each model and each server (order rotated per round), every client
 sends one request at once and reads its reply. TTFD runs from each request's send to its first Delta
@@ -757,9 +760,13 @@ as the client process sees it, so it includes the client processes' own queueing
 p50/p99/max are over every request of every round; deltas/s = a burst's deltas / (first request
 sent to last End received), median over rounds; server CPU µs/delta = the server process's CPU time
 over the bursts / their deltas (per-request work included); errors = Error frames, closes, timeouts,
-short or wrong replies, connections that failed to open. The `await` model awaits `asyncio.sleep(0)`
-between tokens, as a real async model awaits its next token; the `tight` model never yields, so once
-a stream starts it runs to its End before any other stream gets the event loop.
+short or wrong replies, connections that failed to open. The `await` model streams {size.tokens} tokens and
+awaits `asyncio.sleep(0)` between them, as a real async model awaits its next token; the `tight` model
+streams {size.tokens} and never yields, so once a stream starts it runs to its End before any other stream
+gets the event loop; the `paced` model is issue 15's workload: {size.paced_tokens} tokens, {PACE * 1000:g} ms
+apart ({1 / PACE:g} tokens/s; the bare endpoint sleeps as long). The second table gives each lowlat
+server's ratios to the bare endpoint (TTFD p99: the median of the rounds' ratios, each round's bursts
+run back to back).
 
 {stream_table}
 

@@ -101,8 +101,8 @@ class ModelRunner:
         self.driver: ConnectionDriver | None = driver
         self.info = driver.info
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.window = asyncio.Event()
-        self.window.set()
+        # Set while models may run; made by the first model that must wait (an Event is a deque: ~600 B).
+        self.window: asyncio.Event | None = None
         self.waiting = 0  # models paused for the flow-control window
         self.destroyed = False
         self._detached = False
@@ -153,7 +153,8 @@ class ModelRunner:
             store.remove(self.session.session_id)
         for task in list(self.tasks.values()):
             task.cancel()
-        self.window.set()  # wake paused streams so their cancellation runs
+        if self.window is not None:
+            self.window.set()  # wake paused streams so their cancellation runs
 
     def _set_detached(self, detached: bool) -> None:
         if detached != self._detached:
@@ -169,7 +170,7 @@ class ModelRunner:
 
     def window_changed(self) -> None:
         """Acks or a resume may have opened the flow-control window: wake paused models."""
-        if not self.session.blocked:
+        if not self.session.blocked and self.window is not None:
             self.window.set()
 
     # ------------------------------------------------------------------ streams
@@ -362,14 +363,17 @@ class ModelRunner:
     async def _wait_window(self) -> None:
         """Pause the model until the client acknowledges output (or resumes); 4003 if stuck."""
         while self.session.blocked and not self.destroyed:
-            self.window.clear()
+            window = self.window
+            if window is None:
+                window = self.window = asyncio.Event()
+            window.clear()
             driver = self.driver
             if driver is None:
-                await self.window.wait()
+                await window.wait()
                 continue
             try:
                 async with asyncio.timeout(self.settings.slow_consumer_timeout):
-                    await self.window.wait()
+                    await window.wait()
             except TimeoutError:
                 if self.driver is driver and self.session.blocked:
                     await driver.close(CloseCode.SLOW_CONSUMER, "client did not acknowledge output")
@@ -385,6 +389,14 @@ class ConnectionDriver:
     frames of one loop turn in one write; the close still goes through `send`. The endpoint admitted
     the connection.
     """
+
+    # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
+    # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
+    __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
+                 "_errors_logged", "_gone", "_handshake_span", "_inbox", "_scheduled", "_send", "_send_lock",
+                 "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
+                 "_welcomed", "address", "direct", "endpoint", "info", "loop", "metrics", "opened_at", "protocol",
+                 "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings

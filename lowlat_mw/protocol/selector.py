@@ -9,9 +9,11 @@ payload that is not smaller than the original (docs/protocol.md, "Compression").
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from . import compression as _codecs
 from .compression import CODEC_IDS, NONE
@@ -116,6 +118,17 @@ class _Kind:
         self.count = self.seen = self.probes = 0  # payloads decided, observations, probes made
 
 
+@functools.lru_cache(maxsize=64)
+def _tables(codecs: tuple[str, ...]) -> tuple[tuple[Any, ...], tuple[int, ...], tuple[tuple[float, ...], ...]]:
+    """A selector's constant tables for the codecs it may use: (variants, their codec ids, each variant's prior
+    ratio relative to zstd-1's per size class). Made once per codec set and shared: per connection they were
+    ~900 bytes of tuples and floats. (The compress functions are looked up per selector: tests swap them.)"""
+    variants = tuple(v for v in _VARIANTS if v.codec in codecs)
+    ids = tuple(CODEC_IDS[v.codec] for v in variants)
+    rel = tuple(tuple(v.priors[c] / _VARIANTS[0].priors[c] for v in variants) for c in _CLASSES)
+    return variants, ids, rel
+
+
 class CompressionSelector:
     """Picks none / zstd (level 1 or 3) / lz4 / snappy per payload from a cost model of delivery time.
 
@@ -160,12 +173,9 @@ class CompressionSelector:
     def __init__(self, codecs: Iterable[str], *, min_size: int = 512, link_mbps: float = 1000.0,
                  clock: Callable[[], float] | None = None) -> None:
         self.codecs = tuple(c for c in codecs if c in _codecs._REGISTRY)
-        self.variants = tuple(v for v in _VARIANTS if v.codec in self.codecs)
+        self.variants, self._ids, self._rel = _tables(self.codecs)  # (the priors: ratio to zstd-1's per size class)
         self._fns = tuple(_codecs._zstd3_compress if v.key == "zstd-3" else _codecs._REGISTRY[v.codec].compress
                          for v in self.variants)
-        self._ids = tuple(CODEC_IDS[v.codec] for v in self.variants)
-        # ratio of each variant / zstd-1's, per size class (the priors)
-        self._rel = tuple(tuple(v.priors[c] / _VARIANTS[0].priors[c] for v in self.variants) for c in _CLASSES)
         self.link_bps = link_mbps * 1e6 / 8
         self.last_variant: str | None = None
         self._clock = clock

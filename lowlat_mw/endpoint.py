@@ -18,6 +18,7 @@ task (a drain awaits the drivers' own).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import secrets
 import threading
@@ -39,6 +40,7 @@ from .settings import ENV_PREFIX, Settings
 __all__ = ["Accept", "Endpoint", "Refuse", "new_session_ids", "settings_from_config"]
 
 log = logging.getLogger("lowlat_mw")
+_gc_frozen = False  # gc.freeze() done in this process (Settings.gc_freeze)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,13 @@ class Endpoint:
     # ------------------------------------------------------------------ connections
     def connection_started(self, driver: Any) -> None:
         """A driver runs an admitted connection (on the running loop, if any): drains will reach it."""
+        global _gc_frozen
+        if not _gc_frozen and self.settings.gc_freeze:
+            # Once per process: the startup heap (tens of thousands of objects: modules, classes, the app)
+            # leaves the collector's generations, so a full collection no longer walks it while streams wait.
+            _gc_frozen = True
+            gc.freeze()
+            log.debug("gc.freeze(): %d objects moved to the permanent generation", gc.get_freeze_count())
         self.connections.add(driver)
         loop = getattr(driver, "loop", None)
         if loop is not None:

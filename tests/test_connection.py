@@ -679,3 +679,39 @@ def test_negotiate_subprotocol(offered: list[str], served: tuple[str, ...], expe
 def test_codec_follows_the_subprotocol(subprotocol: str | None, binary: bool) -> None:
     conn = ServerProtocol(DEFAULT, subprotocol=subprotocol, now=T0, session_id="s", secret="x" * 32)
     assert conn.codec.binary is binary
+
+
+# ================================================================================ gc.freeze at the first connection
+_FREEZE_SNIPPET = """
+import gc, sys
+from lowlat_mw.endpoint import Endpoint
+from lowlat_mw.settings import Settings
+
+class Driver:
+    address = None
+    loop = None
+
+endpoint = Endpoint(lambda req: "x", Settings(gc_freeze=sys.argv[1] == "on"))
+before = gc.get_freeze_count()
+endpoint.connection_started(Driver())
+first = gc.get_freeze_count()
+endpoint.connection_started(Driver())
+print(before, first, gc.get_freeze_count())
+"""
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_the_first_connection_freezes_the_startup_heap_once(setting: str) -> None:
+    """gc_freeze (default on): the first connection moves the process's objects to the permanent generation,
+    once; off, the collector is left alone. (A fresh process: the freeze is once per process.)"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FREEZE_SNIPPET, setting], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    before, first, second = (int(x) for x in out)
+    assert before == 0
+    if setting == "on":
+        assert first > 10_000 and second == first  # the startup heap (imports) frozen; the second does nothing
+    else:
+        assert first == second == 0

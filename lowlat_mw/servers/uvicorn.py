@@ -112,6 +112,7 @@ Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.serve
 
 
 READ_SLICE = 16 * 1024  # bytes handed to the WebSocket parser at a time
+LINGER = 5.0  # seconds a connection failed by a bad frame keeps reading (and dropping) before it closes
 
 
 def _in_slices(data: bytes, feed: Callable[[Any], None], done: Callable[[], bool]) -> None:
@@ -196,11 +197,33 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
 
     _lowlat_receiver: Callable[[bytes | str, int], None] | None = None  # direct reads (the driver's feed)
     _lowlat_burst = 0  # messages delivered from the current socket read
+    _lowlat_lingering = False  # failed (close frame sent): reading and dropping until the peer or LINGER ends it
 
     def data_received(self, data: bytes) -> None:
+        if self._lowlat_lingering:
+            return
         self._lowlat_burst = 0
         _in_slices(data, super().data_received,
                    lambda: self.conn.parser_exc is not None or self.transport.is_closing())
+
+    def handle_parser_exception(self) -> None:
+        """A frame failed the connection (too big, bad UTF-8, a protocol violation): the close frame goes out
+        and then, unlike uvicorn, the socket is not closed at once. A peer still sending the rest of the
+        message would find the socket closed with its data unread, and the kernel answers that with a TCP
+        reset, which can destroy the close frame before the peer reads it: the client sees 1006 (reconnect)
+        instead of 1009 or 1007 (final). Here the server sends the close frame and its FIN (write_eof), and
+        keeps reading and dropping what arrives until the peer closes or LINGER seconds have passed."""
+        close = self.conn.close_sent
+        assert close is not None
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self._lowlat_lingering = True
+        self.stop_keepalive()
+        transport = self.transport
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.loop.call_later(LINGER, transport.close)
 
     def handle_cont(self, event: Any) -> None:
         add_fragment(self.frames, event.data)

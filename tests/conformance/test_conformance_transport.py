@@ -320,6 +320,24 @@ def test_deflated_message_just_over_the_limit_is_refused_with_1009(srv):
     assert canonical_close_code(code) == 1009, code
 
 
+@pytest.mark.parametrize("srv", ["starlette", "serve"], indirect=True)  # lowlat_mw.servers.uvicorn:WebSocketProtocol
+def test_a_message_over_the_limit_is_refused_without_a_reset_while_the_client_still_sends(srv):
+    """The server refuses an oversized message as soon as its header arrives, while the client is still
+    sending the rest. It sends its close frame (1009) and FIN and keeps reading (and dropping) until the
+    client is done: closing at once would leave the rest unread, the kernel would answer it with a TCP
+    reset, and a client (a browser) could lose the close frame to it and see 1006 instead (it would then
+    reconnect and try to resume, rather than report "message too big")."""
+    ws = RawWS(srv.port)
+    try:
+        ws.hello()
+        ws.sock.sendall(frame(2, request_of_size(transport_limit(SETTINGS) + 64 * KiB)))  # no reset: all sent
+        assert ws.until_closed() == 1009
+        ws.sock.settimeout(10)
+        assert ws.sock.recv(65536) == b""  # then the server's FIN, not a reset
+    finally:
+        ws.close()
+
+
 # ================================================================================ fragments
 FRAGMENTS = 100_000
 

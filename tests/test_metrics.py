@@ -106,25 +106,27 @@ def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
 
 
 def test_unsampled_deltas_are_split_in_the_sampled_proportions() -> None:
-    """One Delta timed stage by stage, then 15 timed before and after the send only: their encode time is
-    the sampled one's, their send is measured, model is the rest, and the stages still add up."""
+    """Two Deltas timed stage by stage (the first with a slow, first-use encode), then 14 timed before and
+    after the send only: they are charged the second's encode time, not the first's; send is measured,
+    model is the rest, and the stages still add up."""
     clock = FakeClock()
     metrics = Metrics()
     timer = StreamTimer(clock, clock.now, *metrics.stream_started("m"))
-    clock.advance(0.010)
-    produced = clock.now
-    clock.advance(0.002)
-    encoded = clock.now
-    clock.advance(0.001)
-    timer.tick(encoded, clock.now, produced)
-    for _ in range(15):
+    for encode in (0.008, 0.002):  # first use: 8 ms; then 2 ms
+        clock.advance(0.010)
+        produced = clock.now
+        clock.advance(encode)
+        encoded = clock.now
+        clock.advance(0.001)
+        timer.tick(encoded, clock.now, produced)
+    for _ in range(14):
         clock.advance(0.012)  # model 10 ms + encode 2 ms, not told apart
         encoded = clock.now
         clock.advance(0.001)
         timer.tick(encoded, clock.now)
     assert timer.deltas == 16 and timer.sampled == 1
     ms = timer.timings_ms()
-    assert ms["encode"] == pytest.approx(32.0) and ms["send"] == pytest.approx(16.0)
+    assert ms["encode"] == pytest.approx(8.0 + 2.0 + 28.0) and ms["send"] == pytest.approx(16.0)
     assert ms["model"] == pytest.approx(160.0)
     assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
     assert metrics.hist("inter_delta_seconds", "m").count == 15  # every gap, sampled or not
@@ -133,13 +135,15 @@ def test_unsampled_deltas_are_split_in_the_sampled_proportions() -> None:
 def test_an_estimate_larger_than_the_lumped_time_is_scaled_down() -> None:
     clock = FakeClock()
     timer = StreamTimer(clock, clock.now)
-    timer.tick(clock.now + 0.004, clock.now + 0.005, clock.now)  # a slow first encode: 4 ms
+    timer.tick(clock.now + 0.001, clock.now + 0.002, clock.now)  # the first Delta
+    clock.now += 0.002
+    timer.tick(clock.now + 0.004, clock.now + 0.005, clock.now)  # a slow second encode: 4 ms
     clock.now += 0.005
     for _ in range(3):
         clock.advance(0.001)  # 1 ms from one send to the next frame: less than 4 ms of encode
         timer.tick(clock.now, clock.now)
     ms = timer.timings_ms()
-    assert ms["encode"] == pytest.approx(7.0) and ms["model"] == pytest.approx(0.0)
+    assert ms["encode"] == pytest.approx(8.0) and ms["model"] == pytest.approx(0.0)
     assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
 
 

@@ -659,7 +659,7 @@ class ConnectionDriver:
                     await self._write(frames)
             return
         clock = self.clock
-        if timer.deltas % SAMPLE_EVERY:  # most Deltas: two clock reads (StreamTimer.tick)
+        if timer.deltas % SAMPLE_EVERY and timer.deltas != 1:  # most Deltas: two clock reads (StreamTimer.tick)
             frames = proto.send_chunk(sid, chunk, self.monotonic())
             encoded = clock()
             try:

@@ -14,9 +14,10 @@ from typing import Any
 __all__ = ["SAMPLE_EVERY", "STAGES", "StreamTimer", "stage_sum"]
 
 SAMPLE_EVERY = 16
-"""A stream's first Delta and every 16th after it are timed stage by stage (model, encode, compress, send:
-three clock reads); the others with two reads (before and after the send), their model, encode and
-compress time split in the proportions of the sampled ones (:meth:`StreamTimer.timings_ms`)."""
+"""A stream's first two Deltas and every 16th after them are timed stage by stage (model, encode, compress,
+send: three clock reads); the others with two reads (before and after the send), each charged the mean
+encode and compress time of the sampled ones after the first (the first pays for first-use costs, which
+the others do not), model the rest (:meth:`StreamTimer.timings_ms`)."""
 
 STAGES = ("decode", "queue", "model", "encode", "compress", "send", "flow")
 """The additive stages of a stream, in End.timings_ms (milliseconds); they sum to ``total``.
@@ -26,8 +27,8 @@ scheduling, or a free worker thread for sync models, per chunk for sync generato
 inside the model callable. encode: numbering, recording (for resume) and encoding Delta frames.
 compress: compressing them. send: handing frames to the server (including waiting for the
 connection's send lock). flow: paused because the client's flow-control window was full or the
-connection was gone. Send is measured for every Delta; encode and compress on a stream's first Delta
-and every 16th, and estimated for the others from those; model is the rest.
+connection was gone. Send is measured for every Delta; encode and compress on a stream's first two
+Deltas and every 16th, and estimated for the others from those; model is the rest.
 """
 
 
@@ -50,7 +51,8 @@ class StreamTimer:
 
     __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gap_bounds", "gap_counts",
                  "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "lumped", "lumped_deltas", "model",
-                 "model_first_chunk", "model_started", "queue", "sampled", "send", "start", "ttfd")
+                 "model_first_chunk", "model_started", "queue", "sampled", "sampled_compress", "sampled_encode",
+                 "send", "start", "ttfd")
 
     def __init__(self, clock: Callable[[], float], start: float, ttfd: Any = None, gaps: Any = None) -> None:
         self.clock = clock
@@ -60,7 +62,8 @@ class StreamTimer:
         self.model_started: float | None = None
         self.model_first_chunk: float | None = None
         self.deltas = 0
-        self.sampled = 0  # Deltas timed stage by stage (delta)
+        self.sampled = 0  # Deltas timed stage by stage after the first, and their encode and compress time
+        self.sampled_encode = self.sampled_compress = 0.0
         self.lumped = 0.0  # model + encode + compress time of the other Deltas (tick), not split yet
         self.lumped_deltas = 0
         self.last_delta = 0.0
@@ -120,7 +123,10 @@ class StreamTimer:
                 compressed = took if compressed > took else compressed
                 self.compress += compressed
             self.encode += took - compressed
-            self.sampled += 1
+            if self.deltas:  # (the first Delta's first-use costs would skew the estimate)
+                self.sampled += 1
+                self.sampled_encode += took - compressed
+                self.sampled_compress += compressed
         self.send += sent - encoded
         self.last = sent
         self.deltas += 1
@@ -161,8 +167,8 @@ class StreamTimer:
         if n:  # split what tick() lumped: each such Delta is charged the sampled ones' mean encode and compress
             lumped, sampled = self.lumped, self.sampled  # time (scaled down if more than was lumped), model the rest
             self.lumped, self.lumped_deltas = 0.0, 0
-            encode = self.encode / sampled * n if sampled else 0.0
-            compress = self.compress / sampled * n if sampled else 0.0
+            encode = self.sampled_encode / sampled * n if sampled else 0.0
+            compress = self.sampled_compress / sampled * n if sampled else 0.0
             if encode + compress > lumped:
                 scale = lumped / (encode + compress) if lumped > 0 else 0.0
                 encode, compress = encode * scale, compress * scale

@@ -108,10 +108,11 @@ class Settings:
     direct_writes: bool = True
     """Where the server offers it (lowlat-mw's uvicorn protocols), frame output here and write it straight
     to the socket, a loop turn's frames in one write, instead of one ASGI send per frame (docs/architecture.md)."""
-    gc_freeze: bool = True
+    gc_freeze: bool = False
     """When the first connection arrives, move what the process holds then (modules, classes, your app) out of
     the garbage collector's reach (gc.freeze()), so a full collection visits only what came after and stalls
-    every stream far less (docs/architecture.md). False leaves the collector as it is."""
+    every stream far less (docs/architecture.md). Off by default: it changes the whole process (gc.get_objects
+    and gc.get_referrers no longer see those objects); `lowlat-mw serve`, which owns its process, turns it on."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",

@@ -702,8 +702,9 @@ print(before, first, gc.get_freeze_count())
 
 @pytest.mark.parametrize("setting", ["on", "off"])
 def test_the_first_connection_freezes_the_startup_heap_once(setting: str) -> None:
-    """gc_freeze (default on): the first connection moves the process's objects to the permanent generation,
-    once; off, the collector is left alone. (A fresh process: the freeze is once per process.)"""
+    """gc_freeze on (`lowlat-mw serve`'s default): the first connection moves the process's objects to the
+    permanent generation, once; off (the library default), the collector is left alone. (A fresh process:
+    the freeze is once per process.)"""
     import subprocess
     import sys
 

@@ -130,6 +130,8 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
     elif "metrics_path" not in options and f"{ENV_PREFIX}METRICS_PATH" not in os.environ:
         if Settings.load(options).path != DEFAULT_METRICS_PATH:
             options["metrics_path"] = DEFAULT_METRICS_PATH
+    if "gc_freeze" not in options and f"{ENV_PREFIX}GC_FREEZE" not in os.environ:
+        options["gc_freeze"] = True  # the process is ours: its startup heap leaves the collector (Settings.gc_freeze)
     client_path = getattr(args, "client_path", None)
     if client_path is not None:
         options["client_path"] = client_path

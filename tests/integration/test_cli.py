@@ -193,6 +193,11 @@ def test_serve_metrics_path_options(monkeypatch):
     assert "metrics_path" not in options()  # the environment decides
     assert options("drain_grace", 2.5)["drain_grace"] == 2.5  # --drain-grace is the drain_grace setting
     assert "drain_grace" not in options()  # else the setting's own default (or LOWLAT_DRAIN_GRACE)
+    monkeypatch.delenv("LOWLAT_GC_FREEZE", raising=False)
+    assert options()["gc_freeze"] is True  # serve owns its process: the startup heap is frozen
+    assert options("set", ["gc_freeze=false"])["gc_freeze"] is False
+    monkeypatch.setenv("LOWLAT_GC_FREEZE", "false")
+    assert "gc_freeze" not in options()  # the environment decides
     # refused before anything is served
     assert main(["serve", "--stats-interval", "1", "--set", "metrics=false"]) == 2
     assert main(["serve", "--stats-interval", "-1"]) == 2

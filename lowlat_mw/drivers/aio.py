@@ -647,7 +647,11 @@ class ConnectionDriver:
 
     # ------------------------------------------------------------------ from the models
     async def chunk(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
-        """The model of stream `sid` produced `chunk`: frame it, record it for resume, write it."""
+        """The model of stream `sid` produced `chunk`: frame it, record it for resume, write it.
+
+        Timed (`timer`): a sampled Delta (a stream's first two, then every SAMPLE_EVERY-th) reads the clock
+        where the chunk arrived, where its frames were built and where they were handed over; the others
+        only the last two (StreamTimer.tick)."""
         proto = self.protocol
         direct = self.direct
         if timer is None:
@@ -659,22 +663,14 @@ class ConnectionDriver:
                     await self._write(frames)
             return
         clock = self.clock
-        if timer.deltas % SAMPLE_EVERY and timer.deltas != 1:  # most Deltas: two clock reads (StreamTimer.tick)
-            frames = proto.send_chunk(sid, chunk, self.monotonic())
-            encoded = clock()
-            try:
-                if frames:  # (as above)
-                    if (direct is not None and not self._closing and not self._send_lock.locked()
-                            and direct.is_writable()):
-                        self._hold(frames)
-                    else:
-                        await self._write(frames)
-            finally:  # (as below)
-                timer.tick(encoded, clock())
-            return
-        produced = clock()
-        compressor = proto.compressor
-        spent = compressor.spent if compressor is not None else 0.0
+        produced: float | None = None
+        compressor = None
+        spent = 0.0
+        if timer.deltas == 1 or not timer.deltas % SAMPLE_EVERY:  # sampled
+            produced = clock()
+            compressor = proto.compressor
+            if compressor is not None:
+                spent = compressor.spent
         frames = proto.send_chunk(sid, chunk, self.monotonic())
         encoded = clock()
         try:

@@ -97,6 +97,9 @@ class Settings:
     (lowlat.js) and the demo page, e.g. "/lowlat" ("" = don't serve; docs/browser.md)."""
     stage_timings: bool = True
     """Send each stream's per-stage server timings in End.timings_ms (docs/observability.md)."""
+    delta_timing: bool = False
+    """Time every Delta stage by stage and put every inter-delta gap in the metrics (off: a stream's first two
+    Deltas and two in every 32, the rest estimated from them, with no clock read; docs/observability.md)."""
     tracing: bool = True
     """OpenTelemetry spans for handshakes and streams, when opentelemetry-api is installed."""
     merge_deltas: bool = False

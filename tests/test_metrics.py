@@ -18,7 +18,7 @@ from lowlat_mw.drivers.aio import ConnectionDriver, ModelRunner
 from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.model import Models
 from lowlat_mw.observability.metrics import LATENCY_BUCKETS, Metrics, Snapshot, quantile
-from lowlat_mw.observability.timing import STAGES, StreamTimer, stage_sum
+from lowlat_mw.observability.timing import SAMPLE_EVERY, STAGES, StreamTimer, stage_sum
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.base import FrameStats
 from lowlat_mw.protocol.codec import codec_for
@@ -97,7 +97,7 @@ def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
     ttfd, gaps = metrics.hist("time_to_first_delta_seconds", "m"), metrics.hist("inter_delta_seconds", "m")
     assert ttfd.count == 1 and ttfd.sum == pytest.approx(0.003)
     assert gaps.count == 3
-    assert gaps.sum == 0.0  # added when the stream ends
+    assert gaps.sum == pytest.approx(0.0034)
     metrics.stream_ended("m", "stop", 0.0064, timer)
     assert gaps.sum == pytest.approx(0.0034)
     assert timer.deltas == 4
@@ -105,10 +105,16 @@ def test_sent_feeds_first_delta_and_gaps_histograms() -> None:
     assert gaps.sum == pytest.approx(0.0034)
 
 
+def unsampled(timer: StreamTimer) -> None:
+    """A Delta between samples, as ConnectionDriver.chunk sends it: a count down, no clock read."""
+    timer.left -= 1
+    assert timer.left > 0
+
+
 def test_unsampled_deltas_are_split_in_the_sampled_proportions() -> None:
-    """Two Deltas timed stage by stage (the first with a slow, first-use encode), then 14 timed before and
-    after the send only: they are charged the second's encode time, not the first's; send is measured,
-    model is the rest, and the stages still add up."""
+    """Two Deltas timed stage by stage (the first with a slow, first-use encode), then 14 not timed at all:
+    they are charged the second's encode and send time, not the first's; model is the rest, and the
+    stages still add up."""
     clock = FakeClock()
     metrics = Metrics()
     timer = StreamTimer(clock, clock.now, *metrics.stream_started("m"))
@@ -118,30 +124,81 @@ def test_unsampled_deltas_are_split_in_the_sampled_proportions() -> None:
         clock.advance(encode)
         encoded = clock.now
         clock.advance(0.001)
-        timer.tick(encoded, clock.now, produced)
+        timer.tick(produced, encoded, clock.now)
     for _ in range(14):
-        clock.advance(0.012)  # model 10 ms + encode 2 ms, not told apart
-        encoded = clock.now
-        clock.advance(0.001)
-        timer.tick(encoded, clock.now)
+        clock.advance(0.013)  # model 10 ms + encode 2 ms + send 1 ms, not told apart
+        unsampled(timer)
     assert timer.deltas == 16 and timer.sampled == 1
     ms = timer.timings_ms()
     assert ms["encode"] == pytest.approx(8.0 + 2.0 + 28.0) and ms["send"] == pytest.approx(16.0)
     assert ms["model"] == pytest.approx(160.0)
     assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
-    assert metrics.hist("inter_delta_seconds", "m").count == 15  # every gap, sampled or not
+    assert metrics.hist("inter_delta_seconds", "m").count == 1  # the first two Deltas' gap: the others not timed
+
+
+def test_delta_timing_times_every_delta_and_every_gap() -> None:
+    """With every Delta sampled (setting delta_timing, or a model lapped per chunk), every gap is counted."""
+    clock = FakeClock()
+    metrics = Metrics()
+    timer = StreamTimer(clock, clock.now, *metrics.stream_started("m"))
+    timer.every = 1
+    for i in range(16):
+        clock.advance(0.010 + i / 1000)
+        produced = clock.now
+        clock.advance(0.002)
+        encoded = clock.now
+        clock.advance(0.001)
+        assert timer.left - 1 == 0  # (never a Delta between samples)
+        timer.tick(produced, encoded, clock.now)
+    ms = timer.timings_ms()
+    assert ms["encode"] == pytest.approx(32.0) and ms["send"] == pytest.approx(16.0)
+    assert ms["model"] == pytest.approx(160.0 + sum(range(16)))
+    gaps = metrics.hist("inter_delta_seconds", "m")
+    assert gaps.count == 15  # every gap
+    assert gaps.sum == pytest.approx(15 * 0.013 + sum(range(1, 16)) / 1000)
+
+
+def test_deltas_are_sampled_in_pairs_and_laps_between_samples_are_lumped() -> None:
+    """After the first two, two consecutive Deltas in every SAMPLE_EVERY are sampled, and the gap between
+    them counted; a lap (a flow-control pause begins) after unsampled Deltas charges their time to the
+    lumped pool, not to its stage, and the next sampled Delta starts a pair; the stages stay right."""
+    clock = FakeClock()
+    metrics = Metrics()
+    timer = StreamTimer(clock, clock.now, *metrics.stream_started("m"))
+    assert SAMPLE_EVERY == 32
+    sampled_at = []
+    for i in range(1, 81):
+        clock.advance(0.002)  # 1 ms model, then 0.5 ms encode and 0.5 ms send
+        if timer.left - 1:
+            unsampled(timer)
+        else:
+            sampled_at.append(i)
+            timer.tick(clock.now - 0.001, clock.now - 0.0005, clock.now)
+        if i == 32:  # (the next Delta is sampled, and nothing in between was: it starts a pair)
+            timer.lap("model")  # a pause begins: the 30 unsampled Deltas since the 2nd are lumped
+            clock.advance(0.100)
+            timer.lap("flow")
+    assert sampled_at == [1, 2, 33, 34, 65, 66]
+    assert timer.deltas == 80
+    ms = timer.timings_ms()
+    assert ms["flow"] == pytest.approx(100.0)
+    assert ms["encode"] == pytest.approx(40.0) and ms["send"] == pytest.approx(40.0)
+    assert ms["model"] == pytest.approx(80.0)
+    assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
+    gaps = metrics.hist("inter_delta_seconds", "m")
+    assert gaps.count == 3 and gaps.sum == pytest.approx(0.006)  # (1, 2), (33, 34), (65, 66): 2 ms each
 
 
 def test_an_estimate_larger_than_the_lumped_time_is_scaled_down() -> None:
     clock = FakeClock()
     timer = StreamTimer(clock, clock.now)
-    timer.tick(clock.now + 0.001, clock.now + 0.002, clock.now)  # the first Delta
-    clock.now += 0.002
-    timer.tick(clock.now + 0.004, clock.now + 0.005, clock.now)  # a slow second encode: 4 ms
-    clock.now += 0.005
+    timer.tick(clock.now, clock.now + 0.001, clock.now + 0.001)  # the first Delta: 1 ms encode, no send time
+    clock.now += 0.001
+    timer.tick(clock.now, clock.now + 0.004, clock.now + 0.004)  # a slow second encode: 4 ms
+    clock.now += 0.004
     for _ in range(3):
-        clock.advance(0.001)  # 1 ms from one send to the next frame: less than 4 ms of encode
-        timer.tick(clock.now, clock.now)
+        clock.advance(0.001)  # 1 ms from one send to the next: less than 4 ms of encode
+        unsampled(timer)
     ms = timer.timings_ms()
     assert ms["encode"] == pytest.approx(8.0) and ms["model"] == pytest.approx(0.0)
     assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
@@ -343,7 +400,7 @@ async def test_no_clock_means_no_stage_timer(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_gap_buckets_match_a_bisect_of_every_gap() -> None:
-    """The cached bucket of the last gap (a fast path) counts exactly what a bisect per gap would."""
+    """Gaps counted in batches of send times count exactly what a bisect per gap would."""
     import bisect
     import random
 
@@ -363,3 +420,49 @@ def test_gap_buckets_match_a_bisect_of_every_gap() -> None:
             expected[bisect.bisect_left(hist.bounds, clock.now - last)] += 1
         last = clock.now
     assert hist.counts == expected
+
+
+async def _tokens(req: Any) -> Any:
+    for i in range(40):
+        yield f"t{i} "
+        await asyncio.sleep(0)
+
+
+def _tokens_sync(req: Any) -> Any:
+    yield from (f"t{i} " for i in range(40))
+
+
+@pytest.mark.parametrize(("model", "settings", "gaps"), [
+    (_tokens, {}, 2),  # sampled: (1, 2) and (33, 34)
+    (_tokens, {"delta_timing": True}, 39),  # every gap
+    (_tokens_sync, {}, 39),  # a model lapped per chunk anyway (a thread hop per chunk): every gap
+])
+async def test_a_stream_through_the_driver_samples_deltas_unless_asked_not_to(model: Any, settings: dict[str, Any],
+                                                                                gaps: int) -> None:
+    """Through a real ConnectionDriver and clock: the End's stages add up, the time to first delta is observed
+    once, and the gap histogram gets the sampled pairs' gaps (every gap with delta_timing)."""
+    metrics = Metrics()
+    endpoint = Endpoint(model, Settings(**settings), registry=CollectorRegistry())
+    endpoint.metrics = metrics
+    codec = codec_for(SUBPROTOCOL_PROTO)
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    driver = ConnectionDriver(endpoint, send=send, subprotocol=SUBPROTOCOL_PROTO)
+    await driver.receive(codec.encode(ev.Hello(client="t")))
+    await driver.receive(codec.encode(ev.Request(stream_id=1, text="x")))
+    for _ in range(2000):
+        if not driver.tasks:
+            break
+        await asyncio.sleep(0.001)
+    events = [codec.decode(m["bytes"], limit=1 << 20) for m in sent if m["type"] == "websocket.send"]
+    assert sum(isinstance(e, ev.Delta) for e in events) == 40
+    end = events[-1]
+    assert isinstance(end, ev.End) and end.finish_reason == "stop"
+    assert stage_sum(end.timings_ms) == pytest.approx(end.timings_ms["total"], rel=1e-6, abs=1e-6)
+    assert min(end.timings_ms[s] for s in STAGES) >= 0.0
+    assert metrics.hist("time_to_first_delta_seconds", "default").count == 1
+    assert metrics.hist("inter_delta_seconds", "default").count == gaps
+    await driver.disconnected(1000)

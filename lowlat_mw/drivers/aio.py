@@ -35,7 +35,7 @@ from ..errors import CloseCode, ErrorCode, close_code_reconnects
 from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model
 from ..observability import tracing
 from ..observability.metrics import Metrics
-from ..observability.timing import SAMPLE_EVERY, StreamTimer
+from ..observability.timing import StreamTimer
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, Measured, SendFrame
 from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSession, ServerProtocol, StartStream
@@ -183,6 +183,8 @@ class ModelRunner:
         if arrived is not None:
             timer = StreamTimer(self.clock, arrived, *hists)
             timer.lap("decode")
+            if self.settings.delta_timing or (kind != "asyncgen" and kind != "async") or self.settings.merge_deltas:
+                timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
         task, finished = eager.start(asyncio.get_running_loop(), self._run(request, fn, label, kind, timer))
         if not finished:  # (a stream that ended in that step popped itself already)
@@ -290,11 +292,13 @@ class ModelRunner:
         self.session.keep(sid, chunk, self.monotonic())
         if timer is not None:
             now = self.clock()
-            timer.tick(now, now, produced)
+            timer.tick(produced, now, now)
 
     async def _paused(self, timer: StreamTimer | None) -> None:
         """The flow-control window (or, detached, the replay buffer) is full: wait until it opens."""
         self.waiting += 1
+        if timer is not None:  # (what went before the pause is not flow time)
+            timer.lap("model")
         try:
             await self._wait_window()
         finally:
@@ -649,38 +653,34 @@ class ConnectionDriver:
     async def chunk(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """The model of stream `sid` produced `chunk`: frame it, record it for resume, write it.
 
-        Timed (`timer`): a sampled Delta (a stream's first two, then every SAMPLE_EVERY-th) reads the clock
-        where the chunk arrived, where its frames were built and where they were handed over; the others
-        only the last two (StreamTimer.tick)."""
+        Timed (`timer`): a sampled Delta (a stream's first two, then two in `timer.every`) reads the clock
+        where the chunk arrived, where its frames were built and where they were handed over
+        (StreamTimer.tick); the others only count down to the next sample."""
         proto = self.protocol
-        direct = self.direct
-        if timer is None:
-            frames = proto.send_chunk(sid, chunk, self.monotonic())
-            if frames:  # (_write's direct path, written out: no coroutine per Delta)
-                if direct is not None and not self._closing and not self._send_lock.locked() and direct.is_writable():
-                    self._hold(frames)
-                else:
-                    await self._write(frames)
-            return
-        clock = self.clock
         produced: float | None = None
-        compressor = None
-        spent = 0.0
-        if timer.deltas == 1 or not timer.deltas % SAMPLE_EVERY:  # sampled
-            produced = clock()
-            compressor = proto.compressor
-            if compressor is not None:
-                spent = compressor.spent
+        if timer is not None:
+            left = timer.left - 1
+            if left:
+                timer.left = left
+            else:  # sampled
+                clock = self.clock
+                produced = clock()
+                compressor = proto.compressor
+                spent = compressor.spent if compressor is not None else 0.0
         frames = proto.send_chunk(sid, chunk, self.monotonic())
-        encoded = clock()
+        if produced is not None:
+            encoded = self.clock()
         try:
-            if frames:  # (as above)
+            if frames:  # (_write's direct path, written out: no coroutine per Delta)
+                direct = self.direct
                 if direct is not None and not self._closing and not self._send_lock.locked() and direct.is_writable():
                     self._hold(frames)
                 else:
                     await self._write(frames)
         finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
-            timer.tick(encoded, clock(), produced, compressor.spent - spent if compressor is not None else 0.0)
+            if produced is not None:
+                timer.tick(produced, encoded, clock(),  # type: ignore[union-attr]
+                           compressor.spent - spent if compressor is not None else 0.0)
 
     async def end_stream(self, sid: int, ending: tuple[Any, ...], timings_ms: dict[str, float] | None, span: Any,
                          timer: StreamTimer | None) -> None:

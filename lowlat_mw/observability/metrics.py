@@ -91,7 +91,9 @@ _SPECS = (
           ("subprotocol", "compression")),
     _Spec("time_to_first_delta_seconds", "histogram",
           "From receiving a Request to sending its first Delta.", ("model",)),
-    _Spec("inter_delta_seconds", "histogram", "Gap between consecutive Deltas of a stream.", ("model",)),
+    _Spec("inter_delta_seconds", "histogram",
+          "Gap between consecutive Deltas of a stream (sampled: one gap in 32; every gap with setting delta_timing).",
+          ("model",)),
     _Spec("stream_duration_seconds", "histogram", "From receiving a Request to its End or Error.",
           ("model", "outcome"), DURATION_BUCKETS),
     _Spec("stage_seconds", "histogram", "Time of each stream spent per stage (see STAGES), per stream.",
@@ -304,11 +306,6 @@ class Metrics:
             return
         if timer.lumped_deltas:  # (the driver read timer.timings_ms() first, which splits them)
             timer.timings_ms()
-        gaps = timer.gaps
-        if gaps is not None:  # per Delta only the gap's bucket was counted: the sum is added once, here
-            if timer.first_delta is not None and timer.deltas > 1:
-                gaps.sum += timer.last_delta - timer.first_delta
-            timer.gaps = timer.gap_counts = None
         hists = self._stages_of.get(label)
         if hists is None:  # bound once per label, not looked up per stage of every stream
             series = self._values["stage_seconds"]

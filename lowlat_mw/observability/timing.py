@@ -13,11 +13,13 @@ from typing import Any
 
 __all__ = ["SAMPLE_EVERY", "STAGES", "StreamTimer", "stage_sum"]
 
-SAMPLE_EVERY = 16
-"""A stream's first two Deltas and every 16th after them are timed stage by stage (model, encode, compress,
-send: three clock reads); the others with two reads (before and after the send), each charged the mean
-encode and compress time of the sampled ones after the first (the first pays for first-use costs, which
-the others do not), model the rest (:meth:`StreamTimer.timings_ms`)."""
+SAMPLE_EVERY = 32
+"""A stream's first two Deltas, then two in every 32 (consecutive ones) are timed stage by stage (model,
+encode, compress, send: three clock reads), and the gap between the two goes to the inter-delta histogram.
+The others read no clock: the time from one sampled Delta to the next is split when the stream ends, each
+Delta in between charged the mean encode, compress and send time of the sampled ones after the first (the
+first pays for first-use costs, which the others do not), model the rest (:meth:`StreamTimer.timings_ms`).
+Setting ``delta_timing`` (and a model that is lapped per chunk anyway) times every Delta and every gap."""
 
 STAGES = ("decode", "queue", "model", "encode", "compress", "send", "flow")
 """The additive stages of a stream, in End.timings_ms (milliseconds); they sum to ``total``.
@@ -27,8 +29,9 @@ scheduling, or a free worker thread for sync models, per chunk for sync generato
 inside the model callable. encode: numbering, recording (for resume) and encoding Delta frames.
 compress: compressing them. send: handing frames to the server (including waiting for the
 connection's send lock). flow: paused because the client's flow-control window was full or the
-connection was gone. Send is measured for every Delta; encode and compress on a stream's first two
-Deltas and every 16th, and estimated for the others from those; model is the rest.
+connection was gone. Encode, compress and send are measured on a stream's first two Deltas and two in
+every 32 (every Delta with setting delta_timing, and for a model that is lapped per chunk: sync models,
+merged Deltas) and estimated for the others from those; model is the rest.
 """
 
 
@@ -41,18 +44,18 @@ class StreamTimer:
     """Lap timer of one stream: each lap charges the time since the previous one to a stage.
 
     Created when the Request frame arrives (`start`: the clock value before it was decoded) and
-    carried by the stream's task, so a resumed stream keeps counting. For a sampled Delta (the first,
-    then every SAMPLE_EVERY-th) the driver reads the clock where the model's chunk reached it, where
-    the frames were built and where they were handed to the server; for the others only the last two;
-    either way it makes one call, :meth:`tick` (written out, not built on :meth:`lap`: it runs for every
-    token).
-    `ttfd` and `gaps` are the metrics' histograms (None: metrics off).
+    carried by the stream's task, so a resumed stream keeps counting. Deltas are counted down to the
+    next sampled one (`left`); the driver sends the others without a call or a clock read (it stores
+    ``left - 1``). For a sampled Delta (``left - 1 == 0``) it reads the clock where the model's chunk
+    reached it, where the frames were built and where they were handed to the server, and calls
+    :meth:`tick`. Samples come in pairs, so the gap between two Deltas is measured without a clock
+    read on every Delta. `ttfd` and `gaps` are the metrics' histograms (None: metrics off).
     """
 
-    __slots__ = ("clock", "compress", "decode", "deltas", "encode", "first_delta", "flow", "gap_bounds", "gap_counts",
-                 "gap_hi", "gap_i", "gap_lo", "gaps", "last", "last_delta", "lumped", "lumped_deltas", "model",
-                 "model_first_chunk", "model_started", "queue", "sampled", "sampled_compress", "sampled_encode",
-                 "send", "start", "ttfd")
+    __slots__ = ("clock", "compress", "counted", "decode", "encode", "every", "first_delta", "flow", "gaps", "last",
+                 "last_sampled", "last_sent", "left", "lumped", "lumped_deltas", "mark", "model", "model_first_chunk",
+                 "model_started", "queue", "sampled", "sampled_compress", "sampled_encode", "sampled_send", "send",
+                 "start", "ttfd")
 
     def __init__(self, clock: Callable[[], float], start: float, ttfd: Any = None, gaps: Any = None) -> None:
         self.clock = clock
@@ -61,19 +64,23 @@ class StreamTimer:
         self.decode = self.queue = self.model = self.encode = self.compress = self.send = self.flow = 0.0
         self.model_started: float | None = None
         self.model_first_chunk: float | None = None
-        self.deltas = 0
-        self.sampled = 0  # Deltas timed stage by stage after the first, and their encode and compress time
-        self.sampled_encode = self.sampled_compress = 0.0
-        self.lumped = 0.0  # model + encode + compress time of the other Deltas (tick), not split yet
+        self.every = SAMPLE_EVERY  # a pair of Deltas in `every` is sampled after the first two (1: every Delta)
+        self.left = self.mark = 1  # countdown to the next sampled Delta, and its value at the last lap or tick
+        self.counted = 0  # Deltas accounted for by a lap or tick (`deltas` adds those since)
+        self.sampled = 0  # Deltas timed stage by stage after the first, and their encode, compress and send time
+        self.sampled_encode = self.sampled_compress = self.sampled_send = 0.0
+        self.lumped = 0.0  # the whole time of the unsampled Deltas (and the model time between them), not split yet
         self.lumped_deltas = 0
-        self.last_delta = 0.0
         self.first_delta: float | None = None
+        self.last_sent = 0.0  # when the last sampled Delta was handed over, and its number (the first is 1)
+        self.last_sampled = 0
         self.ttfd = ttfd  # time to first delta: observed at the first Delta
-        self.gaps = gaps  # inter-delta gaps: each gap's bucket counted per Delta, their sum added at the end
-        self.gap_counts: list[int] | None = gaps.counts if gaps is not None else None
-        self.gap_bounds: tuple[float, ...] = gaps.bounds if gaps is not None else ()
-        # the bucket the last gap fell in, (gap_lo, gap_hi]: consecutive gaps mostly share one
-        self.gap_lo, self.gap_hi, self.gap_i = 0.0, -1.0, 0
+        self.gaps = gaps  # inter-delta gaps: observed at the second Delta of each sampled pair
+
+    @property
+    def deltas(self) -> int:
+        """Deltas sent so far."""
+        return self.counted + self.mark - self.left
 
     @property
     def stages(self) -> dict[str, float]:
@@ -84,9 +91,18 @@ class StreamTimer:
                 "compress": self.compress, "send": self.send, "flow": self.flow}
 
     def lap(self, stage: str) -> float:
-        """Charge the time since the last lap to `stage` (one of STAGES); returns the clock value."""
+        """Charge the time since the last lap to `stage` (one of STAGES); returns the clock value.
+
+        If unsampled Deltas went out since, the time is theirs (and the model's between them): lumped."""
         now = self.clock()
-        setattr(self, stage, getattr(self, stage) + now - self.last)
+        n = self.mark - self.left
+        if n:
+            self.lumped += now - self.last
+            self.lumped_deltas += n
+            self.counted += n
+            self.mark = self.left
+        else:
+            setattr(self, stage, getattr(self, stage) + now - self.last)
         self.last = now
         return now
 
@@ -98,63 +114,59 @@ class StreamTimer:
 
     def chunk(self) -> None:
         """The model produced a chunk (or finished)."""
-        now = self.clock()
-        self.model += now - self.last
-        self.last = now
+        now = self.lap("model")
         if self.model_first_chunk is None and self.model_started is not None:
             self.model_first_chunk = now
 
-    def tick(self, encoded: float, sent: float, produced: float | None = None, compressed: float = 0.0) -> None:
-        """One Delta: its frames were built by `encoded` and handed to the server by `sent` (send time).
+    def tick(self, produced: float, encoded: float, sent: float, compressed: float = 0.0) -> None:
+        """A sampled Delta: its chunk reached the driver at `produced`, its frames were built by `encoded`
+        (`compressed` seconds of that compressing) and handed to the server by `sent`.
 
-        Sampled (`produced` given: when its chunk reached the driver), the time until then is model time
-        and from then to `encoded` encode time (`compressed` seconds of it compressing). Otherwise the time
-        until `encoded` is model, encode and compress time together, split when the stream's timings are
-        read (:meth:`timings_ms`). Feeds the time to first delta and the inter-delta gaps."""
-        if produced is None:
-            self.lumped += encoded - self.last
-            self.lumped_deltas += 1
+        The time until `produced` is model time, or lumped with the unsampled Deltas before it. Feeds the
+        time to first delta, and the gap histogram if the Delta before was sampled too."""
+        n = self.mark - self.left  # unsampled Deltas since the last lap or tick
+        if n:
+            self.lumped += produced - self.last
+            self.lumped_deltas += n
         else:
             self.model += produced - self.last
-            if self.model_first_chunk is None and self.model_started is not None:
-                self.model_first_chunk = produced
-            took = encoded - produced
-            if compressed:
-                compressed = took if compressed > took else compressed
-                self.compress += compressed
-            self.encode += took - compressed
-            if self.deltas:  # (the first Delta's first-use costs would skew the estimate)
-                self.sampled += 1
-                self.sampled_encode += took - compressed
-                self.sampled_compress += compressed
+        if self.model_first_chunk is None and self.model_started is not None:
+            self.model_first_chunk = produced
+        took = encoded - produced
+        if compressed:
+            compressed = took if compressed > took else compressed
+            self.compress += compressed
+        self.encode += took - compressed
         self.send += sent - encoded
         self.last = sent
-        self.deltas += 1
-        if self.deltas == 1:
+        counted = self.counted
+        if counted:  # (the first Delta's first-use costs would skew the estimate)
+            self.sampled += 1
+            self.sampled_encode += took - compressed
+            self.sampled_compress += compressed
+            self.sampled_send += sent - encoded
+            if self.last_sampled != counted + n:  # the first of a pair: the next Delta is sampled too
+                self.left = self.mark = 1
+            else:  # the second (the Delta before was sampled): the gap between them
+                gaps = self.gaps
+                if gaps is not None:  # (its observe(), written out)
+                    gaps.counts[bisect_left(gaps.bounds, sent - self.last_sent)] += 1
+                    gaps.sum += sent - self.last_sent
+                self.left = self.mark = self.every - 1 or 1
+        else:
+            self.left = self.mark = 1  # the second Delta is sampled too
             self.first_delta = sent
             ttfd = self.ttfd
             if ttfd is not None:  # (its observe(), written out)
                 ttfd.counts[bisect_left(ttfd.bounds, sent - self.start)] += 1
                 ttfd.sum += sent - self.start
-        else:
-            counts = self.gap_counts
-            if counts is not None:  # the bucket of this gap (the sum is added when the stream ends)
-                gap = sent - self.last_delta
-                if self.gap_lo < gap <= self.gap_hi:
-                    counts[self.gap_i] += 1
-                else:
-                    bounds = self.gap_bounds
-                    i = bisect_left(bounds, gap)
-                    counts[i] += 1
-                    self.gap_i = i
-                    self.gap_lo = bounds[i - 1] if i > 0 else float("-inf")
-                    self.gap_hi = bounds[i] if i < len(bounds) else float("inf")
-        self.last_delta = sent
+        self.counted = self.last_sampled = counted + n + 1
+        self.last_sent = sent
 
     def sent(self) -> None:
         """A Delta went to the server with nothing to charge but send time (since the last lap)."""
         last = self.last
-        self.tick(last, self.clock(), last)
+        self.tick(last, last, self.clock())
 
     def timings_ms(self) -> dict[str, float]:
         """The stages in milliseconds; ``total`` on the same clock (the Request frame's arrival to the last
@@ -163,18 +175,21 @@ class StreamTimer:
         ``total`` is the stages' own span: read from another clock at another moment, a pause between
         the two reads (a garbage collection in a big heap) opened a gap the stages did not cover.
         """
+        if self.mark != self.left:  # unsampled Deltas since the last lap (the drivers lap at the end)
+            self.lap("model")
         n = self.lumped_deltas
-        if n:  # split what tick() lumped: each such Delta is charged the sampled ones' mean encode and compress
-            lumped, sampled = self.lumped, self.sampled  # time (scaled down if more than was lumped), model the rest
-            self.lumped, self.lumped_deltas = 0.0, 0
-            encode = self.sampled_encode / sampled * n if sampled else 0.0
-            compress = self.sampled_compress / sampled * n if sampled else 0.0
-            if encode + compress > lumped:
-                scale = lumped / (encode + compress) if lumped > 0 else 0.0
-                encode, compress = encode * scale, compress * scale
+        if n:  # split the lumped time: each unsampled Delta is charged the sampled ones' mean encode, compress
+            lumped, sampled = self.lumped, self.sampled  # and send time (scaled down if more than was lumped),
+            self.lumped, self.lumped_deltas = 0.0, 0  # model the rest
+            per = n / sampled if sampled else 0.0
+            encode, compress, send = self.sampled_encode * per, self.sampled_compress * per, self.sampled_send * per
+            if encode + compress + send > lumped:
+                scale = lumped / (encode + compress + send) if lumped > 0 else 0.0
+                encode, compress, send = encode * scale, compress * scale, send * scale
             self.encode += encode
             self.compress += compress
-            self.model += lumped - encode - compress
+            self.send += send
+            self.model += lumped - encode - compress - send
         out = {"decode": self.decode * 1000.0, "queue": self.queue * 1000.0, "model": self.model * 1000.0,
                "encode": self.encode * 1000.0, "compress": self.compress * 1000.0, "send": self.send * 1000.0,
                "flow": self.flow * 1000.0, "total": (self.last - self.start) * 1000.0}

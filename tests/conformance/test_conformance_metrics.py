@@ -22,7 +22,7 @@ from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import ErrorCode, StreamError
 from lowlat_mw.client import connect
-from lowlat_mw.observability.timing import STAGES, stage_sum
+from lowlat_mw.observability.timing import SAMPLE_EVERY, STAGES, stage_sum
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -92,7 +92,13 @@ class Diff:
 
 
 # ================================================================================ metrics
-AGEN_N, AGEN_K, AGEN_DELAY = 3, 4, 0.002  # 3 streams of the async generator, 4 deltas each
+def sampled_gaps(deltas: int) -> int:
+    """Gaps in the inter-delta histogram from one stream of `deltas` Deltas: Deltas 1 and 2, then two
+    consecutive ones in every SAMPLE_EVERY (33 and 34, ...) are timed, and the gap of each pair counted."""
+    return sum(1 for m in range(deltas) if SAMPLE_EVERY * m + 2 <= deltas)
+
+
+AGEN_N, AGEN_K, AGEN_DELAY = 3, 36, 0.002  # 3 streams of the async generator, 36 deltas each
 # A sleep's lower bound as the server's clock sees it: uvloop (under uvicorn) runs timers on libuv's
 # millisecond loop clock, cached per loop turn, so asyncio.sleep(0.002) may end up to 1 ms early.
 SLEEP_SLACK = 0.001
@@ -169,9 +175,10 @@ async def test_scrape_counts_streams_errors_connections_and_bytes(server, mode):
     assert d("lowlat_errors_total", code="unknown_model") == 1
     assert d("lowlat_errors_total") == 2
 
-    # time to first delta: one per stream that sent a Delta; inter-delta: one per Delta after the first
+    # time to first delta: one per stream that sent a Delta; inter-delta: the gap of each sampled pair of an
+    # async generator's Deltas (1-2 and 33-34), every gap of a sync generator's (timed per chunk anyway)
     first = {"agen": AGEN_N, "gen": GEN_N, "fail": 1, "hold": 1, "unknown": 0}
-    gaps = {"agen": AGEN_N * (AGEN_K - 1), "gen": GEN_N * (GEN_K - 1), "fail": 0, "hold": 0, "unknown": 0}
+    gaps = {"agen": AGEN_N * sampled_gaps(AGEN_K), "gen": GEN_N * (GEN_K - 1), "fail": 0, "hold": 0, "unknown": 0}
     for model in first:
         assert d("lowlat_time_to_first_delta_seconds_count", model=model) == first[model], model
         assert d("lowlat_time_to_first_delta_seconds_bucket", model=model, le="+Inf") == first[model], model
@@ -184,7 +191,7 @@ async def test_scrape_counts_streams_errors_connections_and_bytes(server, mode):
                                                                             model="agen")
     duration = d("lowlat_stream_duration_seconds_sum", model="agen", outcome="stop")
     assert ttfd >= AGEN_N * (AGEN_DELAY - SLEEP_SLACK)
-    assert gap >= AGEN_N * (AGEN_K - 1) * (AGEN_DELAY - SLEEP_SLACK)
+    assert gap >= gaps["agen"] * (AGEN_DELAY - SLEEP_SLACK)
     assert ttfd + gap <= duration + AGEN_N * 0.001, (ttfd, gap, duration)
     assert d("lowlat_time_to_first_delta_seconds_sum") > 0
     stages = sum(d("lowlat_stage_seconds_sum", model="agen", stage=s) for s in STAGES)

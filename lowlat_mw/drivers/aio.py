@@ -397,9 +397,9 @@ class ConnectionDriver:
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
-                 "_errors_logged", "_gone", "_handshake_span", "_inbox", "_scheduled", "_send", "_send_lock",
-                 "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
-                 "_welcomed", "address", "direct", "endpoint", "info", "loop", "metrics", "opened_at", "protocol",
+                 "_errors_logged", "_gone", "_handshake_span", "_inbox", "_scheduled", "_send", "_send_since",
+                 "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns", "_waiters", "_welcomed",
+                 "_writing", "address", "direct", "endpoint", "info", "loop", "metrics", "opened_at", "protocol",
                  "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
@@ -434,8 +434,11 @@ class ConnectionDriver:
         self.scheduler = scheduler if scheduler is not None else AsyncScheduler.current()
         self.runner: ModelRunner | None = None
         self._arrived = 0.0  # when the frame being handled arrived (perf_counter), for a Request's stage timer
-        self._send_lock = asyncio.Lock()
-        # The send in progress (the task holding the lock) and when it began: on_timer closes the
+        # One writer at a time holds the connection's output (frames of one write stay together, a close
+        # goes after what was written before it): a flag, and a queue only while writes wait (_acquire).
+        self._writing = False
+        self._waiters: deque[asyncio.Future[None]] | None = None
+        # The send in progress (the task holding the output) and when it began: on_timer closes the
         # connection when one stays blocked for slow_consumer_timeout, without a loop timer per frame.
         self._sender: asyncio.Task[Any] | None = None
         self._send_since = math.inf
@@ -546,7 +549,7 @@ class ConnectionDriver:
         once, streams to start or cancel, measurements); else do nothing and return False. Once the Welcome
         is out, the first call logs the open connection and times the handshake."""
         direct = self.direct
-        writable = direct is not None and not self._send_lock.locked() and direct.is_writable()
+        writable = direct is not None and not self._writing and direct.is_writable()
         for action in actions:
             kind = type(action)
             if kind is SendFrame:
@@ -673,7 +676,7 @@ class ConnectionDriver:
         try:
             if frames:  # (_write's direct path, written out: no coroutine per Delta)
                 direct = self.direct
-                if direct is not None and not self._closing and not self._send_lock.locked() and direct.is_writable():
+                if direct is not None and not self._closing and not self._writing and direct.is_writable():
                     self._hold(frames)
                 else:
                     await self._write(frames)
@@ -768,17 +771,55 @@ class ConnectionDriver:
             self.runner.window_changed()
 
     # ------------------------------------------------------------------ output
+    async def _acquire(self) -> None:
+        """Wait until no other write holds the connection's output, then hold it (in arrival order, as an
+        asyncio.Lock would; release with :meth:`_release`)."""
+        if not self._writing and not self._waiters:
+            self._writing = True
+            return
+        waiters = self._waiters
+        if waiters is None:
+            waiters = self._waiters = deque()
+        fut = self.loop.create_future()
+        waiters.append(fut)
+        try:
+            try:
+                await fut
+            finally:
+                waiters.remove(fut)
+        except asyncio.CancelledError:
+            if not self._writing:  # woken, then cancelled: the next in line goes
+                self._wake_next()
+            raise
+        self._writing = True
+
+    def _release(self) -> None:
+        self._writing = False
+        if self._waiters:
+            self._wake_next()
+
+    def _wake_next(self) -> None:
+        waiters = self._waiters
+        if waiters:
+            fut = waiters[0]
+            if not fut.done():
+                fut.set_result(None)
+
     async def _write(self, frames: list[bytes | str]) -> None:
         if self._closing:
             return
         direct = self.direct
-        if direct is not None and not self._send_lock.locked() and direct.is_writable():
-            self._hold(frames)
-            return
         send = self._send
         try:
-            async with self._send_lock:
-                if self._closing:  # closed while this waited for the lock
+            if self._writing or self._waiters:  # another write holds the output: wait for it, in order
+                await self._acquire()
+            elif direct is not None and direct.is_writable():
+                self._hold(frames)
+                return
+            else:
+                self._writing = True
+            try:
+                if self._closing:  # closed while this waited
                     return
                 # No loop timer per send (asyncio.timeout costs a TimerHandle each time): the
                 # connection's own timer checks _send_since. Its next deadline is normally the
@@ -790,19 +831,21 @@ class ConnectionDriver:
                 if self._scheduled > since + 1.5 * timeout:
                     self._scheduled = since + timeout
                     self.scheduler.schedule(self, self._scheduled)
-                try:
-                    if direct is not None:  # held back by the transport's flow control
-                        while not direct.is_writable() and not direct.is_closing():
-                            await direct.wait_writable()
-                        self._hold(frames)
-                        return
-                    for data in frames:
-                        if type(data) is bytes:
-                            await send({"type": "websocket.send", "bytes": data})
-                        else:
-                            await send({"type": "websocket.send", "text": data})
-                finally:
-                    self._sender = None
+                if direct is not None:  # held back by the transport's flow control
+                    while not direct.is_writable() and not direct.is_closing():
+                        await direct.wait_writable()
+                    self._hold(frames)
+                    return
+                for data in frames:
+                    if type(data) is bytes:
+                        await send({"type": "websocket.send", "bytes": data})
+                    else:
+                        await send({"type": "websocket.send", "text": data})
+            finally:
+                self._sender = None
+                self._writing = False  # (_release, written out)
+                if self._waiters:
+                    self._wake_next()
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task is not self._stuck_task:
@@ -890,10 +933,13 @@ class ConnectionDriver:
         try:
             async with asyncio.timeout(5.0):
                 if locked:
-                    async with self._send_lock:
+                    await self._acquire()
+                    try:
                         if self._cork:
                             self._write_held()  # what was sent before the close goes out before it
                         await self._send(message)
+                    finally:
+                        self._release()
                 else:
                     if self._cork:
                         self._write_held()

@@ -1,0 +1,94 @@
+"""The ASGI send path's one-writer gate (ConnectionDriver._write): a write's frames stay together, writes go
+out in the order they came, a writer cancelled while it waits gives its turn to the next, and a close goes
+after everything written before it. (It replaced an asyncio.Lock per connection: same guarantees, no
+lock calls per frame.)"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from lowlat_mw.drivers.aio import ConnectionDriver
+from lowlat_mw.endpoint import Endpoint
+from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
+
+
+class BlockingSend:
+    """An ASGI send that blocks on the frames named in `hold` until released."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.hold: dict[str, asyncio.Event] = {}
+        self.entered: dict[str, asyncio.Event] = {}
+
+    def block(self, text: str) -> None:
+        self.hold[text] = asyncio.Event()
+        self.entered[text] = asyncio.Event()
+
+    async def __call__(self, message: Any) -> None:
+        text = message.get("text")
+        if text in self.hold:
+            self.entered[text].set()
+            await self.hold[text].wait()
+        self.sent.append(message.get("text", message["type"]))
+
+
+async def test_writes_keep_their_frames_together_in_order_and_a_cancelled_waiter_passes_its_turn() -> None:
+    send = BlockingSend()
+    driver = ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
+                              subprotocol=SUBPROTOCOL_JSON)
+    send.block("a1")
+    first = asyncio.create_task(driver._write(["a1", "a2"]))
+    await send.entered["a1"].wait()  # the first write holds the output, blocked in its first frame
+    second = asyncio.create_task(driver._write(["b1", "b2"]))
+    third = asyncio.create_task(driver._write(["c1"]))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert driver._waiters is not None and len(driver._waiters) == 2  # both wait, in order
+    second.cancel()
+    await asyncio.sleep(0)
+    fourth = asyncio.create_task(driver._write(["d1"]))
+    send.hold["a1"].set()
+    await asyncio.wait_for(asyncio.gather(first, third, fourth), 10)
+    assert second.cancelled()
+    assert send.sent == ["a1", "a2", "c1", "d1"]  # a2 right after a1; b's frames never; c before d
+    assert not driver._writing and not driver._waiters
+
+
+async def test_a_writer_woken_then_cancelled_wakes_the_next() -> None:
+    send = BlockingSend()
+    driver = ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
+                              subprotocol=SUBPROTOCOL_JSON)
+    send.block("a")
+    first = asyncio.create_task(driver._write(["a"]))
+    await send.entered["a"].wait()
+    second = asyncio.create_task(driver._write(["b"]))
+    third = asyncio.create_task(driver._write(["c"]))
+    await asyncio.sleep(0)
+    wake = driver._wake_next
+
+    def wake_then_cancel() -> None:  # the first finishes and wakes the second, which is cancelled before it runs
+        wake()
+        second.cancel()
+
+    driver._wake_next = wake_then_cancel  # type: ignore[method-assign]
+    send.hold["a"].set()
+    await asyncio.wait_for(asyncio.gather(first, third), 10)  # the third must still go
+    assert second.cancelled()
+    assert send.sent == ["a", "c"]
+
+
+async def test_a_close_goes_after_the_write_before_it() -> None:
+    send = BlockingSend()
+    driver = ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
+                              subprotocol=SUBPROTOCOL_JSON)
+    send.block("a1")
+    first = asyncio.create_task(driver._write(["a1", "a2"]))
+    await send.entered["a1"].wait()
+    closing = asyncio.create_task(driver._close_socket(1001, "bye"))
+    await asyncio.sleep(0)
+    assert not closing.done()  # waits for the write in progress
+    send.hold["a1"].set()
+    await asyncio.wait_for(asyncio.gather(first, closing), 10)
+    assert send.sent == ["a1", "a2", "websocket.close"]
+    await driver.disconnected(1001)

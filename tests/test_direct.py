@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 from driver_support import endpoint_for
+from hypothesis import given
+from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.drivers.asgi import accept
-from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, frame_header
+from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, frame_header, next_message
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
@@ -397,3 +399,80 @@ async def test_a_failure_handling_a_fed_message_closes_1011_and_is_logged(caplog
     assert conn.closed() == CloseCode.INTERNAL_ERROR
     assert "failed handling a message" in caplog.text
     await conn.driver.disconnected(CloseCode.INTERNAL_ERROR)
+
+
+# ================================================================================ the fast frame reader
+def _wire(opcode: int, payload: bytes, *, fin: bool, rsv: int, mask: bytes | None, long16: bool) -> bytes:
+    n = len(payload)
+    head = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
+    flag = 0x80 if mask is not None else 0
+    if n < 126 and not long16:
+        head += bytes([flag | n])
+    elif n < 1 << 16:
+        head += bytes([flag | 126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([flag | 127]) + n.to_bytes(8, "big")
+    if mask is None:
+        return head + payload
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return head + mask + masked
+
+
+def _websockets_reads(data: bytes, masked: bool, limit: int) -> tuple[Any, int] | None:
+    """What websockets' parser makes of the frame at the start of `data`: (frame, bytes used), or None."""
+    reader = StreamReader()
+    reader.feed_data(data)
+    parser = Frame.parse(reader.read_exact, mask=masked, max_size=limit, extensions=[])
+    try:
+        next(parser)
+    except StopIteration as done:
+        return done.value, len(data) - len(reader.buffer)
+    except Exception:
+        return None
+    return None  # it wants more
+
+
+@given(opcode=st.sampled_from([0, 1, 2, 3, 8, 9, 10]), fin=st.booleans(), rsv=st.sampled_from([0, 0, 0, 4, 1]),
+       masked=st.booleans(), client=st.booleans(), long16=st.booleans(),
+       payload=st.one_of(st.binary(max_size=300), st.text(max_size=200).map(str.encode),
+                         st.sampled_from([b"\xff\xfe", b"caf\xc3", bytes(70000)])),
+       cut=st.integers(0, 8), extra=st.binary(max_size=8))
+def test_next_message_reads_what_websockets_reads_or_leaves_it(opcode: int, fin: bool, rsv: int, masked: bool,
+                                                                client: bool, long16: bool, payload: bytes,
+                                                                cut: int, extra: bytes) -> None:
+    """Whenever the fast reader takes a frame, websockets' parser reads the same message from the same
+    bytes; and it takes every whole, unfragmented, correctly masked text (valid UTF-8) or binary frame
+    without RSV bits of at most the limit. Partial frames (`cut`), control frames, fragments, RSV bits,
+    wrong masking, bad UTF-8 and frames over the limit are left to websockets."""
+    limit = 65536
+    wire = _wire(opcode, payload, fin=fin, rsv=rsv, mask=b"\x01\x82\x03\xf4" if masked else None, long16=long16)
+    data = wire[:len(wire) - cut] if cut else wire + extra
+    got = next_message(data, 0, client, limit)
+    theirs = _websockets_reads(data, client, limit)
+    if got is not None:
+        assert theirs is not None
+        frame, used = theirs
+        message, end = got
+        assert end == used == len(wire)
+        assert frame.fin and frame.opcode in (Opcode.TEXT, Opcode.BINARY)
+        assert message == (frame.data.decode() if frame.opcode is Opcode.TEXT else frame.data)
+    ok_text = opcode != 1
+    if opcode == 1:
+        try:
+            payload.decode()
+            ok_text = True
+        except UnicodeDecodeError:
+            ok_text = False
+    common = (not cut and fin and rsv == 0 and opcode in (1, 2) and masked == client and len(payload) <= limit
+              and len(payload) < 1 << 16 and ok_text)
+    assert (got is not None) == common
+
+
+def test_next_message_reads_a_run_of_frames_from_an_offset() -> None:
+    a, b = _wire(2, b"one", fin=True, rsv=0, mask=None, long16=False), _wire(1, "два".encode(), fin=True, rsv=0,
+                                                                              mask=None, long16=True)
+    data = b"xx" + a + b
+    first = next_message(data, 2, False, None)
+    assert first == (b"one", 2 + len(a))
+    assert next_message(data, first[1], False, None) == ("два", len(data))
+    assert next_message(data, len(data), False, None) is None

@@ -30,9 +30,10 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
+from websockets.protocol import OPEN as _OPEN
 
 from lowlat_mw.drivers.aio import drain_on_shutdown
-from lowlat_mw.drivers.direct import EXTENSION
+from lowlat_mw.drivers.direct import EXTENSION, next_message
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
@@ -203,8 +204,39 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         if self._lowlat_lingering:
             return
         self._lowlat_burst = 0
+        receiver = self._lowlat_receiver
+        if receiver is not None:  # whole one-frame messages straight to the driver; the rest to websockets
+            taken = self._lowlat_read(data, receiver)
+            if taken:
+                if taken == len(data):
+                    return
+                data = data[taken:]
         _in_slices(data, super().data_received,
                    lambda: self.conn.parser_exc is not None or self.transport.is_closing())
+
+    def _lowlat_read(self, data: bytes, receiver: Callable[[bytes | str, int], None]) -> int:
+        """Hand the driver the messages at the start of `data` that are one whole frame each
+        (:func:`~lowlat_mw.drivers.direct.next_message`), while websockets' parser waits between two
+        messages with nothing buffered; returns the bytes taken. What it leaves (a control frame, a
+        fragment, a partial frame, anything wrong) goes to websockets' parser, which meets it as it would
+        have: at a frame boundary, in order."""
+        conn = self.conn
+        if (conn.state is not _OPEN or conn.current_size is not None or conn.reader.buffer or conn.extensions
+                or self.close_sent):
+            return 0
+        limit = conn.max_message_size
+        if conn.max_fragment_size is not None:
+            limit = conn.max_fragment_size if limit is None else min(limit, conn.max_fragment_size)
+        pos = 0
+        while True:
+            found = next_message(data, pos, True, limit)
+            if found is None:
+                return pos
+            message, pos = found
+            self._lowlat_burst = burst = self._lowlat_burst + 1
+            receiver(message, burst)
+            if self._lowlat_receiver is not receiver or self.close_sent or self.transport.is_closing():
+                return pos  # (the rest: websockets', as if it had parsed it)
 
     def handle_parser_exception(self) -> None:
         """A frame failed the connection (too big, bad UTF-8, a protocol violation): the close frame goes out

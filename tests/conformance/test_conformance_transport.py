@@ -338,6 +338,46 @@ def test_a_message_over_the_limit_is_refused_without_a_reset_while_the_client_st
         ws.close()
 
 
+@SHIPPED
+def test_one_read_mixing_whole_messages_control_frames_fragments_and_a_partial_frame(srv):
+    """One socket write carrying: a Request in one frame, a WebSocket ping, a Request in two fragments, a
+    Request in one frame with a 16-bit length, then the first half of a last Request (its second half
+    follows). Every Request is served in order and the ping answered: the fast reader of lowlat-mw's
+    protocol (one-frame messages) hands over to the general parser and back at frame boundaries."""
+    ws = RawWS(srv.port)
+    try:
+        ws.hello()
+        one, two, three = (ProtoCodec().encode(ev.Request(stream_id=i, model="agen", text=t, params={"n": 1}))
+                           for i, t in ((1, "a"), (2, "b" * 40), (3, "c" * 300)))
+        four = frame(2, ProtoCodec().encode(ev.Request(stream_id=4, model="agen", text="d", params={"n": 1})))
+        wire = b"".join([frame(2, one), frame(9, b"hb"), frame(2, two[:10], fin=False), frame(0, two[10:]),
+                         frame(2, three), four[:5]])
+        ws.sock.sendall(wire)
+        time.sleep(0.05)  # (a separate read, most likely: the rest of the last frame)
+        ws.sock.sendall(four[5:])
+        ends, pongs, first_delta = [], 0, {}
+        while len(ends) < 4:
+            opcode, payload = ws.recv_frame()
+            if opcode == 0xA:
+                pongs += 1
+                assert payload == b"hb"
+                continue
+            assert opcode == 2, opcode
+            event = ProtoCodec().decode(payload, limit=64 * MiB, allowed=())
+            if isinstance(event, ev.Delta):
+                first_delta.setdefault(event.stream_id, len(first_delta))
+            elif isinstance(event, ev.End):
+                ends.append(event.stream_id)
+            else:
+                assert isinstance(event, ev.Ping), event
+                ws.send_event(event.response())
+        assert sorted(ends) == [1, 2, 3, 4]
+        assert first_delta == {1: 0, 2: 1, 3: 2, 4: 3}  # handled in the order they came (eager model start)
+        assert pongs == 1
+    finally:
+        ws.close()
+
+
 # ================================================================================ fragments
 FRAGMENTS = 100_000
 

@@ -29,7 +29,9 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.frames import Frame, Opcode
+from websockets.protocol import OPEN
 
+from ..drivers.direct import next_message
 from ..drivers.timers import AsyncScheduler, cpu_clock
 from ..errors import (
     ClientError,
@@ -263,6 +265,33 @@ class _Connection(ClientConnection):
     bad UTF-8 and the close are websockets' own business as before."""
 
     deliver: Callable[[bytes | str], None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        """Messages that are one whole frame each (most are) are read here (lowlat_mw.drivers.direct.next_message)
+        while websockets' parser waits between messages with nothing buffered or queued; from the first
+        frame that is not one (a control frame, a fragment, a partial frame), websockets' parser reads on."""
+        deliver = self.deliver
+        if deliver is not None:
+            proto = self.protocol
+            if (proto.state is OPEN and proto.current_size is None and not proto.reader.buffer
+                    and not proto.extensions and not len(self.recv_messages.frames)):
+                limit = proto.max_message_size
+                if proto.max_fragment_size is not None:
+                    limit = proto.max_fragment_size if limit is None else min(limit, proto.max_fragment_size)
+                pos = 0
+                while True:
+                    found = next_message(data, pos, False, limit)
+                    if found is None:
+                        break
+                    message, pos = found
+                    deliver(message)
+                    if self.deliver is not deliver:
+                        break
+                if pos:
+                    if pos == len(data):
+                        return
+                    data = data[pos:]
+        super().data_received(data)
 
     def process_event(self, event: Any) -> None:
         deliver = self.deliver

@@ -75,3 +75,52 @@ def test_control_frames_bad_utf8_and_messages_behind_queued_ones_stay_with_webso
     assert [(f.opcode, f.data) for f in handled] == [(Opcode.PING, b""), (Opcode.TEXT, b"\xff"),
                                                       (Opcode.BINARY, b"after")]
     assert conn.deliver is not None  # (still on: the reader catches up, then delivery is direct again)
+
+
+def server_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    """An unmasked server frame, built by hand (so several go out in one write)."""
+    n = len(payload)
+    head = bytes([(0x80 if fin else 0) | opcode])
+    head += bytes([n]) if n < 126 else bytes([126]) + n.to_bytes(2, "big")
+    return head + payload
+
+
+@pytest.mark.parametrize("fragmented", [False, True])
+async def test_one_read_mixing_whole_messages_a_ping_and_a_fragment_is_read_in_order(fragmented: bool) -> None:
+    """One server write: a whole Delta (read by the client's fast reader), a WebSocket ping (websockets'),
+    a Delta whole or in two fragments, a Delta with a 16-bit length, the End. The client reads them all in
+    order and answers the ping."""
+    pongs: list[bytes] = []
+
+    async def handler(ws):
+        await ws.recv()  # Hello
+        await ws.send(welcome())
+        sid = CODEC.decode(await ws.recv(), limit=1 << 20, allowed=None).stream_id
+        two = CODEC.encode(ev.Delta.of(sid, 2, "b"))
+        parts = [server_frame(2, two[:3], fin=False), server_frame(0, two[3:])] if fragmented else [
+            server_frame(2, two)]
+        original = ws.protocol.recv_frame
+
+        def recv_frame(frame: Frame) -> None:  # (sees the client's pong)
+            if frame.opcode is Opcode.PONG:
+                pongs.append(frame.data)
+            original(frame)
+
+        ws.protocol.recv_frame = recv_frame
+        ws.transport.write(b"".join([
+            server_frame(2, CODEC.encode(ev.Delta.of(sid, 1, "a"))), server_frame(9, b"hb"), *parts,
+            server_frame(2, CODEC.encode(ev.Delta.of(sid, 3, "c" * 300))),
+            server_frame(2, CODEC.encode(ev.End(stream_id=sid, last_seq=3, finish_reason="stop")))]))
+        await ws.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0, subprotocols=[SUBPROTOCOL_PROTO], compression=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with asyncio.timeout(20), connect(f"ws://127.0.0.1:{port}") as client:
+            await asyncio.sleep(0)  # the reader task starts and turns direct delivery on
+            assert [c async for c in client.stream("go")] == ["a", "b", "c" * 300]
+            for _ in range(200):
+                if pongs:
+                    break
+                await asyncio.sleep(0.01)
+            assert pongs == [b"hb"]
+            assert (client._ws.deliver is None) == fragmented

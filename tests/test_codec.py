@@ -599,7 +599,16 @@ def test_encode_small_fast_leaves_other_requests_to_protobuf() -> None:
     assert encode_small_fast(ev.Request(stream_id=1, text="x", params={"a": 1})) is None
     assert encode_small_fast(ev.Request(stream_id=1, data=b"x")) is None
     assert encode_small_fast(ev.Request(stream_id=1)) is None
-    assert encode_small_fast(ev.Ping(id=1)) is None
+    assert encode_small_fast(ev.Cancel(stream_id=1)) is None
+
+
+@FUZZ
+@given(u32, st.booleans())
+def test_pings_and_pongs_fast_both_ways_are_what_protobuf_makes_and_reads(ping_id: int, pong: bool) -> None:
+    event = ev.Pong(id=ping_id) if pong else ev.Ping(id=ping_id)
+    payload = encode_small_fast(event)
+    assert payload == to_protobuf(event).SerializeToString()
+    assert decode_fast(payload) == event == from_protobuf(pb.Envelope.FromString(payload))
 
 
 @FUZZ
@@ -622,7 +631,7 @@ def test_decode_fast_small_reads_text_requests_as_protobuf_does(stream_id: int, 
 
 
 @FUZZ
-@given(st.sampled_from([b"\x5a", b"\x1a"]), st.binary(max_size=48))
+@given(st.sampled_from([b"\x5a", b"\x1a", b"\x4a", b"\x42"]), st.binary(max_size=48))
 def test_decode_fast_small_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_it(tag: bytes, tail: bytes) -> None:
     for payload in (tag + tail, tag + bytes((len(tail),)) + tail):
         fast = decode_fast(payload)

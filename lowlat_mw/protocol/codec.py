@@ -130,13 +130,17 @@ def _uint(tag: bytes, value: int) -> bytes:
 
 
 def encode_small_fast(event: ev.Event) -> bytes | None:
-    """Protobuf bytes of ``Envelope(ack=...)`` and of a Request with text only (what a client sends per
-    stream), without building messages; None for anything else. Byte-for-byte what the protobuf library
-    produces; tests/test_codec.py checks that."""
+    """Protobuf bytes of ``Envelope(ack=...)``, of a Request with text only (what a client sends per
+    stream) and of a Ping or Pong (heartbeats), without building messages; None for anything else.
+    Byte-for-byte what the protobuf library produces; tests/test_codec.py checks that."""
     kind = type(event)
     if kind is ev.Ack:
         return _field(b"\x5a", _uint(b"\x08", event.stream_id) + _uint(b"\x10", event.seq)  # type: ignore[union-attr]
                       + (b"\x18\x01" if event.done else b""))  # type: ignore[union-attr]
+    if kind is ev.Ping:  # (a heartbeat each way)
+        return _field(b"\x42", _uint(b"\x08", event.id))  # type: ignore[union-attr]
+    if kind is ev.Pong:
+        return _field(b"\x4a", _uint(b"\x08", event.id))  # type: ignore[union-attr]
     if kind is ev.Request and event.text is not None and not event.params:  # type: ignore[union-attr]
         model = event.model  # type: ignore[union-attr]
         return _field(b"\x1a", _uint(b"\x08", event.stream_id)  # type: ignore[union-attr]
@@ -170,8 +174,9 @@ def decode_fast(payload: bytes) -> ev.Event | None:
     """The message in `payload` (an Envelope's bytes) read without the protobuf library, for the three a
     peer sends per stream: a Delta laid out exactly as :func:`encode_delta_frame` writes it (every token a
     client receives), an Ack, and a Request with a model and text only (what a server reads per stream),
-    their fields each at most once and in order. None for anything else (other messages, other layouts,
-    bad UTF-8, invalid ids): the library decides those. tests/test_codec.py checks it against the library.
+    and for the heartbeat's Ping and Pong, their fields each at most once and in order. None for anything
+    else (other messages, other layouts, bad UTF-8, invalid ids): the library decides those.
+    tests/test_codec.py checks it against the library.
     (One function, written out: it runs for every message.)"""
     try:
         tag = payload[0]
@@ -212,6 +217,8 @@ def decode_fast(payload: bytes) -> ev.Event | None:
             allowed = _ACK_FIELDS
         elif tag == 0x1a:
             allowed = _REQUEST_FIELDS
+        elif tag == 0x4a or tag == 0x42:  # a Pong, a Ping: [id]
+            allowed = _PING_FIELDS
         else:
             return None
         f: dict[int, Any] = {}
@@ -231,6 +238,10 @@ def decode_fast(payload: bytes) -> ev.Event | None:
                     return None
                 value, i = payload[i:i + value], i + value
             f[num] = value
+        if tag == 0x4a:
+            return ev.Pong(id=f.get(1, 0))
+        if tag == 0x42:
+            return ev.Ping(id=f.get(1, 0))
         if tag == 0x5a:
             done = f.get(3, 0)
             if done > 1:
@@ -245,6 +256,7 @@ def decode_fast(payload: bytes) -> ev.Event | None:
 
 _ACK_FIELDS = {1: 0, 2: 0, 3: 0}  # field number -> wire type (0 varint, 2 length-delimited)
 _REQUEST_FIELDS = {1: 0, 2: 2, 3: 2}
+_PING_FIELDS = {1: 0}
 
 
 def _struct_to_dict(struct: Any) -> dict[str, Any]:
@@ -419,7 +431,8 @@ class ProtoCodec:
         if isinstance(event, ev.Delta):
             return self.encode_delta(event.stream_id, event.seq, event.chunk, compressor)
         kind = type(event)
-        payload = encode_small_fast(event) if kind is ev.Ack or kind is ev.Request else None  # (a client's)
+        payload = (encode_small_fast(event) if kind is ev.Ack or kind is ev.Request or kind is ev.Ping
+                   or kind is ev.Pong else None)
         if payload is None:
             payload = to_protobuf(event).SerializeToString()
         if compressor is None or len(payload) < compressor.min_size:
@@ -459,7 +472,8 @@ class ProtoCodec:
                 f"payload exceeds max_decompressed_size ({limit} bytes)",
                 error_code=ErrorCode.MESSAGE_TOO_BIG, close_code=CloseCode.MESSAGE_TOO_BIG)
         first = payload[:1]
-        if first == b"\x22" or first == b"\x5a" or first == b"\x1a":  # a Delta, an Ack, a Request
+        if (first == b"\x22" or first == b"\x5a" or first == b"\x1a"  # a Delta, an Ack, a Request,
+                or first == b"\x4a" or first == b"\x42"):  # a Pong, a Ping
             event = decode_fast(payload)
             if event is not None:
                 return event

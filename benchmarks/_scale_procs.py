@@ -50,7 +50,7 @@ class Server:
     """A benchmarks._scale_server child on a listening socket bound here (port 0: a free port)."""
 
     def __init__(self, kind: str, *, ws: str, heartbeat: float = 30.0, ws_ping: float = 0.0,
-                 tracemalloc: int = 0) -> None:
+                 tracemalloc: int = 0, serve_gc: str = "auto") -> None:
         self.kind = kind
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
@@ -60,6 +60,8 @@ class Server:
                 "--ws", ws, "--heartbeat", repr(heartbeat), "--ws-ping", repr(ws_ping)]
         if tracemalloc:
             args += ["--tracemalloc", str(tracemalloc)]
+        if serve_gc != "auto":
+            args += ["--serve-gc", serve_gc]
         try:
             self.proc = subprocess.Popen(args, pass_fds=(self.sock.fileno(),), cwd=ROOT, env=_env(),
                                          stdin=subprocess.DEVNULL, start_new_session=True)

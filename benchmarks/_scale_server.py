@@ -10,7 +10,9 @@ serving WebSockets at ``/ws`` in one of two apps:
   feed one client.
 * ``lowlat``: the lowlat-mw Starlette middleware with the default settings except
   ``heartbeat_interval`` (``--heartbeat``), no connection limits (every benchmark client comes
-  from 127.0.0.1) and a private metrics registry; its model streams the same tokens.
+  from 127.0.0.1) and a private metrics registry; its model streams the same tokens. With ``--ws lowlat``
+  it runs as ``lowlat-mw serve`` does, with serve's garbage-collector settings too (``gc_freeze`` on,
+  ``gc_threshold`` 10000; ``--serve-gc on|off`` overrides).
 
 Both apps answer plain HTTP control requests (never on the WebSocket path):
 
@@ -127,7 +129,7 @@ def _site(tb: tracemalloc.Traceback) -> str:
     return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
 
 
-def make_app(kind: str, heartbeat: float) -> Any:
+def make_app(kind: str, heartbeat: float, serve_gc: bool = False) -> Any:
     import psutil
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -242,10 +244,12 @@ def make_app(kind: str, heartbeat: float) -> Any:
     from starlette.middleware import Middleware
 
     from lowlat_mw.adapters.starlette import LowLatMiddleware
+    from lowlat_mw.servers.cli import SERVE_GC_THRESHOLD
 
     app = Starlette(routes=routes, middleware=[Middleware(
         LowLatMiddleware, model=scale_model, registry=CollectorRegistry(), heartbeat_interval=heartbeat,
-        max_connections=0, max_connections_per_client=0)])
+        max_connections=0, max_connections_per_client=0,
+        **({"gc_freeze": True, "gc_threshold": SERVE_GC_THRESHOLD} if serve_gc else {}))])
     app.middleware_stack = app.build_middleware_stack()  # now, so /mem can count the endpoint's connections
     stack: Any = app.middleware_stack
     while stack is not None and not hasattr(stack, "endpoint"):
@@ -268,11 +272,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ws-ping", type=float, default=0.0, metavar="S",
                         help="uvicorn's own WebSocket ping interval (0: off, the default here)")
     parser.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace allocations")
+    parser.add_argument("--serve-gc", choices=("auto", "on", "off"), default="auto",
+                        help="lowlat settings gc_freeze and gc_threshold as `lowlat-mw serve` sets them; auto: with "
+                             "--ws lowlat")
     args = parser.parse_args(argv)
     die_with_parent()
     raise_nofile()
     sock = socket.socket(fileno=args.fd)
-    app = make_app(args.kind, args.heartbeat)
+    app = make_app(args.kind, args.heartbeat,
+                   serve_gc=args.serve_gc == "on" or (args.serve_gc == "auto" and args.ws == "lowlat"))
     if args.tracemalloc:  # after the imports: far fewer traces, so snapshots stay quick
         tracemalloc.start(args.tracemalloc)
     ws: Any = args.ws

@@ -717,7 +717,8 @@ process's own (`getrusage`, user + system), which other load does not inflate mu
 rates are wall-clock and do include that sharing.
 
 **Idle connections.** {size.rounds} round(s); each starts {len(configs)} fresh uvicorn servers (Starlette apps on
-`{WS}`, or on lowlat-mw's protocol for the `lowlat-direct` ones, uvicorn's WebSocket pings off unless
+`{WS}`, or on lowlat-mw's protocol with serve's garbage-collector settings for the `lowlat-direct` ones,
+uvicorn's WebSocket pings off unless
 stated, permessage-deflate off), fed by {size.clients}
 client processes holding the client ends (the file-descriptor limit is raised to the hard limit in
 every process; the lowlat servers run with `max_connections=0, max_connections_per_client=0`,
@@ -752,7 +753,8 @@ deadline bookkeeping of every timer tick, included.
 gets) and the middleware (default settings, a model streaming the same tokens), each in its own
 uvicorn server: `lowlat` on uvicorn's own WebSocket protocol (the ASGI path), `lowlat-direct` on
 lowlat-mw's (`lowlat_mw.servers.uvicorn:WebSocketProtocol`, what `lowlat-mw serve` runs; direct reads
-and writes). Each server is warmed up ({size.warm} connections stream once
+and writes; with serve's garbage-collector settings, `gc_freeze` on and `gc_threshold` 10000). Each server
+is warmed up ({size.warm} connections stream once
 per model), then gets {size.streams:,} client connections (spread over the client processes); in each
 of {size.stream_rounds} rounds, for each model and each server (order rotated per round), every client
 sends one request at once and reads its reply. TTFD runs from each request's send to its first Delta

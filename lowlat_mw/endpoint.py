@@ -41,6 +41,7 @@ __all__ = ["Accept", "Endpoint", "Refuse", "new_session_ids", "settings_from_con
 
 log = logging.getLogger("lowlat_mw")
 _gc_frozen = False  # gc.freeze() done in this process (Settings.gc_freeze)
+_gc_tuned = False  # gc.set_threshold() done in this process (Settings.gc_threshold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,13 +170,19 @@ class Endpoint:
     # ------------------------------------------------------------------ connections
     def connection_started(self, driver: Any) -> None:
         """A driver runs an admitted connection (on the running loop, if any): drains will reach it."""
-        global _gc_frozen
+        global _gc_frozen, _gc_tuned
         if not _gc_frozen and self.settings.gc_freeze:
             # Once per process: the startup heap (tens of thousands of objects: modules, classes, the app)
             # leaves the collector's generations, so a full collection no longer walks it while streams wait.
             _gc_frozen = True
             gc.freeze()
             log.debug("gc.freeze(): %d objects moved to the permanent generation", gc.get_freeze_count())
+        if not _gc_tuned and self.settings.gc_threshold > 0:
+            # Once per process: a stream's objects (seconds old) are freed before a young collection promotes
+            # them to the oldest generation, whose full collections walk the whole heap while streams wait.
+            _gc_tuned = True
+            gc.set_threshold(self.settings.gc_threshold, 50, 100)
+            log.debug("gc.set_threshold%s", gc.get_threshold())
         self.connections.add(driver)
         loop = getattr(driver, "loop", None)
         if loop is not None:

@@ -116,6 +116,12 @@ class Settings:
     the garbage collector's reach (gc.freeze()), so a full collection visits only what came after and stalls
     every stream far less (docs/architecture.md). Off by default: it changes the whole process (gc.get_objects
     and gc.get_referrers no longer see those objects); `lowlat-mw serve`, which owns its process, turns it on."""
+    gc_threshold: int = 0
+    """When > 0, at the first connection the collector's young generation is collected every this many
+    allocations and the older ones every 50 and 100 collections (gc.set_threshold(n, 50, 100)): objects that live
+    as long as a stream (seconds) die before they reach the oldest generation, whose full collections stall every
+    stream (docs/architecture.md). 0: the interpreter's (700, 10, 10). A process-wide change, as gc_freeze:
+    `lowlat-mw serve` uses 10000."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
@@ -136,7 +142,7 @@ class Settings:
         if self.max_frame_size < 64:
             raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
         for name in ("max_connections", "max_connections_per_client", "rate_limit", "max_session_lifetime",
-                     "drain_grace"):
+                     "drain_grace", "gc_threshold"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
         if self.rate_burst < 1 or self.max_request_size < 1:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lowlat_mw.endpoint import new_session_ids
-from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError
+from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, SettingsError
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.compression import CODEC_IDS
 from lowlat_mw.protocol.selector import CompressionSelector
@@ -698,6 +698,45 @@ first = gc.get_freeze_count()
 endpoint.connection_started(Driver())
 print(before, first, gc.get_freeze_count())
 """
+
+
+_THRESHOLD_SNIPPET = """
+import gc, sys
+from lowlat_mw.endpoint import Endpoint
+from lowlat_mw.settings import Settings
+
+class Driver:
+    address = None
+    loop = None
+
+endpoint = Endpoint(lambda req: "x", Settings(gc_threshold=int(sys.argv[1])))
+before = gc.get_threshold()
+endpoint.connection_started(Driver())
+first = gc.get_threshold()
+gc.set_threshold(*before)  # (someone else changes it later: the next connection leaves it alone)
+endpoint.connection_started(Driver())
+print(*before, *first, *gc.get_threshold())
+"""
+
+
+@pytest.mark.parametrize("setting", [10_000, 0])
+def test_the_first_connection_sets_the_gc_thresholds_once(setting: int) -> None:
+    """gc_threshold (`lowlat-mw serve`: 10000): the first connection sets the collector's thresholds to
+    (n, 50, 100), once per process; 0 (the library default) leaves the interpreter's."""
+    import subprocess
+    import sys
+
+    out = [int(x) for x in subprocess.run([sys.executable, "-c", _THRESHOLD_SNIPPET, str(setting)],
+                                          capture_output=True, text=True, timeout=120, check=True).stdout.split()]
+    before, first, second = out[:3], out[3:6], out[6:]
+    assert before == [700, 10, 10]
+    assert first == ([setting, 50, 100] if setting else before)
+    assert second == before
+
+
+def test_a_negative_gc_threshold_is_refused() -> None:
+    with pytest.raises(SettingsError, match="gc_threshold"):
+        Settings(gc_threshold=-1)
 
 
 @pytest.mark.parametrize("setting", ["on", "off"])

@@ -32,6 +32,7 @@ _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 <p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>{metrics}"""
 DEFAULT_METRICS_PATH = "/metrics"
 DEFAULT_CLIENT_PATH = "/lowlat"
+SERVE_GC_THRESHOLD = 10_000  # allocations between young collections under `serve` (Settings.gc_threshold)
 
 
 def _parse_set(pairs: list[str]) -> dict[str, Any]:
@@ -132,6 +133,8 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
             options["metrics_path"] = DEFAULT_METRICS_PATH
     if "gc_freeze" not in options and f"{ENV_PREFIX}GC_FREEZE" not in os.environ:
         options["gc_freeze"] = True  # the process is ours: its startup heap leaves the collector (Settings.gc_freeze)
+    if "gc_threshold" not in options and f"{ENV_PREFIX}GC_THRESHOLD" not in os.environ:
+        options["gc_threshold"] = SERVE_GC_THRESHOLD  # and a stream's objects die young (Settings.gc_threshold)
     client_path = getattr(args, "client_path", None)
     if client_path is not None:
         options["client_path"] = client_path

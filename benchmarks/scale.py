@@ -562,8 +562,11 @@ connections x cost per heartbeat / interval, so 1% of a core for {TARGET_IDLE:,}
 (a timer wake-up, a frame written, a frame read and parsed). A due Ping is written from the scheduler's
 timer callback (no task, no lock); the scheduler wakes on a power-of-two grid (late by at most 1/64 of
 the wait; `lowlat_mw.drivers.timers.fire_time`), so connections opened at different moments share
-wake-ups; on lowlat-mw's protocol the Pong goes from uvicorn's parser to the driver without an ASGI
-message or a task wake-up. What is left is mostly the server's own frame work. Meeting 1% would need
+wake-ups; on lowlat-mw's protocol the Pong, a one-frame message, is read without websockets' parser and
+decoded without the protobuf library (the Ping is encoded without it too) and goes to the driver
+without an ASGI message or a task wake-up. What is left is two system calls and the event loop's work
+around them (1,000 connections with a 1 s heartbeat, one server at a time: about 39 µs of user and
+11-13 µs of system CPU per heartbeat, from 63 and 13 before the fast reader and codec). Meeting 1% would need
 fewer heartbeats on idle connections (e.g. an idle connection's heartbeat stretched to
 `heartbeat_max_interval`, 120 s), which changes the product's heartbeat (30 s when idle,
 docs/protocol.md 9.1): not done.
@@ -574,16 +577,23 @@ server CPU per delta, lowlat-mw {paced['lowlat']['server_cpu_us_per_delta']:.1f}
 {paced['lowlat-direct']['server_cpu_us_per_delta']:.1f} µs on its own protocol ({direct_vs['cpu_per_delta_ratio']:.2f}x,
 per-request work included), so on this 2-CPU machine, shared with the client processes, every server
 is saturated and a burst takes longer than the model's {size.paced_tokens * PACE:g} s. TTFD p99 is then set
-by how long the server takes to go through the burst of requests: a request costs lowlat-mw about 3x what
-it costs the bare endpoint, which decodes nothing and sends pre-encoded frames (profiled: in process,
-with no socket, a one-token request is 70-85 µs of Python: decoding, the stream's state, its task and
-eager first step, the End; the rest is the server parsing two frames and writing two). The garbage
-collector is the other part: a running stream holds about 20 objects the collector tracks (the bare
-endpoint's about 5), and a full collection of a heap of ~150,000 objects, under this load, stalls the
-process for about 100 ms of wall time, which lands in the p99 when it falls in a burst. Found with this
-suite's gc counters and removed: a loop-turn callback handle per direct write (now one per loop turn
-for every connection), a tuple per buffered Delta, and a reference cycle per Request with params
-(gen-0 collections per 100,000 paced deltas ~600 -> ~200). A tight-loop model makes each stream run to
+by how long the server takes to go through the burst of requests while the streams already started
+send their next tokens: a request costs lowlat-mw more than the bare endpoint, which decodes nothing
+and sends pre-encoded frames (profiled: in process, with no socket, this suite's Request to its first
+Delta is about 52 µs on lowlat-mw's protocol: its params decoded through the protobuf library, the
+stream's state, timer and metrics, its task and eager first step), and each token a little more (py-spy:
+each token's write system call is half of either server's time; lowlat-mw's Python per token, the
+Delta's numbering, replay buffer and frame, touching another connection's objects each time, is about
+2 µs more than the bare endpoint's). The garbage collector was the other part: a running stream holds
+about 20 objects the collector tracks (the bare endpoint's about 5); with the interpreter's thresholds
+they reach the oldest generation within milliseconds, and a full collection then stalls the process
+for 50-100 ms of wall time, which lands in the p99 of the round it falls in (rounds at 119-191 ms
+instead of 64-69 ms). The `lowlat-direct` server runs with `lowlat-mw serve`'s settings, `gc_freeze`
+(the startup heap out of the collector's reach) and `gc_threshold` 10000 (a stream's objects die before
+they are promoted): 8 rounds measured apart, none above 77 ms. Found with this suite's gc counters and
+removed earlier: a loop-turn callback handle per direct write (now one per loop turn for every
+connection), a tuple per buffered Delta, and a reference cycle per Request with params (gen-0
+collections per 100,000 paced deltas ~600 -> ~200). A tight-loop model makes each stream run to
 its End before the next one starts: TTFD then grows with whole replies, for the bare endpoint too."""
 
 

@@ -640,8 +640,41 @@ def test_decode_fast_small_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_i
         assert fast == from_protobuf(pb.Envelope.FromString(payload))
 
 
-def test_decode_fast_small_leaves_requests_with_params_or_data_and_bad_ids_to_protobuf() -> None:
-    for req in (ev.Request(stream_id=1, text="x", params={"a": 1}), ev.Request(stream_id=1, data=b"x"),
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**60, 2**60).map(float),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
+
+
+@FUZZ
+@given(st.integers(1, 2**32 - 1), st.text(max_size=10),
+       st.dictionaries(st.text(max_size=8), st.one_of(_scalars, st.lists(_scalars, max_size=2),
+                                                     st.dictionaries(st.text(max_size=3), _scalars, max_size=2)),
+                       max_size=5))
+def test_decode_fast_reads_requests_with_flat_params_as_the_library_does(stream_id: int, text: str,
+                                                                          params: dict[str, Any]) -> None:
+    """Params of strings, numbers, bools and nulls are read by hand exactly as the library path reads them
+    (whole numbers as ints below 2**53); nested values, NaN and infinities are left to the library."""
+    try:
+        payload = pb.Envelope(request=pb.Request(stream_id=stream_id, text=text)).SerializeToString()
+        env = pb.Envelope.FromString(payload)
+        env.request.params.update(params)
+        payload = env.SerializeToString()
+    except (UnicodeEncodeError, ValueError):  # lone surrogates: not encodable
+        return
+    fast = decode_fast(payload)
+    try:
+        library = from_protobuf(pb.Envelope.FromString(payload))
+    except (ValueError, RemoteProtocolError):  # NaN or an infinity: refused by the library path
+        assert fast is None
+        return
+    flat = all(v is None or isinstance(v, bool | int | float | str) for v in params.values())
+    if flat:
+        assert fast == library
+    else:
+        assert fast is None or fast == library
+
+
+def test_decode_fast_small_leaves_requests_with_nested_params_or_data_and_bad_ids_to_protobuf() -> None:
+    for req in (ev.Request(stream_id=1, text="x", params={"a": {"b": 1}}), ev.Request(stream_id=1, data=b"x"),
                 ev.Request(stream_id=1)):
         assert decode_fast(to_protobuf(req).SerializeToString()) is None
     assert decode_fast(b"\x1a\x04\x08\x00\x1a\x00") is None  # stream id 0: the library's bad_request

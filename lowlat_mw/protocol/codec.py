@@ -18,6 +18,7 @@ import binascii
 import json
 import math
 import re
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -173,8 +174,9 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
 def decode_fast(payload: bytes) -> ev.Event | None:
     """The message in `payload` (an Envelope's bytes) read without the protobuf library, for the three a
     peer sends per stream: a Delta laid out exactly as :func:`encode_delta_frame` writes it (every token a
-    client receives), an Ack, and a Request with a model and text only (what a server reads per stream),
-    and for the heartbeat's Ping and Pong, their fields each at most once and in order. None for anything
+    client receives), an Ack, and a Request with a model, text and flat params (what a server reads per
+    stream; :func:`_flat_struct`), and for the heartbeat's Ping and Pong, their fields each at most once and
+    in order. None for anything
     else (other messages, other layouts, bad UTF-8, invalid ids): the library decides those.
     tests/test_codec.py checks it against the library.
     (One function, written out: it runs for every message.)"""
@@ -249,13 +251,88 @@ def decode_fast(payload: bytes) -> ev.Event | None:
             return ev.Ack(stream_id=f.get(1, 0), seq=f.get(2, 0), done=done == 1)
         if 3 not in f:
             return None
-        return ev.Request(stream_id=f.get(1, 0), model=f[2].decode() if 2 in f else "", text=f[3].decode())
+        params = _flat_struct(f[6]) if 6 in f else {}
+        if params is None:
+            return None
+        return ev.Request(stream_id=f.get(1, 0), model=f[2].decode() if 2 in f else "", text=f[3].decode(),
+                          params=params)
     except (IndexError, ValueError, LocalProtocolError):  # bad UTF-8 is a ValueError; an invalid id: the
         return None  # library's path names it in a bad_request
 
 
 _ACK_FIELDS = {1: 0, 2: 0, 3: 0}  # field number -> wire type (0 varint, 2 length-delimited)
-_REQUEST_FIELDS = {1: 0, 2: 2, 3: 2}
+_REQUEST_FIELDS = {1: 0, 2: 2, 3: 2, 6: 2}
+_DOUBLE = struct.Struct("<d").unpack_from
+
+
+def _flat_struct(buf: bytes) -> dict[str, Any] | None:
+    """The params of a Request (a google.protobuf.Struct's bytes) as :func:`_struct_to_dict` reads them, when
+    every value is a string, number, bool or null (most params: temperature, max_tokens...); None for
+    anything else (a nested struct or list, NaN or an infinity, another layout): the library decides.
+    Map entries in either field order; a later key wins, as in the library. (Lengths under 128, the
+    common case, read inline.)"""
+    out: dict[str, Any] = {}
+    i, end = 0, len(buf)
+    while i < end:
+        if buf[i] != 0x0A:  # Struct.fields (1, length-delimited): nothing else is expected
+            return None
+        n = buf[i + 1]
+        i += 2
+        if n >= 0x80:
+            n, i = _varint(buf, i - 1)
+        stop = i + n
+        if stop > end:
+            return None
+        key, value = "", None
+        while i < stop:  # one map entry: key = 1, value = 2 (a Value)
+            tag = buf[i]
+            n = buf[i + 1]
+            i += 2
+            if n >= 0x80:
+                n, i = _varint(buf, i - 1)
+            if i + n > stop:
+                return None
+            if tag == 0x0A:
+                key = buf[i:i + n].decode()
+            elif tag == 0x12:
+                value = _flat_value(buf, i, i + n)
+                if value is _NOT_FLAT:
+                    return None
+            else:
+                return None
+            i += n
+        out[key] = value
+    return out
+
+
+_NOT_FLAT = object()
+
+
+def _flat_value(buf: bytes, i: int, end: int) -> Any:
+    """One google.protobuf.Value in ``buf[i:end]`` as :func:`_value` reads it, or _NOT_FLAT (see _flat_struct)."""
+    if i == end:
+        return None  # no kind set
+    tag = buf[i]
+    if tag == 0x11 and end - i == 9:  # number_value (2, 64-bit)
+        x = _DOUBLE(buf, i + 1)[0]
+        if x.is_integer():
+            return int(x) if -2**53 < x < 2**53 else x
+        if math.isinf(x) or math.isnan(x):
+            return _NOT_FLAT
+        return x
+    if tag == 0x1A:  # string_value (3)
+        n, j = buf[i + 1], i + 2
+        if n >= 0x80:
+            n, j = _varint(buf, i + 1)
+        return buf[j:end].decode() if j + n == end else _NOT_FLAT
+    if tag == 0x20 or tag == 0x08:  # bool_value (4), null_value (1): one varint
+        n, j = buf[i + 1], i + 2
+        if n >= 0x80 or j != end:
+            return _NOT_FLAT
+        if tag == 0x08:
+            return None if n == 0 else _NOT_FLAT
+        return n != 0 if n <= 1 else _NOT_FLAT
+    return _NOT_FLAT
 _PING_FIELDS = {1: 0}
 
 

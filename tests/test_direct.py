@@ -193,6 +193,33 @@ async def test_the_close_goes_after_every_frame_written_before_it() -> None:
     await conn.driver.disconnected(CloseCode.GOING_AWAY)
 
 
+@pytest.mark.parametrize("how", ["flag", "refused"])
+async def test_nothing_is_written_once_the_connection_is_closing(how: str) -> None:
+    """The server sent a close frame on its own (the client closed), or its transport closed under the driver:
+    the `closing` flag (read before every write) or the transport's refusal (RuntimeError) ends the writing,
+    the stream's model is not failed by it, nothing more reaches the transport."""
+    conn = Conn(tokens)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    writes = len(conn.writes())
+    refused: list[bytes] = []
+    if how == "flag":
+        conn.direct.closing = True
+    else:
+        def refuse(data: bytes) -> None:
+            refused.append(data)
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+        conn.direct.write = refuse  # type: ignore[method-assign]
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 5}))
+    await end_of_turn()
+    await end_of_turn()
+    assert conn.driver._closing
+    assert len(conn.writes()) == writes
+    assert len(refused) <= 1  # the first refused write stops the rest
+    await conn.driver.disconnected(1000)
+
+
 async def test_a_paused_transport_holds_output_in_order_until_it_resumes() -> None:
     conn = Conn(tokens)
     await conn.send(ev.Hello())

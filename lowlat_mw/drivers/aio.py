@@ -866,7 +866,7 @@ class ConnectionDriver:
         reply's first frame waits for nothing); what follows in the same turn is held and written in one
         piece when the turn ends (at once past CORK_LIMIT bytes; see Turns). Nothing for a closing transport."""
         direct = self.direct
-        if direct.is_closing():  # type: ignore[union-attr]
+        if direct.closing:  # type: ignore[union-attr]
             self._closing = True
             return
         turns: Turns = self._turns  # type: ignore[assignment]
@@ -879,11 +879,13 @@ class ConnectionDriver:
                 self.loop.call_soon(turns.end)
             if len(frames) == 1:  # (most often a single Delta)
                 data = frames[0]
-                if type(data) is not bytes:
+                text = type(data) is not bytes
+                if text:
                     data = data.encode()
-                    direct.write(frame_header(data, True) + data)  # type: ignore[union-attr]
-                else:
-                    direct.write(frame_header(data, False) + data)  # type: ignore[union-attr]
+                try:
+                    direct.write(frame_header(data, text) + data)  # type: ignore[union-attr,arg-type]
+                except RuntimeError:  # the transport closed under us (see DirectTransport.closing)
+                    self._closing = True
                 return
         elif not cork:  # held until the turn ends
             turns.held.append(self)
@@ -910,10 +912,13 @@ class ConnectionDriver:
         self._corked = 0
         direct = self.direct
         assert direct is not None
-        if direct.is_closing():
+        if direct.closing:
             self._closing = True
             return
-        direct.write(b"".join(cork))
+        try:
+            direct.write(b"".join(cork))
+        except RuntimeError:  # the transport closed under us (see DirectTransport.closing)
+            self._closing = True
 
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutdown") -> None:
         """Close the WebSocket from the server side with `code` (idempotent)."""

@@ -46,6 +46,11 @@ class DirectTransport(Protocol):
     def is_closing(self) -> bool:
         """True once the connection is closing or closed (a close was sent or the transport is going)."""
 
+    closing: bool
+    """True once a close frame was sent on this connection or the connection was lost: no frame may follow.
+    An attribute, read before every write; a ``write`` to a transport that closed otherwise may raise
+    RuntimeError, which the driver takes as the same."""
+
 
 class DirectReads(DirectTransport, Protocol):
     """A :class:`DirectTransport` that also delivers messages straight to the driver (optional).

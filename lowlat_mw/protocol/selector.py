@@ -181,16 +181,13 @@ class CompressionSelector:
         self._clock = clock
         self.spent = 0.0  # seconds measured by `clock` in compressions (probes included)
         self._kinds: dict[str, _Kind] = {}
-        self._configured_min = self._min = min_size
+        # Payloads shorter than `min_size` are sent raw without asking the selector (see the class docstring).
+        # A plain attribute, not a property: every Delta reads it.
+        self._configured_min = self.min_size = min_size
         self._update_min()
 
-    @property
-    def min_size(self) -> int:
-        """Payloads shorter than this are sent raw without asking the selector (see the class docstring)."""
-        return self._min
-
-    @min_size.setter
-    def min_size(self, value: int) -> None:
+    def set_min_size(self, value: int) -> None:
+        """Configure the lowest `min_size` (it may rise above it as the class docstring says)."""
         self._configured_min = value
         self._update_min()
 
@@ -209,7 +206,7 @@ class CompressionSelector:
         if text is not None and not text.unseen:
             learnt = max(learnt, min(min(k.break_even for k in self._kinds.values() if k.break_even is not None),
                                      _MAX_MIN_SIZE))
-        self._min = max(self._configured_min, learnt)
+        self.min_size = max(self._configured_min, learnt)
 
     def set_link_speed(self, mbps: float) -> None:
         """Update the link-speed estimate (e.g. from a measured throughput)."""
@@ -286,7 +283,7 @@ class CompressionSelector:
     # ------------------------------------------------------------------ deciding
     def _decide(self, n: int, kind: str) -> tuple[int, tuple[int, ...]]:
         """(index of the variant to send the payload with or -1 for raw, variants to try on a sample of it)."""
-        if n < self._min or not self.variants:
+        if n < self.min_size or not self.variants:
             return -1, ()
         st = self._kinds.get(kind) or self._kind(kind)
         st.count += 1

@@ -151,12 +151,13 @@ class _Direct:
     WebSocket protocol object keeps the handshake, the close, pings and the frame parsing); on
     :class:`WebSocketProtocol` also a :class:`~lowlat_mw.drivers.direct.DirectReads`."""
 
-    __slots__ = ("_protocol", "_transport", "is_writable", "pause_reading", "resume_reading", "wait_writable",
-                 "write")
+    __slots__ = ("_protocol", "_transport", "closing", "is_writable", "pause_reading", "resume_reading",
+                 "wait_writable", "write")
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
         self._transport = transport = protocol.transport
+        self.closing = bool(protocol.close_sent)  # kept current by the protocol (_OffersDirect)
         self.write = transport.write
         self.is_writable = protocol.writable.is_set  # uvicorn's pause_writing / resume_writing set it
         self.wait_writable = protocol.writable.wait
@@ -164,7 +165,7 @@ class _Direct:
         self.resume_reading = transport.resume_reading
 
     def is_closing(self) -> bool:
-        return self._protocol.close_sent or self._transport.is_closing()
+        return self.closing or self._transport.is_closing()
 
     def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
         protocol = self._protocol
@@ -175,13 +176,36 @@ class _Direct:
 
 
 class _OffersDirect:
-    """Mixin: offer the ``lowlat.transport`` scope extension (lowlat_mw.drivers.direct) to the app."""
+    """Mixin: offer the ``lowlat.transport`` scope extension (lowlat_mw.drivers.direct) to the app, and keep
+    its ``closing`` flag current: uvicorn's ``close_sent`` is a property here that sets it, and so is the
+    connection's loss (the driver reads a plain attribute before every write)."""
+
+    _lowlat_direct: _Direct | None = None
+    _lowlat_close_sent = False
+
+    @property
+    def close_sent(self) -> bool:
+        return self._lowlat_close_sent
+
+    @close_sent.setter
+    def close_sent(self, value: bool) -> None:
+        self._lowlat_close_sent = value
+        direct = self._lowlat_direct
+        if value and direct is not None:
+            direct.closing = True
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)  # type: ignore[misc]
         scope = getattr(self, "scope", None)  # none when websockets refused the handshake itself
         if scope is not None:
-            scope["extensions"][EXTENSION] = _Direct(self)
+            self._lowlat_direct = direct = _Direct(self)
+            scope["extensions"][EXTENSION] = direct
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        direct = self._lowlat_direct
+        if direct is not None:
+            direct.closing = True
+        super().connection_lost(exc)  # type: ignore[misc]
 
 
 class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):

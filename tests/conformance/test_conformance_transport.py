@@ -378,6 +378,37 @@ def test_one_read_mixing_whole_messages_control_frames_fragments_and_a_partial_f
         ws.close()
 
 
+@SHIPPED
+def test_nothing_follows_the_servers_close_frame_when_the_client_closes_mid_stream(srv):
+    """A stream sends a Delta every millisecond; the client sends a close frame. The server answers with
+    its own close frame, and no frame follows it (RFC 6455 5.5.1), however the stream's next Deltas race
+    the close (on lowlat-mw's protocol the driver stops writing once the connection's `closing` flag is set
+    or the transport refuses a write: tests/test_direct.py)."""
+    for attempt in range(5):  # (a few times: the race falls differently each time)
+        ws = RawWS(srv.port)
+        try:
+            ws.hello()
+            ws.send_event(ev.Request(stream_id=1, model="agen", text="x", params={"n": 100_000, "delay": 0.001}))
+            deltas = 0
+            while deltas < 20 + 10 * attempt:
+                opcode, payload = ws.recv_frame()
+                if opcode == 2 and isinstance(ProtoCodec().decode(payload, limit=64 * MiB, allowed=()), ev.Delta):
+                    deltas += 1
+            ws.sock.sendall(frame(8, struct.pack("!H", 1000)))
+            ws.sock.settimeout(10)
+            while ws.recv_frame()[0] != 8:  # Deltas already on their way, then the close reply
+                pass
+            after = []
+            try:
+                while True:
+                    after.append(ws.recv_frame()[0])
+            except (ConnectionError, OSError):
+                pass  # EOF: the server closed the TCP connection
+            assert after == [], after
+        finally:
+            ws.close()
+
+
 # ================================================================================ fragments
 FRAGMENTS = 100_000
 

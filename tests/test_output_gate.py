@@ -33,10 +33,14 @@ class BlockingSend:
         self.sent.append(message.get("text", message["type"]))
 
 
+def driver_for(send: BlockingSend) -> ConnectionDriver:
+    return ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
+                            subprotocol=SUBPROTOCOL_JSON)
+
+
 async def test_writes_keep_their_frames_together_in_order_and_a_cancelled_waiter_passes_its_turn() -> None:
     send = BlockingSend()
-    driver = ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
-                              subprotocol=SUBPROTOCOL_JSON)
+    driver = driver_for(send)
     send.block("a1")
     first = asyncio.create_task(driver._write(["a1", "a2"]))
     await send.entered["a1"].wait()  # the first write holds the output, blocked in its first frame
@@ -57,8 +61,7 @@ async def test_writes_keep_their_frames_together_in_order_and_a_cancelled_waiter
 
 async def test_a_writer_woken_then_cancelled_wakes_the_next() -> None:
     send = BlockingSend()
-    driver = ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
-                              subprotocol=SUBPROTOCOL_JSON)
+    driver = driver_for(send)
     send.block("a")
     first = asyncio.create_task(driver._write(["a"]))
     await send.entered["a"].wait()
@@ -80,8 +83,7 @@ async def test_a_writer_woken_then_cancelled_wakes_the_next() -> None:
 
 async def test_a_close_goes_after_the_write_before_it() -> None:
     send = BlockingSend()
-    driver = ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
-                              subprotocol=SUBPROTOCOL_JSON)
+    driver = driver_for(send)
     send.block("a1")
     first = asyncio.create_task(driver._write(["a1", "a2"]))
     await send.entered["a1"].wait()

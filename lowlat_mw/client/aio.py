@@ -29,9 +29,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.frames import Frame, Opcode
-from websockets.protocol import OPEN
 
-from ..drivers.direct import next_message
+from ..drivers.direct import message_limit, next_message, parser_idle
 from ..drivers.timers import AsyncScheduler, cpu_clock
 from ..errors import (
     ClientError,
@@ -273,11 +272,8 @@ class _Connection(ClientConnection):
         deliver = self.deliver
         if deliver is not None:
             proto = self.protocol
-            if (proto.state is OPEN and proto.current_size is None and not proto.reader.buffer
-                    and not proto.extensions and not len(self.recv_messages.frames)):
-                limit = proto.max_message_size
-                if proto.max_fragment_size is not None:
-                    limit = proto.max_fragment_size if limit is None else min(limit, proto.max_fragment_size)
+            if not len(self.recv_messages.frames) and parser_idle(proto):
+                limit = message_limit(proto)
                 pos = 0
                 while True:
                     found = next_message(data, pos, False, limit)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 __all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "Turns", "frame_header",
-           "next_message"]
+           "message_limit", "next_message", "parser_idle"]
 
 EXTENSION = "lowlat.transport"  # the key in scope["extensions"]
 CORK_LIMIT = 64 * 1024  # bytes held for the end of the loop turn; more are written at once
@@ -83,7 +83,11 @@ def frame_header(data: bytes, text: bool) -> bytes:
     return _LONG(op, 127, n)
 
 
-try:  # websockets' C helper when it is there (it is wherever the client or uvicorn's websockets protocol is)
+try:  # websockets (its state constant, its C helper) is there wherever the client or uvicorn's websockets protocol is
+    from websockets.protocol import OPEN as _WS_OPEN
+except ImportError:  # pragma: no cover - depends on what is installed
+    _WS_OPEN = None
+try:
     from websockets.speedups import apply_mask as _apply_mask
 except ImportError:  # pragma: no cover - depends on what is installed
     def _apply_mask(data: bytes, mask: bytes) -> bytes:
@@ -138,6 +142,22 @@ def next_message(data: bytes, pos: int, masked: bool, limit: int | None) -> tupl
         except UnicodeDecodeError:
             return None
     return payload, stop
+
+
+def parser_idle(conn: Any) -> bool:
+    """Whether websockets' sans-I/O protocol `conn` waits between two messages with nothing buffered: open,
+    no fragmented message in progress, no extension. Only then may :func:`next_message` read the frames that
+    follow, in its place."""
+    return (conn.state is _WS_OPEN and conn.current_size is None and not conn.reader.buffer
+            and not conn.extensions)
+
+
+def message_limit(conn: Any) -> int | None:
+    """The largest message websockets' protocol `conn` accepts in one frame (None: no limit)."""
+    limit, fragment = conn.max_message_size, conn.max_fragment_size
+    if fragment is not None:
+        limit = fragment if limit is None else min(limit, fragment)
+    return limit  # type: ignore[no-any-return]
 
 
 class Turns:

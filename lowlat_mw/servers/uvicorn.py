@@ -30,10 +30,9 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
-from websockets.protocol import OPEN as _OPEN
 
 from lowlat_mw.drivers.aio import drain_on_shutdown
-from lowlat_mw.drivers.direct import EXTENSION, next_message
+from lowlat_mw.drivers.direct import EXTENSION, message_limit, next_message, parser_idle
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment
 from lowlat_mw.settings import Settings
@@ -245,12 +244,9 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         fragment, a partial frame, anything wrong) goes to websockets' parser, which meets it as it would
         have: at a frame boundary, in order."""
         conn = self.conn
-        if (conn.state is not _OPEN or conn.current_size is not None or conn.reader.buffer or conn.extensions
-                or self.close_sent):
+        if self.close_sent or not parser_idle(conn):
             return 0
-        limit = conn.max_message_size
-        if conn.max_fragment_size is not None:
-            limit = conn.max_fragment_size if limit is None else min(limit, conn.max_fragment_size)
+        limit = message_limit(conn)
         pos = 0
         while True:
             found = next_message(data, pos, True, limit)

@@ -189,6 +189,24 @@ def test_deltas_are_sampled_in_pairs_and_laps_between_samples_are_lumped() -> No
     assert gaps.count == 3 and gaps.sum == pytest.approx(0.006)  # (1, 2), (33, 34), (65, 66): 2 ms each
 
 
+def test_stream_ended_settles_unsampled_deltas_the_driver_did_not_lap() -> None:
+    """Given a timer whose last Deltas were not sampled and not lapped, the stage histograms still get the
+    whole stream: stream_ended settles and splits them first."""
+    clock = FakeClock()
+    metrics = Metrics()
+    timer = StreamTimer(clock, clock.now, *metrics.stream_started("m"))
+    for _ in range(2):
+        clock.advance(0.002)
+        timer.tick(clock.now - 0.001, clock.now - 0.0005, clock.now)
+    for _ in range(5):
+        clock.advance(0.002)
+        unsampled(timer)
+    metrics.stream_ended("m", "stop", clock.now - timer.start, timer)
+    stages = sum(metrics.hist("stage_seconds", stage, "m").sum for stage in STAGES)
+    assert stages == pytest.approx(0.014)
+    assert metrics.hist("stage_seconds", "send", "m").sum == pytest.approx(0.0035)
+
+
 def test_an_estimate_larger_than_the_lumped_time_is_scaled_down() -> None:
     clock = FakeClock()
     timer = StreamTimer(clock, clock.now)

@@ -672,7 +672,7 @@ class ConnectionDriver:
                 spent = compressor.spent if compressor is not None else 0.0
         frames = proto.send_chunk(sid, chunk, self.monotonic())
         if produced is not None:
-            encoded = self.clock()
+            encoded = clock()
         try:
             if frames:  # (_write's direct path, written out: no coroutine per Delta)
                 direct = self.direct
@@ -843,7 +843,7 @@ class ConnectionDriver:
                         await send({"type": "websocket.send", "text": data})
             finally:
                 self._sender = None
-                self._writing = False  # (_release, written out)
+                self._writing = False  # (_release, written out: the one call per ASGI send it would add)
                 if self._waiters:
                     self._wake_next()
         except asyncio.CancelledError:

@@ -304,8 +304,8 @@ class Metrics:
         h.sum += seconds
         if timer is None:
             return
-        if timer.lumped_deltas:  # (the driver read timer.timings_ms() first, which splits them)
-            timer.timings_ms()
+        if timer.lumped_deltas or timer.mark != timer.left:  # (the driver read timer.timings_ms() first, which
+            timer.timings_ms()  # settles the unsampled Deltas and splits the lumped time)
         hists = self._stages_of.get(label)
         if hists is None:  # bound once per label, not looked up per stage of every stream
             series = self._values["stage_seconds"]

@@ -3,7 +3,7 @@
 Through ASGI every frame the driver sends is a message dict that the server's WebSocket protocol
 object turns into a frame and writes to its transport, one write per frame. A server that offers
 the ASGI scope extension ``"lowlat.transport"`` (our uvicorn protocols do:
-:mod:`lowlat_mw.servers.uvicorn`) hands the driver an object with four methods
+:mod:`lowlat_mw.servers.uvicorn`) hands the driver an object with four methods and a ``closing`` flag
 (:class:`DirectTransport`) instead: the driver frames its messages itself (server frames are not
 masked, RFC 6455 5.1) and writes everything a loop turn produced in one ``write``. The handshake
 and the close still go through ASGI ``send``, after the driver wrote out what it holds, so the

@@ -27,8 +27,8 @@ STAGES = ("decode", "queue", "model", "encode", "compress", "send", "flow")
 decode: parsing the Request frame. queue: waiting for the model to start running (task
 scheduling, or a free worker thread for sync models, per chunk for sync generators). model:
 inside the model callable. encode: numbering, recording (for resume) and encoding Delta frames.
-compress: compressing them. send: handing frames to the server (including waiting for the
-connection's send lock). flow: paused because the client's flow-control window was full or the
+compress: compressing them. send: handing frames to the server (including waiting for another write
+of the connection to finish). flow: paused because the client's flow-control window was full or the
 connection was gone. Encode, compress and send are measured on a stream's first two Deltas and two in
 every 32 (every Delta with setting delta_timing, and for a model that is lapped per chunk: sync models,
 merged Deltas) and estimated for the others from those; model is the rest.

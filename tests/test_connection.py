@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from lowlat_mw.endpoint import new_session_ids
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, SettingsError
 from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.base import Measured
 from lowlat_mw.protocol.compression import CODEC_IDS
 from lowlat_mw.protocol.selector import CompressionSelector
 from lowlat_mw.protocol.server import (
@@ -496,6 +497,79 @@ def test_busy_client_stretches_the_ping_interval_up_to_the_max() -> None:
     assert max(gaps) == pytest.approx(120)
 
 
+class _CountingCodec:
+    """A codec that counts its decodes (to tell the awaited Pong's fast path from the general one)."""
+
+    def __init__(self, codec: Any) -> None:
+        self.codec, self.decoded = codec, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.codec, name)
+
+    def decode(self, *args: Any, **kw: Any) -> Any:
+        self.decoded += 1
+        return self.codec.decode(*args, **kw)
+
+
+def _heartbeat_state(pair: Pair) -> tuple[Any, ...]:
+    conn, hb = pair.conn, pair.conn.heartbeat
+    return (hb.awaiting, hb.rtt, hb.alive_since_ping, hb.rx_since_ping, hb.next_ping_at, conn.deadline_moved,
+            conn.next_deadline(), list(conn.stats.received), list(conn.stats.sent), conn.pong_frame)
+
+
+@pytest.mark.parametrize("subprotocol", BOTH)
+def test_the_awaited_pong_is_known_by_its_bytes_and_does_what_decoding_it_does(subprotocol: str) -> None:
+    fast, slow = Pair.ready(subprotocol=subprotocol), Pair.ready(subprotocol=subprotocol)
+    fast.conn.codec = counting = _CountingCodec(fast.conn.codec)  # type: ignore[assignment]
+    for n, rtt in enumerate((0.125, 0.5, 2.0), 1):
+        due = T0 + 30 * n
+        assert fast.tick(due) == slow.tick(due) == [ev.Ping(id=n)]
+        pong = fast.codec.encode(ev.Pong(id=n))
+        assert fast.conn.pong_frame == pong
+        slow.conn.pong_frame = None  # the general path: decoded, then Protocol._on_pong
+        assert fast.conn.receive_data(pong, due + rtt) == slow.conn.receive_data(pong, due + rtt) == [
+            Measured("heartbeat_rtt_seconds", rtt)]
+        assert _heartbeat_state(fast) == _heartbeat_state(slow)
+        assert fast.conn.pong_frame is None and fast.conn.deadline_moved
+        fast.conn.deadline_moved = slow.conn.deadline_moved = False
+    assert counting.decoded == 0
+    # Anything else (the Pong of an earlier Ping, a Ping) is decoded as before.
+    assert fast.tick(T0 + 120) == [ev.Ping(id=4)]
+    assert fast.conn.receive_data(fast.codec.encode(ev.Pong(id=3)), T0 + 120.5) == []
+    assert counting.decoded == 1 and fast.conn.heartbeat.awaiting == 4 and fast.conn.pong_frame is not None
+
+
+def test_a_pong_that_comes_after_the_timeout_check_is_decoded_and_measures_nothing() -> None:
+    pair = Pair.ready()
+    assert pair.tick(T0 + 30) == [ev.Ping(id=1)]
+    pair.send(ev.Cancel(stream_id=9), at=T0 + 31)  # proof of life: at the timeout the Ping counts as answered
+    assert pair.tick(T0 + 40) == [] and pair.conn.heartbeat.awaiting is None and pair.conn.pong_frame is None
+    assert pair.conn.receive_data(pair.codec.encode(ev.Pong(id=1)), T0 + 41) == []
+    assert pair.conn.heartbeat.rtt is None and not pair.conn.closed
+
+
+@pytest.mark.parametrize("subprotocol", BOTH)
+def test_ping_frames_are_made_once_for_every_connection_and_counted_as_framed(subprotocol: str) -> None:
+    a, b = Pair.ready(subprotocol=subprotocol), Pair.ready(subprotocol=subprotocol)
+    sent_a, sent_b = a.conn.tick(T0 + 30), b.conn.tick(T0 + 30)
+    assert sent_a[0] is sent_b[0]  # one SendFrame for Ping 1 on every connection
+    assert sent_a[0].data == a.codec.encode(ev.Ping(id=1))
+    framed = Pair.ready(subprotocol=subprotocol)
+    framed.conn._frame(ev.Ping(id=1))  # what Protocol._frame counts for the same frame
+    assert list(a.conn.stats.sent) == list(framed.conn.stats.sent)
+
+
+def test_a_compressor_that_may_compress_a_ping_gets_it_framed_as_any_message() -> None:
+    pair = ConnectionPair(Settings(compression_min_size=0), PROTO)
+    pair.send(ev.Hello(compression=("zstd",)))
+    assert pair.conn.compressor is not None
+    pair.conn.compressor.min_size = 0  # (as a slow link's estimates may set it: every payload is offered)
+    [ping] = pair.conn.tick(T0 + 30)
+    assert pair.decode([ping]) == [ev.Ping(id=1)]
+    assert pair.conn.pong_frame == pair.codec.encode(ev.Pong(id=1))
+    assert pair.conn.receive_data(pair.conn.pong_frame, T0 + 30.5) == [Measured("heartbeat_rtt_seconds", 0.5)]
+
+
 # ================================================================================ idle reaper
 def test_idle_connection_is_reaped_with_4000() -> None:
     pair = Pair.ready()
@@ -544,23 +618,34 @@ script_steps = st.lists(
 )
 
 
+def _deadline_of_parts(conn: ServerProtocol) -> float:
+    """ServerProtocol.next_deadline from its parts' own methods (it writes them out)."""
+    if conn.state is not ConnState.OPEN:
+        return conn.handshake_deadline
+    running = conn.session.active if conn.session is not None else 0
+    lifetime = conn.settings.max_session_lifetime
+    return min(conn.heartbeat.deadline(), conn.reaper.deadline(running),
+               conn.opened_at + lifetime if lifetime and not running else math.inf)
+
+
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(BOTH),
     st.floats(1, 60), st.integers(1, 4), st.floats(0.5, 30), st.floats(5, 400), st.floats(1, 50),
-    st.booleans(), script_steps,
+    st.sampled_from([0.0, 0.0, 20.0, 300.0]), st.booleans(), script_steps,
 )
 def test_next_deadline_is_exactly_when_tick_acts(subprotocol: str, interval: float, mult: int, timeout: float,
-                                                idle: float, handshake: float, answers: bool,
+                                                idle: float, handshake: float, lifetime: float, answers: bool,
                                                 script: list[tuple[str, float]]) -> None:
     s = Settings(heartbeat_interval=interval, heartbeat_max_interval=interval * mult, heartbeat_timeout=timeout,
-                 idle_timeout=idle, handshake_timeout=handshake, max_streams=2)
+                 idle_timeout=idle, handshake_timeout=handshake, max_session_lifetime=lifetime, max_streams=2)
     pair = ConnectionPair(s, subprotocol)
     conn = pair.conn
     for kind, arg in script:
         target = pair.now + (arg if kind == "wait" else 0.5)
         while not conn.closed and conn.next_deadline() <= target:
             due = conn.next_deadline()
+            assert due == _deadline_of_parts(conn)
             before = math.nextafter(due, -math.inf)
             if before >= pair.now:
                 assert pair.tick(before) == []  # nothing is due just before the deadline

@@ -9,6 +9,7 @@ with timing.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
@@ -241,6 +242,31 @@ async def test_a_paused_transport_holds_output_in_order_until_it_resumes() -> No
     first = next(i for i, e in enumerate(events) if isinstance(e, ev.Delta))
     assert first < pong  # in the order the driver wrote them
     await conn.driver.disconnected(1000)
+
+
+async def test_a_heartbeat_is_a_written_ping_and_a_known_pong_that_moves_the_timer_to_the_next_ping() -> None:
+    """The Ping goes out from the timer with one write; the Pong that answers it is known by its bytes
+    (not decoded), its RTT observed, and the connection's timer moves from the Pong's timeout to the next
+    Ping (a Pong used to leave it at the timeout: a wake-up per heartbeat for nothing)."""
+    conn = ReadConn(echo)
+    conn.read(ev.Hello())
+    await end_of_turn()
+    driver, proto = conn.driver, conn.driver.protocol
+    due = proto.next_deadline()
+    assert due == proto.heartbeat.next_ping_at
+    writes = len(conn.log)
+    assert driver.on_timer(due) == due + proto.settings.heartbeat_timeout  # a Ping out: its Pong's timeout next
+    assert conn.log[writes:] == [("write", conn.log[-1][1])] and conn.events()[-1] == ev.Ping(id=1)
+    driver.monotonic = lambda: due + 0.25
+    proto.codec = None  # (the Pong must not need decoding)
+    conn.direct.receiver(codec_for(SUBPROTOCOL_PROTO).encode(ev.Pong(id=1)), 1)
+    assert proto.heartbeat.rtt == 0.25 and proto.pong_frame is None
+    assert driver._scheduled == proto.heartbeat.next_ping_at == due + 30
+    assert driver.scheduler._queue._when[driver] == math.ceil((due + 30) * 4) / 4  # (on the scheduler's 0.25 s grid)
+    [sample] = [s for m in driver.endpoint.registry.collect() if m.name == "lowlat_heartbeat_rtt_seconds"
+                for s in m.samples if s.name.endswith("_count")]
+    assert sample.value == 1
+    await driver.disconnected(1000)
 
 
 async def test_a_transport_paused_past_slow_consumer_timeout_closes_with_4003() -> None:

@@ -549,6 +549,19 @@ class ConnectionDriver:
         once, streams to start or cancel, measurements); else do nothing and return False. Once the Welcome
         is out, the first call logs the open connection and times the handshake."""
         direct = self.direct
+        if len(actions) == 1 and self._welcomed:  # (one frame or one measurement: a heartbeat's Ping, its RTT)
+            action = actions[0]
+            kind = type(action)
+            if kind is Measured:
+                if self.metrics is not None:
+                    self.metrics.observe(action.name, action.value)
+                return True
+            if kind is SendFrame and action.error is None:
+                if direct is None or self._writing or not direct.is_writable():
+                    return False
+                if not self._closing:
+                    self._hold([action.data])
+                return True
         writable = direct is not None and not self._writing and direct.is_writable()
         for action in actions:
             kind = type(action)
@@ -960,8 +973,8 @@ class ConnectionDriver:
     def on_timer(self, now: float) -> float:
         """Called by the scheduler when a deadline is due."""
         sender = self._sender
-        stuck_at = self._send_since + self.settings.slow_consumer_timeout
-        if sender is not None and self._stuck_task is None and now >= stuck_at:
+        if sender is not None and self._stuck_task is None \
+                and now >= self._send_since + self.settings.slow_consumer_timeout:
             self._stuck_task = sender
             sender.cancel()  # _write turns this into the slow-consumer close
         actions = self.protocol.tick(now)
@@ -978,9 +991,10 @@ class ConnectionDriver:
         return when
 
     def reschedule(self) -> None:
-        """Move this connection's timer earlier if its deadline moved earlier."""
+        """Move this connection's timer to its deadline, if that moved (earlier; or later, e.g. a Pong arrived:
+        the scheduler then does not wake this connection at the Pong's timeout for nothing)."""
         when = self._next_deadline()
-        if when < self._scheduled or (when == math.inf and self._scheduled != math.inf):
+        if when != self._scheduled:
             self._scheduled = when
             self.scheduler.schedule(self, when)
 

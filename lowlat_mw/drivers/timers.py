@@ -36,6 +36,10 @@ cpu_clock = _cpu_clock()
 """The clock the drivers give the protocol machines (``meter``): their compressors time their own work with it."""
 
 
+_INF = math.inf
+_heappush = heapq.heappush
+
+
 class DeadlineQueue:
     """Keys with deadlines; `pop_due(now)` returns the keys whose deadline has come."""
 
@@ -49,13 +53,14 @@ class DeadlineQueue:
 
     def set(self, key: Hashable, when: float) -> None:
         """Schedule `key` at `when` (replacing any earlier schedule; inf unschedules)."""
-        if when == math.inf:
-            self._when.pop(key, None)
+        known = self._when
+        if when == _INF:
+            known.pop(key, None)
             return
-        if self._when.get(key) == when:
+        if known.get(key) == when:
             return
-        self._when[key] = when
-        heapq.heappush(self._heap, (when, next(self._counter), key))
+        known[key] = when
+        _heappush(self._heap, (when, next(self._counter), key))
 
     def discard(self, key: Hashable) -> None:
         """Forget `key`."""
@@ -92,6 +97,7 @@ class TimerTarget(Protocol):
 
 
 MAX_SLACK = 0.25  # seconds a timer may fire late, at most (for deadlines >= 16 s away)
+_SLACK_WAIT = 64 * MAX_SLACK  # waits from this long on get the whole slack
 
 
 def fire_time(when: float, now: float) -> float:
@@ -102,6 +108,8 @@ def fire_time(when: float, now: float) -> float:
     64 ms are exact.
     """
     wait = when - now
+    if wait >= _SLACK_WAIT:  # (the grid is MAX_SLACK: 30 s heartbeats, most deadlines)
+        return math.ceil(when / MAX_SLACK) * MAX_SLACK
     if wait <= 0.064:
         return when
     grid = 2.0 ** math.floor(math.log2(min(MAX_SLACK, wait / 64)))

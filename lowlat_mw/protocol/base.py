@@ -53,6 +53,15 @@ class Measured:
     value: float
 
 
+# Made-once heartbeat frames: (the Ping's SendFrame, its Pong) per codec and Ping id. Every connection numbers
+# its Pings 1, 2, 3..., so all idle connections share the same few (a Ping a connection every 30 s: 4096
+# ids last more than a day). A Ping's payload is at most 8 bytes: never compressed unless the compressor's
+# min_size is at most that (then it is framed as any message).
+_HEARTBEATS: dict[object, dict[int, tuple[SendFrame, bytes | str]]] = {}
+_HEARTBEAT_IDS = 4096
+_PING_MAX = 8
+
+
 # ------------------------------------------------------------------------------------ counters
 CODEC_SLOTS = 5  # compression codec ids counted per connection: none, zstd, lz4, snappy, and the reserved 4
 _SUBPROTOCOL_LABEL = {"lowlat.v1.proto": "proto", "lowlat.v1.json": "json", None: "json"}
@@ -140,9 +149,13 @@ class Protocol:
         self.close_code: int | None = None
         self.close_reason = ""
         self.stats = FrameStats(_SUBPROTOCOL_LABEL.get(subprotocol, "json"))
-        # Set when next_deadline() may have moved earlier: the driver re-arms its timer and clears it.
-        # Otherwise deadlines only move later, and a timer that fires early finds nothing to do.
+        # Set when next_deadline() may have moved earlier (or later, as when the awaited Pong arrives): the
+        # driver re-arms its timer and clears it. Otherwise deadlines only move later, and a timer that fires
+        # early finds nothing to do.
         self.deadline_moved = False
+        # The Pong that answers the Ping out, as this codec encodes it (None: no Ping out): receive_data
+        # knows it by its bytes and skips the decoding (every idle connection's heartbeat brings one).
+        self.pong_frame: bytes | str | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -189,6 +202,8 @@ class Protocol:
     # ------------------------------------------------------------------ input
     def receive_data(self, data: bytes | str, now: float) -> list[Any]:
         """Handle one WebSocket message from the peer: the actions (and, for the client, events) it causes."""
+        if data == self.pong_frame and self.state is ConnState.OPEN:
+            return self._pong_arrived(len(data), now)
         if self.state is ConnState.CLOSED:
             return []
         size = len(data) if type(data) is not str or len(data) * 4 <= self.max_frame_size \
@@ -237,9 +252,49 @@ class Protocol:
             return []
         awaited = hb.awaiting
         hb.on_pong(pong.id, now)
+        if hb.awaiting is None:
+            self.pong_frame = None
         if awaited is not None and hb.awaiting is None and hb.rtt is not None:
             return [Measured("heartbeat_rtt_seconds", hb.rtt)]
         return []
+
+    def _pong_arrived(self, size: int, now: float) -> list[Any]:
+        """:meth:`receive_data` of the awaited Pong (`pong_frame`, `size` bytes), written out: what decoding it
+        and :meth:`_on_pong` do (counted, proof of life, the Ping answered, its RTT measured)."""
+        self.pong_frame = None
+        received = self.stats.received
+        received[0] += 1
+        received[1] += size
+        hb = self.heartbeat
+        assert hb is not None and hb.awaiting is not None  # (pong_frame is set only while a Ping is out)
+        self.deadline_moved = True
+        hb.alive_since_ping = True
+        hb.rtt = rtt = now - hb.last_ping_at
+        hb.awaiting = None
+        return [Measured("heartbeat_rtt_seconds", rtt)]
+
+    def _ping(self) -> list[Any]:
+        """The Ping the heartbeat just asked for, framed (counted as :meth:`_frame` counts), and the Pong
+        that will answer it noted (`pong_frame`)."""
+        ping_id = self.heartbeat.ping_id  # type: ignore[union-attr]
+        codec = self.codec
+        compressor = self.compressor
+        if (compressor is not None and compressor.min_size <= _PING_MAX) or ping_id > _HEARTBEAT_IDS:
+            self.pong_frame = codec.encode(ev.Pong(id=ping_id))
+            return [SendFrame(self._frame(ev.Ping(id=ping_id)))]
+        made = _HEARTBEATS.get(codec)
+        if made is None:
+            made = _HEARTBEATS[codec] = {}
+        frames = made.get(ping_id)
+        if frames is None:
+            frames = made[ping_id] = (SendFrame(codec.encode(ev.Ping(id=ping_id))), codec.encode(ev.Pong(id=ping_id)))
+        send, self.pong_frame = frames
+        size = len(send.data)  # (uncompressed: the three counters of codec id 0)
+        sent = self.stats.sent
+        sent[0] += 1
+        sent[1] += size
+        sent[2] += size
+        return [send]
 
     # ------------------------------------------------------------------ time
     def _heartbeat_due(self, now: float) -> list[Any]:
@@ -251,7 +306,9 @@ class Protocol:
         if action is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, self.PEER_DEAD_REASON)
         if action is HeartbeatAction.SEND_PING:
-            return [SendFrame(self._frame(ev.Ping(id=hb.ping_id)))]
+            return self._ping()
+        if hb.awaiting is None:
+            self.pong_frame = None  # (poll found the peer alive without the Pong)
         return []
 
     def next_deadline(self) -> float:

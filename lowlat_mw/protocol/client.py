@@ -219,6 +219,10 @@ class ClientProtocol(Protocol):
     def _on_pong(self, pong: ev.Pong, now: float) -> list[Any]:
         return [*super()._on_pong(pong, now), pong]
 
+    def _pong_arrived(self, size: int, now: float) -> list[Any]:
+        pong = ev.Pong(id=self.heartbeat.awaiting)  # type: ignore[union-attr,arg-type]
+        return [*super()._pong_arrived(size, now), pong]
+
     def _on_goaway(self, goaway: ev.GoAway, now: float) -> list[Any]:
         self.goaway = goaway
         return [goaway]

@@ -384,10 +384,18 @@ class ServerProtocol(Protocol):
             return math.inf
         if state is not ConnState.OPEN:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
-        running = self.session.active if self.session is not None else 0
-        lifetime = (self.opened_at + self.settings.max_session_lifetime
-                    if self.settings.max_session_lifetime and not running else math.inf)
-        return min(self.heartbeat.deadline(), self.reaper.deadline(running), lifetime)
+        hb = self.heartbeat  # min(Heartbeat.deadline(), IdleReaper.deadline(running), the lifetime), written out
+        when = hb.last_ping_at + hb.timeout if hb.awaiting is not None and not hb.alive_since_ping else hb.next_ping_at
+        session = self.session
+        if session is None or not session.active:
+            reaper = self.reaper
+            idle = reaper.last_activity + reaper.timeout
+            if idle < when:
+                when = idle
+            lifetime = self.settings.max_session_lifetime
+            if lifetime and self.opened_at + lifetime < when:
+                when = self.opened_at + lifetime
+        return when
 
     def tick(self, now: float) -> list[Any]:
         """Timers: handshake timeout, heartbeat pings and timeouts, idle reaping, session lifetime."""
@@ -410,7 +418,9 @@ class ServerProtocol(Protocol):
         if lifetime and not running and now >= self.opened_at + lifetime:
             return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
         if action is HeartbeatAction.SEND_PING:
-            return [SendFrame(self._frame(ev.Ping(id=self.heartbeat.ping_id)))]
+            return self._ping()
+        if self.heartbeat.awaiting is None:
+            self.pong_frame = None  # (poll found the peer alive without the Pong)
         return []
 
     def drain(self, reconnect_after_ms: int = 0) -> list[Any]:

@@ -244,10 +244,11 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         fragment, a partial frame, anything wrong) goes to websockets' parser, which meets it as it would
         have: at a frame boundary, in order."""
         conn = self.conn
-        if self.close_sent or not parser_idle(conn):
+        if self._lowlat_close_sent or not parser_idle(conn):  # (close_sent, the property's attribute)
             return 0
         limit = message_limit(conn)
         pos = 0
+        end = len(data)
         while True:
             found = next_message(data, pos, True, limit)
             if found is None:
@@ -255,8 +256,9 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
             message, pos = found
             self._lowlat_burst = burst = self._lowlat_burst + 1
             receiver(message, burst)
-            if self._lowlat_receiver is not receiver or self.close_sent or self.transport.is_closing():
-                return pos  # (the rest: websockets', as if it had parsed it)
+            if pos == end or self._lowlat_receiver is not receiver or self._lowlat_close_sent \
+                    or self.transport.is_closing():
+                return pos  # (the rest, if any: websockets', as if it had parsed it)
 
     def handle_parser_exception(self) -> None:
         """A frame failed the connection (too big, bad UTF-8, a protocol violation): the close frame goes out

@@ -113,7 +113,7 @@ def test_stale_entries_do_not_pile_up() -> None:
         q.set("busy", 1000.0 + i)  # a connection whose deadline keeps moving
     q.set("idle", 5.0)
     assert q.pop_due(6.0) == ["idle"]
-    assert len(q._heap) <= 64  # compacted: only live entries remain
+    assert len(q._times) <= 64  # compacted: only live entries remain
     assert q.next_deadline() == 1000.0 + 9999
 
 
@@ -132,11 +132,14 @@ ops = st.lists(
 def test_queue_matches_a_dict_model(script: list[tuple[str, int, float]]) -> None:
     q = DeadlineQueue()
     model: dict[int, float] = {}
-    for op, key, value in script:
+    order: dict[int, int] = {}  # when each key's deadline was last changed (ties pop in that order)
+    for step, (op, key, value) in enumerate(script):
         if op == "set":
             if value == INF:
                 model.pop(key, None)
             else:
+                if model.get(key) != value:
+                    order[key] = step
                 model[key] = value
             q.set(key, value)
         elif op == "discard":
@@ -146,7 +149,7 @@ def test_queue_matches_a_dict_model(script: list[tuple[str, int, float]]) -> Non
             due = q.pop_due(value)
             expected = {k for k, w in model.items() if w <= value}
             assert sorted(due) == sorted(expected)  # each due key exactly once
-            assert [model[k] for k in due] == sorted(model[k] for k in due)  # in deadline order
+            assert due == sorted(due, key=lambda k: (model[k], order[k]))  # in deadline order, ties as set
             for k in due:
                 del model[k]
         assert len(q) == len(model)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import math
 import threading
 import time
@@ -41,12 +40,20 @@ _heappush = heapq.heappush
 
 
 class DeadlineQueue:
-    """Keys with deadlines; `pop_due(now)` returns the keys whose deadline has come."""
+    """Keys with deadlines; `pop_due(now)` returns the keys whose deadline has come, in deadline order
+    (and in the order they were set, for one deadline).
+
+    A timer wheel with exact slots: the keys due at one time share a slot (an insertion-ordered dict), and
+    a heap holds only the slot times. The asyncio scheduler puts deadlines on a shared grid
+    (:func:`fire_time`), so ten thousand idle connections' heartbeats fall into about a hundred slots:
+    moving a key is two dict operations, and the heap compares floats, not (when, n, key) tuples, only
+    when a new slot time appears.
+    """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Hashable]] = []
+        self._slots: dict[float, dict[Hashable, None]] = {}
+        self._times: list[float] = []  # heap of slot times; a time whose slot emptied is skipped when it comes up
         self._when: dict[Hashable, float] = {}
-        self._counter = itertools.count()
 
     def __len__(self) -> int:
         return len(self._when)
@@ -54,37 +61,49 @@ class DeadlineQueue:
     def set(self, key: Hashable, when: float) -> None:
         """Schedule `key` at `when` (replacing any earlier schedule; inf unschedules)."""
         known = self._when
-        if when == _INF:
-            known.pop(key, None)
+        old = known.get(key)
+        if old == when:
             return
-        if known.get(key) == when:
+        slots = self._slots
+        if old is not None:
+            slot = slots[old]
+            del slot[key]
+            if not slot:
+                del slots[old]
+        if when == _INF:
+            if old is not None:
+                del known[key]
             return
         known[key] = when
-        _heappush(self._heap, (when, next(self._counter), key))
+        slot = slots.get(when)
+        if slot is None:
+            slot = slots[when] = {}
+            _heappush(self._times, when)
+        slot[key] = None
 
     def discard(self, key: Hashable) -> None:
         """Forget `key`."""
-        self._when.pop(key, None)
+        self.set(key, _INF)
 
     def next_deadline(self) -> float:
         """The earliest live deadline, or inf."""
-        heap = self._heap
-        while heap and self._when.get(heap[0][2]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else math.inf
+        times, slots = self._times, self._slots
+        while times and times[0] not in slots:
+            heapq.heappop(times)
+        return times[0] if times else _INF
 
     def pop_due(self, now: float) -> list[Hashable]:
         """Remove and return every key due at `now`."""
-        due = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            when, _, key = heapq.heappop(heap)
-            if self._when.get(key) == when:
-                del self._when[key]
-                due.append(key)
-        if len(heap) > 64 and len(heap) > 4 * len(self._when):  # drop stale entries
-            self._heap = [e for e in heap if self._when.get(e[2]) == e[0]]
-            heapq.heapify(self._heap)
+        due: list[Hashable] = []
+        times, slots, known = self._times, self._slots, self._when
+        while times and times[0] <= now:
+            slot = slots.pop(heapq.heappop(times), None)
+            if slot:
+                for key in slot:
+                    del known[key]
+                due.extend(slot)
+        if len(times) > 64 and len(times) > 4 * len(slots):  # drop the times of emptied slots
+            self._times = sorted(slots)  # (a sorted list is a heap)
         return due
 
 

@@ -304,6 +304,20 @@ def test_fire_time_is_never_early_and_late_by_at_most_a_64th_of_the_wait() -> No
     assert len({fire_time(now + 30 + i * 0.003, now) for i in range(50)}) <= 2
 
 
+@given(st.floats(0, 1e7), st.floats(0, 1000))
+def test_fire_time_is_the_largest_power_of_two_grid_within_the_slack(now: float, wait: float) -> None:
+    """fire_time writes its common grids out (0.25 s for waits from 16 s, 0.125 s from 8 s): the same as
+    rounding up to 2 ** floor(log2(min(MAX_SLACK, wait / 64)))."""
+    when = now + wait
+    wait = when - now
+    if wait <= 0.064:
+        expected = when
+    else:
+        grid = 2.0 ** math.floor(math.log2(min(MAX_SLACK, wait / 64)))
+        expected = math.ceil(when / grid) * grid
+    assert fire_time(when, now) == expected
+
+
 async def test_async_scheduler_deadlines_close_together_share_a_wake_up() -> None:
     loop = asyncio.get_running_loop()
     sched = AsyncScheduler(loop)

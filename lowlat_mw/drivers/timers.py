@@ -37,6 +37,7 @@ cpu_clock = _cpu_clock()
 
 _INF = math.inf
 _heappush = heapq.heappush
+_monotonic = time.monotonic
 
 
 class DeadlineQueue:
@@ -117,6 +118,7 @@ class TimerTarget(Protocol):
 
 MAX_SLACK = 0.25  # seconds a timer may fire late, at most (for deadlines >= 16 s away)
 _SLACK_WAIT = 64 * MAX_SLACK  # waits from this long on get the whole slack
+_HALF_SLACK = MAX_SLACK / 2
 
 
 def fire_time(when: float, now: float) -> float:
@@ -129,6 +131,8 @@ def fire_time(when: float, now: float) -> float:
     wait = when - now
     if wait >= _SLACK_WAIT:  # (the grid is MAX_SLACK: 30 s heartbeats, most deadlines)
         return math.ceil(when / MAX_SLACK) * MAX_SLACK
+    if wait >= _SLACK_WAIT / 2:  # (half of it: a 10 s Pong timeout)
+        return math.ceil(when / _HALF_SLACK) * _HALF_SLACK
     if wait <= 0.064:
         return when
     grid = 2.0 ** math.floor(math.log2(min(MAX_SLACK, wait / 64)))
@@ -169,8 +173,8 @@ class AsyncScheduler:
 
     def schedule(self, target: TimerTarget, when: float) -> None:
         """Call ``target.on_timer`` at monotonic time `when` (replaces an earlier schedule)."""
-        if when != math.inf:
-            when = fire_time(when, time.monotonic())  # the queue holds wake-up times, on a shared grid
+        if when != _INF:
+            when = fire_time(when, _monotonic())  # the queue holds wake-up times, on a shared grid
         self._queue.set(target, when)
         if when < self._armed_at:
             self._arm(when)

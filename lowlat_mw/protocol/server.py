@@ -412,7 +412,8 @@ class ServerProtocol(Protocol):
         if action is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
         running = self.session.active if self.session is not None else 0
-        if self.reaper.expired(now, running):
+        reaper = self.reaper
+        if not running and now >= reaper.last_activity + reaper.timeout:  # (IdleReaper.expired, written out)
             return self._close(CloseCode.IDLE_TIMEOUT, "idle")
         lifetime = self.settings.max_session_lifetime
         if lifetime and not running and now >= self.opened_at + lifetime:

@@ -170,6 +170,7 @@ class _Direct:
         protocol = self._protocol
         if not hasattr(protocol, "_lowlat_receiver") or not protocol.queue.empty():
             return False  # (wsproto: not offered) / messages already queued must be read through ASGI first
+        protocol._lowlat_limit = message_limit(protocol.conn)  # (websockets' limits are fixed per connection)
         protocol._lowlat_receiver = receiver
         return True
 
@@ -221,6 +222,7 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
 
     _lowlat_receiver: Callable[[bytes | str, int], None] | None = None  # direct reads (the driver's feed)
     _lowlat_burst = 0  # messages delivered from the current socket read
+    _lowlat_limit: int | None = None  # the largest message websockets' parser takes in one frame (message_limit)
     _lowlat_lingering = False  # failed (close frame sent): reading and dropping until the peer or LINGER ends it
 
     def data_received(self, data: bytes) -> None:
@@ -246,7 +248,7 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         conn = self.conn
         if self._lowlat_close_sent or not parser_idle(conn):  # (close_sent, the property's attribute)
             return 0
-        limit = message_limit(conn)
+        limit = self._lowlat_limit
         pos = 0
         end = len(data)
         while True:

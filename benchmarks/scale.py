@@ -553,23 +553,28 @@ def _bottlenecks(size: Size, rows: dict[str, dict[str, float]], top: int, fast_l
     budget = 1.0 / 100 * DEFAULT_HEARTBEAT / TARGET_IDLE * 1e6  # issue 15: 1% of a core
     paced = {k: rows[f"stream paced {k}"] for k in STREAM_SERVERS}
     direct_vs = rows["stream paced lowlat-direct vs bare"]
+    lod = rows.get(f"idle {top} lowlat-direct", {})
+    per_hb_direct = f"{lod['us_per_ping']:.0f} µs" if "us_per_ping" in lod else "not measurable in this run's window"
     return f"""**Where the time goes.** *Heartbeat:* with the default heartbeat and {top:,} connections a heartbeat
-(one Ping sent, one Pong received) cost {per_hb} of server CPU on the ASGI path; with {size.fast:g} s heartbeats on
-{fast_level:,} connections {lof.get('us_per_ping', 0):.0f} µs there and {ldf.get('us_per_ping', 0):.0f} µs on
-lowlat-mw's protocol, where uvicorn's own WebSocket ping cost {ping.get('us_per_ping', 0):.0f} µs. CPU % =
+(one Ping sent, one Pong received) cost {per_hb} of server CPU on the ASGI path and {per_hb_direct} on lowlat-mw's
+protocol; with {size.fast:g} s heartbeats on {fast_level:,} connections {lof.get('us_per_ping', 0):.0f} µs and
+{ldf.get('us_per_ping', 0):.0f} µs, where uvicorn's own WebSocket ping cost {ping.get('us_per_ping', 0):.0f} µs. CPU % =
 connections x cost per heartbeat / interval, so 1% of a core for {TARGET_IDLE:,} connections every
-{DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat: less than the server's own WebSocket ping costs
-(a timer wake-up, a frame written, a frame read and parsed). A due Ping is written from the scheduler's
-timer callback (no task, no lock); the scheduler wakes on a power-of-two grid (late by at most 1/64 of
-the wait; `lowlat_mw.drivers.timers.fire_time`), so connections opened at different moments share
-wake-ups; on lowlat-mw's protocol the Pong, a one-frame message, is read without websockets' parser and
-decoded without the protobuf library (the Ping is encoded without it too) and goes to the driver
-without an ASGI message or a task wake-up. What is left is two system calls and the event loop's work
-around them (1,000 connections with a 1 s heartbeat, one server at a time: about 39 µs of user and
-11-13 µs of system CPU per heartbeat, from 63 and 13 before the fast reader and codec). Meeting 1% would need
-fewer heartbeats on idle connections (e.g. an idle connection's heartbeat stretched to
-`heartbeat_max_interval`, 120 s), which changes the product's heartbeat (30 s when idle,
-docs/protocol.md 9.1): not done.
+{DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat. The floor on this machine, measured apart: a uvloop
+protocol that writes 8 bytes to each of 10,000 connections every 30 s (on the same 0.25 s grid) and only
+counts the 8-byte answers costs 3.2 µs of user and 12.5 µs of system CPU per round trip (0.52% of a
+core). What lowlat-mw adds is Python: the timer wheel's step (`lowlat_mw.drivers.timers`: connections
+due at one grid time share a slot), the protocol's rules (is a Ping due, is the peer dead, is the
+connection idle), the Ping taken from a table made once per Ping id and written from the timer callback,
+the Pong read without websockets' parser and known by its bytes without decoding, its RTT observed, and
+the connection's timer moved to the next Ping (no second wake-up at the Pong's timeout): about 1,220
+Python opcodes per heartbeat, from 2,040 (3,000 connections, 12 s heartbeat, one server at a time: 39.7
+µs user + 11.1 µs system per heartbeat, from 65.5 + 15.2; docs/architecture.md, "Heartbeats"). Tried and
+dropped: the hot modules compiled unchanged with Cython (no gain, 43 vs 35 µs user per heartbeat: compiled
+code calls CPython's generic attribute and method lookups, which Python 3.11's specializing interpreter
+caches; a gain needs typed extension classes, a second implementation of the protocol core). Meeting 1%
+needs the Python per heartbeat cut by about a third again, or fewer heartbeats on idle connections (a
+change of the product's 30 s idle heartbeat, docs/protocol.md 9.1): not done.
 
 *Streams, {1 / PACE:g} tokens/s:* {size.streams:,} streams of {size.paced_tokens} tokens want
 {size.streams / PACE:,.0f} deltas/s; the bare endpoint spent {paced['bare']['server_cpu_us_per_delta']:.1f} µs of

@@ -18,12 +18,13 @@ from typing import Any
 
 from flask import Flask, Response, request
 from simple_websocket import ConnectionClosed, Server
+from wsproto.events import BytesMessage, CloseConnection, TextMessage
 
 from lowlat_mw import static_files as static
 from lowlat_mw.drivers.threads import ThreadDriver, facts_from_environ
 from lowlat_mw.endpoint import Endpoint, Refuse, settings_from_config
 from lowlat_mw.model import ModelSpec
-from lowlat_mw.servers.serving import transport_limit
+from lowlat_mw.servers.serving import too_big_message, transport_limit
 
 __all__ = ["LowLat"]
 
@@ -104,9 +105,9 @@ class LowLat:
             return _websocket_response(ws)
         return self._run(ws, endpoint, env, answer.subprotocol, address)
 
-    def _server(self, env: dict[str, Any], subprotocol: str | None) -> Server:
+    def _server(self, env: dict[str, Any], subprotocol: str | None) -> _Server:
         """simple-websocket's server end of the handshake, with this route's limits."""
-        return Server(
+        return _Server(
             # Without the client's Sec-WebSocket-Extensions, simple-websocket does not accept permessage-deflate,
             # which it would inflate with no bound on the output (4 KiB read -> up to 4 MiB, before its size check).
             {k: v for k, v in env.items() if k != "HTTP_SEC_WEBSOCKET_EXTENSIONS"},
@@ -117,9 +118,10 @@ class LowLat:
             ping_interval=None,  # the protocol's application-level heartbeat replaces it
         )
 
-    def _run(self, ws: Server, endpoint: Endpoint, env: dict[str, Any], subprotocol: str | None,
+    def _run(self, ws: _Server, endpoint: Endpoint, env: dict[str, Any], subprotocol: str | None,
              address: str | None) -> Response:
         def close(code: int, reason: str) -> None:
+            ws.lowlat_closing = True
             try:
                 ws.close(code, reason)
             except ConnectionClosed:
@@ -145,6 +147,27 @@ class LowLat:
             driver.disconnected(code)
             _finish(ws)
         return _websocket_response(ws)
+
+
+class _Server(Server):
+    """simple-websocket's server end, sending ``Error{0, message_too_big}`` before the 1009 close its reader
+    thread answers a message over ``max_message_size`` with (docs/protocol.md 10.3); lowlat-mw's own
+    closes (`lowlat_closing`) go out as they are."""
+
+    lowlat_closing = False
+
+    def handshake(self) -> None:
+        super().handshake()  # (before the reader thread starts: no message can be refused before the hook)
+        send = self.ws.send
+
+        def send_error_first(event: Any) -> bytes:
+            if isinstance(event, CloseConnection) and event.code == 1009 and not self.lowlat_closing:
+                message = too_big_message(self.subprotocol)
+                data = send(TextMessage(data=message) if isinstance(message, str) else BytesMessage(data=message))
+                return data + send(event)  # type: ignore[no-any-return]
+            return send(event)  # type: ignore[no-any-return]
+
+        self.ws.send = send_error_first  # type: ignore[method-assign]
 
 
 def _finish(ws: Server) -> None:

@@ -40,7 +40,7 @@ from twisted.internet import defer, reactor
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment, too_big_message
 from lowlat_mw.settings import Settings
 
 __all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "DrainingServer", "OneBufferWebSocketProtocol",
@@ -73,6 +73,17 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
         if not self.failedByMe:
             for piece in payload:
                 add_fragment(self.message_data, piece)
+
+    def _max_message_size_exceeded(self, msg_size: int, max_msg_size: int, reason: str) -> None:
+        # autobahn fails a message or frame over --websocket-max-message-size / -frame-size with 1009 here,
+        # before the application sees it: the protocol's Error goes first (docs/protocol.md 10.3).
+        if self.state == self.STATE_OPEN and not self.failedByMe:
+            message = too_big_message(self.websocket_protocol_in_use)
+            if isinstance(message, str):
+                self.sendMessage(message.encode(), isBinary=False)
+            else:
+                self.sendMessage(message, isBinary=True)
+        super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
 
 
 BATCHED_TIMER_ROUNDING = 1  # seconds txaio's batched timers may fire early (they round the deadline down)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..errors import ErrorCode
+from ..protocol import events as ev
+from ..protocol.codec import codec_for
 from ..settings import Settings
 
 __all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "daphne_args",
@@ -75,8 +78,17 @@ def add_fragment(parts: list[Any], data: Any) -> None:
 def transport_limit(settings: Settings) -> int:
     """The hosting server's own message size limit (after any permessage-deflate): just above
     ``max_frame_size``, so a message a little too big gets our Error + 1009 and anything bigger is
-    refused by the server (also with 1009) before it is buffered whole."""
+    refused by the server (also with 1009, after the same Error: :func:`too_big_message`) before it is
+    buffered whole."""
     return settings.max_frame_size + 1024
+
+
+def too_big_message(subprotocol: str | None) -> bytes | str:
+    """The ``Error{0, message_too_big}`` a server sends before closing with 1009 a message its own size limit
+    (:func:`transport_limit`) refused before lowlat-mw saw it (docs/protocol.md 10.3, 11.1): encoded for the
+    connection's subprotocol (bytes for ``lowlat.v1.proto``, text for JSON), not yet framed."""
+    return codec_for(subprotocol).encode(ev.Error(stream_id=0, code=ErrorCode.MESSAGE_TOO_BIG,
+                                                  message="message exceeds max_frame_size"))
 
 
 def uvicorn_options(settings: Settings | None = None, ws: str = "websockets-sansio") -> dict[str, Any]:

@@ -32,9 +32,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpTool
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 
 from lowlat_mw.drivers.aio import drain_on_shutdown
-from lowlat_mw.drivers.direct import EXTENSION, message_limit, next_message, parser_idle
+from lowlat_mw.drivers.direct import EXTENSION, frame_header, message_limit, next_message, parser_idle
 from lowlat_mw.errors import SettingsError
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment, too_big_message
 from lowlat_mw.settings import Settings
 
 __all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
@@ -208,6 +208,12 @@ class _OffersDirect:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
+def _framed(message: bytes | str) -> bytes:
+    """`message` as one unmasked server frame (binary for bytes, text for str)."""
+    data = message.encode() if type(message) is str else message
+    return frame_header(data, type(message) is str) + data  # type: ignore[arg-type]
+
+
 class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
@@ -272,6 +278,8 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         close = self.conn.close_sent
         assert close is not None
         self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
+        if close.code == 1009:  # a message over --ws-max-size: the protocol's Error goes before the close
+            self.transport.write(_framed(too_big_message(self.response.headers.get("Sec-WebSocket-Protocol"))))
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
         self._lowlat_lingering = True
@@ -340,6 +348,23 @@ else:
         def data_received(self, data: bytes) -> None:
             feed = super().data_received
             _in_slices(data, lambda piece: feed(bytes(piece)), self.transport.is_closing)
+
+        _lowlat_subprotocol: str | None = None
+
+        async def send(self, message: Any) -> None:
+            if message["type"] == "websocket.accept":
+                self._lowlat_subprotocol = message.get("subprotocol")
+            await super().send(message)
+
+        def handle_message(self, event: Any) -> None:
+            # uvicorn's buffer refuses a message over --ws-max-size (UTF-8 bytes for text) and closes with 1009
+            # at once: the protocol's Error goes first.
+            buffer, data = self.buffer, event.data
+            if not self.close_sent and buffer.length + len(data) * (4 if type(data) is str else 1) > buffer.max_length \
+                    and buffer.length + (len(data.encode()) if type(data) is str else len(data)) > buffer.max_length \
+                    and not self.transport.is_closing():
+                self.transport.write(_framed(too_big_message(self._lowlat_subprotocol)))
+            super().handle_message(event)
 
         def handle_close(self, event: Any) -> None:
             if not self.close_sent and self.conn.state == _ConnectionState.OPEN and not self.transport.is_closing():

@@ -20,7 +20,6 @@ from conformance_support import (
     assert_streams,
     codec_of,
     hello,
-    measure,
     raw_connect,
     read_until_closed,
 )
@@ -90,10 +89,9 @@ def _oversize_text() -> str:
 class Case:
     mode: str
     frame: Callable[[], bytes | str]
-    error: ErrorCode | None  # the Error on stream 0 the server sends (None: maybe none, see `strict`)
+    error: ErrorCode | None  # the Error on stream 0 the server sends
     close: int | None  # close code; None: the connection stays open
     compression: tuple[str, ...] = ()
-    strict: bool = True  # False: a hosting server may enforce the limit itself (close code still binding)
 
 
 CASES = {
@@ -107,7 +105,7 @@ CASES = {
     "unknown-message": Case("proto", _envelope_with_unknown_field, ErrorCode.UNSUPPORTED_MESSAGE, None),
     "empty-envelope": Case("proto", lambda: b"\x10", ErrorCode.UNSUPPORTED_MESSAGE, None),
     "text-on-proto": Case("proto", lambda: '{"type":"ping","id":1}', ErrorCode.INVALID_PAYLOAD, 1003),
-    "oversize": Case("proto", _oversize_binary, ErrorCode.MESSAGE_TOO_BIG, 1009, strict=False),
+    "oversize": Case("proto", _oversize_binary, ErrorCode.MESSAGE_TOO_BIG, 1009),
     "zstd-bomb": Case("proto", _zstd_bomb_declared, ErrorCode.MESSAGE_TOO_BIG, 1009, ("zstd",)),
     "zstd-bomb-undeclared": Case("proto", _zstd_bomb_undeclared, ErrorCode.MESSAGE_TOO_BIG, 1009, ("zstd",)),
     "zstd-truncated": Case("proto", _zstd_truncated, ErrorCode.INVALID_PAYLOAD, 1007, ("zstd",)),
@@ -125,7 +123,7 @@ CASES = {
                             ErrorCode.INVALID_PAYLOAD, 1007),
     "json-unknown-type": Case("json", lambda: '{"type":"frobnicate","x":1}', ErrorCode.UNSUPPORTED_MESSAGE, None),
     "binary-on-json": Case("json", lambda: b"\x10", ErrorCode.INVALID_PAYLOAD, 1003),
-    "json-oversize": Case("json", _oversize_text, ErrorCode.MESSAGE_TOO_BIG, 1009, strict=False),
+    "json-oversize": Case("json", _oversize_text, ErrorCode.MESSAGE_TOO_BIG, 1009),
 }
 
 
@@ -168,13 +166,7 @@ async def test_bad_frame(server, case_id):
         else:
             out = await read_until_closed(ws, timeout=10)
             assert canonical_close_code(out.close_code) == case.close, (out.close_code, out.events)
-            if case.strict:
-                assert len(out.errors) == 1 and out.events == out.errors, out.events
-            else:  # a hosting server may refuse the frame itself, before lowlat-mw sees it
-                assert out.events == out.errors and len(out.errors) <= 1, out.events
-                measure(f"oversize {case.mode} frame on {server.framework}",
-                        f"closed {out.close_code} " + ("after Error message_too_big (lowlat-mw)" if out.errors
-                                                       else "without Error (the hosting server's own limit)"))
+            assert len(out.errors) == 1 and out.events == out.errors, out.events
             for error in out.errors:
                 assert (error.stream_id, error.code, error.retryable) == (0, case.error, False)
     await assert_streams(server.url, "proto" if case.mode == "proto" else "json")

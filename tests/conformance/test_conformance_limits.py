@@ -165,15 +165,13 @@ async def send_quietly(ws: Any, frame: bytes | str) -> None:
         pass
 
 
-def assert_closed_with(out: Any, code: int, error: ErrorCode | None, *, error_optional: bool = False) -> None:
+def assert_closed_with(out: Any, code: int, error: ErrorCode | None) -> None:
     """The server closed with `code` (canonically), after exactly one Error `error` on stream 0 (or none)."""
     assert canonical_close_code(out.close_code) == code, (out.close_code, out.events)
     if error is None:
         assert out.events == [], out.events
         return
     assert out.events == out.errors, out.events
-    if error_optional and not out.errors:
-        return
     assert len(out.errors) == 1, out.events
     assert (out.errors[0].stream_id, out.errors[0].code, out.errors[0].retryable) == (0, error, False), out.errors
 
@@ -412,10 +410,24 @@ async def test_frame_over_max_frame_size_is_closed_with_1009(limits, mode):
         frame = codec_of(ws).encode(ev.Request(stream_id=1, model="sync", text="z" * (MAX_FRAME + 100)))
         await send_quietly(ws, frame)
         out = await read_until_closed(ws, timeout=10)
-    # a hosting server may refuse the frame itself (close 1009 without our Error): both are correct
-    assert_closed_with(out, CloseCode.MESSAGE_TOO_BIG, ErrorCode.MESSAGE_TOO_BIG, error_optional=True)
+    # (a hosting server that refuses the frame itself sends the same Error first: see the test below)
+    assert_closed_with(out, CloseCode.MESSAGE_TOO_BIG, ErrorCode.MESSAGE_TOO_BIG)
     measure(f"max_frame_size {limits.framework}-{mode}",
             f"closed {out.close_code}" + (" after Error message_too_big" if out.errors else " (hosting server)"))
+    await assert_streams(limits.url, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_message_past_the_hosting_servers_own_limit_gets_the_error_before_1009(limits, mode):
+    """Far over max_frame_size (past the limit the hosting server enforces itself, max_frame_size + 1 KiB):
+    the server refuses it before lowlat-mw sees it, and still sends Error{message_too_big} first
+    (docs/protocol.md 10.3, 11.1), as for a message a little too big."""
+    async with raw_connect(limits.url, [sp_of(mode)]) as ws:
+        await hello(ws)
+        frame = codec_of(ws).encode(ev.Request(stream_id=1, model="sync", text="z" * (4 * MAX_FRAME)))
+        await send_quietly(ws, frame)
+        out = await read_until_closed(ws, timeout=10)
+    assert_closed_with(out, CloseCode.MESSAGE_TOO_BIG, ErrorCode.MESSAGE_TOO_BIG)
     await assert_streams(limits.url, mode)
 
 

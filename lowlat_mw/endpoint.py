@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from .errors import CloseCode, SettingsError
 from .model import Models, ModelSpec, shared_executor
+from .observability.logs import CLIENT_LOGS
 from .observability.metrics import Metrics
 from .protocol.limits import ConnectionLimiter
 from .protocol.server import negotiate_subprotocol
@@ -141,10 +142,12 @@ class Endpoint:
         settings = self.settings
         ok, subprotocol = negotiate_subprotocol(tuple(subprotocols), settings)
         if not ok:
-            log.info("refused WebSocket: no supported subprotocol in %s", list(subprotocols))
+            CLIENT_LOGS.log(log, logging.INFO, client, "refused WebSocket from %s: no supported subprotocol in %s",
+                            client, list(subprotocols))
             return self._refused(Refuse("forbidden", status=403))
         if origin is not None and not origin_allowed(origin, host, settings.allowed_origins):
-            log.warning("refused cross-origin WebSocket from %s", origin)
+            CLIENT_LOGS.log(log, logging.WARNING, client, "refused cross-origin WebSocket from %s (client %s)", origin,
+                            client)
             return self._refused(Refuse("forbidden", status=403))
         if self.draining:
             return self._refused(Refuse("draining", close_code=CloseCode.DRAINING, message="server draining",
@@ -152,7 +155,8 @@ class Endpoint:
         with self._lock:  # Flask admits from request threads, and releases on the driver's loop
             limited = self.limiter.acquire(client)
         if limited is not None:
-            log.warning("refused connection from %s: %s", client, limited, extra={"client": client})
+            CLIENT_LOGS.log(log, logging.WARNING, client, "refused connection from %s: %s", client, limited,
+                            extra={"client": client})
             return self._refused(Refuse("limit", close_code=CloseCode.TRY_AGAIN_LATER, message=limited[:120],
                                         subprotocol=subprotocol))
         return Accept(subprotocol, client)

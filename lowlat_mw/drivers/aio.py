@@ -34,6 +34,7 @@ from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
 from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model
 from ..observability import tracing
+from ..observability.logs import CLIENT_LOGS
 from ..observability.metrics import Metrics
 from ..observability.timing import StreamTimer
 from ..protocol import events as ev
@@ -753,8 +754,8 @@ class ConnectionDriver:
         if principal is not None:
             self.info = dataclasses.replace(self.info, principal=principal)
         else:
-            log.warning("refused client %s: %s", self.info.client, reason,
-                        extra={"session_id": self.protocol.session_id, "client": self.info.client})
+            CLIENT_LOGS.log(log, logging.WARNING, self.info.client, "refused client %s: %s", self.info.client, reason,
+                            extra={"session_id": self.protocol.session_id, "client": self.info.client})
         await self._act(self.protocol.authenticated(principal, self.monotonic(), reason))
 
     async def _resume(self, action: ResumeSession) -> None:
@@ -1029,10 +1030,10 @@ class ConnectionDriver:
             return
         self._errors_logged += 1
         level = logging.INFO if self._errors_logged <= _ERRORS_LOGGED_AT_INFO else logging.DEBUG
-        log.log(level, "error sent on connection %s, stream %s: %s: %s", self.protocol.session_id, error.stream_id,
-                error.code.wire_name, error.message,
-                extra={"session_id": self.protocol.session_id, "stream_id": error.stream_id,
-                       "error_code": error.code.wire_name, "client": self.info.client})
+        CLIENT_LOGS.log(log, level, self.info.client, "error sent on connection %s, stream %s: %s: %s",
+                        self.protocol.session_id, error.stream_id, error.code.wire_name, error.message,
+                        extra={"session_id": self.protocol.session_id, "stream_id": error.stream_id,
+                               "error_code": error.code.wire_name, "client": self.info.client})
 
     def _end_handshake(self, close_code: int | None = None) -> None:
         span, self._handshake_span = self._handshake_span, None

@@ -24,6 +24,7 @@ direct writes to the connection's transport (``scope["extensions"]["lowlat.trans
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from lowlat_mw.drivers.aio import drain_on_shutdown
 from lowlat_mw.drivers.direct import EXTENSION, frame_header, message_limit, next_message, parser_idle
 from lowlat_mw.errors import SettingsError
+from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment, too_big_message
 from lowlat_mw.settings import Settings
 
@@ -295,23 +297,31 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
             self.send_receive_event_to_app()  # b"".join(frames) takes bytes and bytearrays alike
 
     def send_receive_event_to_app(self) -> None:
-        receiver = self._lowlat_receiver
-        if receiver is None or self.close_sent:
-            super().send_receive_event_to_app()
-            return
+        """A whole message: to the driver (direct reads) or queued for ASGI ``receive``. Text that is not UTF-8
+        closes with 1007 after one INFO line within the client's log budget: uvicorn logs an ERROR with a
+        traceback per such frame, a log amplifier any client can use."""
         frames = self.frames
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         self.frames = []
+        if self.close_sent:  # (as uvicorn: past websocket.close the message is dropped)
+            return
         if self.curr_msg_data_type == "text":
             try:
                 message: bytes | str = data.decode()
-            except UnicodeDecodeError:  # the close code says it all: no traceback per bad frame (uvicorn logs one)
-                self.logger.info("invalid UTF-8 in a text frame: closing with 1007")
+            except UnicodeDecodeError:
+                client = self.client[0] if self.client else None
+                CLIENT_LOGS.log(self.logger, logging.INFO, client,
+                                "invalid UTF-8 in a text frame from %s: closing with 1007", client)
                 self.conn.send_close(1007)
                 self.handle_parser_exception()
                 return
         else:
             message = data if type(data) is bytes else bytes(data)
+        receiver = self._lowlat_receiver
+        if receiver is None:
+            self.queue.put_nowait({"type": "websocket.receive", "text": message} if type(message) is str
+                                  else {"type": "websocket.receive", "bytes": message})
+            return
         self._lowlat_burst = burst = self._lowlat_burst + 1
         receiver(message, burst)
 

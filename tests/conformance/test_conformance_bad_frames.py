@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import lz4.frame
 import pytest
@@ -20,6 +22,7 @@ from conformance_support import (
     assert_streams,
     codec_of,
     hello,
+    measure,
     raw_connect,
     read_until_closed,
 )
@@ -170,3 +173,56 @@ async def test_bad_frame(server, case_id):
             for error in out.errors:
                 assert (error.stream_id, error.code, error.retryable) == (0, case.error, False)
     await assert_streams(server.url, "proto" if case.mode == "proto" else "json")
+
+
+# ================================================================================ log storms
+STORM = 1000  # connections, each sending one text frame with invalid UTF-8
+STORM_LINE = re.compile(r"utf-?8|1007|traceback|error|warn|fail|invalid", re.I)
+
+
+def _log_size(srv: Any) -> tuple[int, int]:
+    return tuple(p.stat().st_size if p.exists() else 0 for p in (srv.stderr_path, srv.stdout_path))  # type: ignore[return-value]
+
+
+def _log_since(srv: Any, sizes: tuple[int, int]) -> list[str]:
+    lines: list[str] = []
+    for path, start in zip((srv.stderr_path, srv.stdout_path), sizes, strict=True):
+        with open(path, "rb") as f:
+            f.seek(start)
+            lines += f.read().decode(errors="replace").splitlines()
+    return lines
+
+
+async def _bad_utf8(url: str) -> int | None:
+    """Open, Hello, send one JSON-subprotocol text frame that is not UTF-8: the close code seen."""
+    async with raw_connect(url, [JSON]) as ws:
+        await hello(ws)
+        ws.protocol.send_text(b'{"type":"ping","id":1,"x":"\xff\xfe"}')  # (websockets sends the bytes as given)
+        ws.send_data()
+        out = await read_until_closed(ws, timeout=20)
+    assert out.events == [], out.events
+    return out.close_code
+
+
+async def test_a_thousand_connections_of_invalid_utf8_write_no_traceback_and_a_few_lines(server):
+    """A flood of bad input is not a flood of log lines (docs/security.md "Logs"): every connection is closed
+    with 1007, no traceback is logged, and the lines about it (not the server's per-connection access lines)
+    are a few dozen at most: a few per client address in a minute, the rest at DEBUG."""
+    sizes = _log_size(server)
+    gate = asyncio.Semaphore(50)
+
+    async def one() -> int | None:
+        async with gate:
+            return await _bad_utf8(server.url)
+
+    codes = await asyncio.gather(*(one() for _ in range(STORM)))
+    assert {canonical_close_code(c) for c in codes} == {1007}, sorted(set(codes), key=str)
+    await assert_streams(server.url, "json")
+    await asyncio.sleep(0.5)  # (the server's last lines reach its log files)
+    lines = _log_since(server, sizes)
+    storm = [line for line in lines if STORM_LINE.search(line)]
+    tracebacks = [i for i, line in enumerate(lines) if "traceback" in line.lower()]
+    assert not tracebacks, f"{len(tracebacks)} tracebacks; the first:\n" + "\n".join(lines[tracebacks[0]:][:40])
+    assert len(storm) <= 40, "\n".join(storm[:60])
+    measure(f"log storm {server.framework}", f"{STORM} connections of invalid UTF-8: {len(storm)} lines about them, "
+            f"{len(lines)} lines in all (access and connection lines included)")

@@ -115,6 +115,8 @@ CASES = {
     "codec-not-negotiated": Case("proto", _lz4_not_negotiated, ErrorCode.UNSUPPORTED_COMPRESSION, 1007, ("zstd",)),
     "codec-4-reserved": Case("proto", lambda: b"\x14" + _request_frame()[1:], ErrorCode.UNSUPPORTED_COMPRESSION,
                              1007, ("zstd", "lz4", "snappy")),
+    "client-delta": Case("proto", lambda: ProtoCodec().encode(ev.Delta(stream_id=1, seq=1, text="x")),
+                         ErrorCode.PROTOCOL_ERROR, None),
     "server-only-message": Case("proto", lambda: ProtoCodec().encode(ev.End(stream_id=1)),
                                 ErrorCode.PROTOCOL_ERROR, None),
     "second-hello": Case("proto", lambda: ProtoCodec().encode(ev.Hello()), ErrorCode.PROTOCOL_ERROR, None),
@@ -125,6 +127,11 @@ CASES = {
     "json-bad-base64": Case("json", lambda: '{"type":"request","stream_id":1,"data":"@@@"}',
                             ErrorCode.INVALID_PAYLOAD, 1007),
     "json-unknown-type": Case("json", lambda: '{"type":"frobnicate","x":1}', ErrorCode.UNSUPPORTED_MESSAGE, None),
+    # a client Delta (docs/protocol.md 8.5, 11.1): decoded first, so an invalid one is bad_request
+    "json-client-delta": Case("json", lambda: '{"type":"delta","stream_id":1,"seq":1,"text":"x"}',
+                              ErrorCode.PROTOCOL_ERROR, None),
+    "json-client-delta-empty": Case("json", lambda: '{"type":"delta","stream_id":1,"seq":1}',
+                                    ErrorCode.BAD_REQUEST, None),
     "binary-on-json": Case("json", lambda: b"\x10", ErrorCode.INVALID_PAYLOAD, 1003),
     "json-oversize": Case("json", _oversize_text, ErrorCode.MESSAGE_TOO_BIG, 1009),
 }

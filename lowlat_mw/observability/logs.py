@@ -24,11 +24,16 @@ class LogBudget:
     remembered (the oldest window goes first): an address scan cannot grow it without bound.
     """
 
-    def __init__(self, burst: int = 5, window: float = 60.0, *, max_keys: int = 4096,
+    def __init__(self, burst: int = 10, window: float = 60.0, *, max_keys: int = 4096,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.burst, self.window, self.max_keys, self.clock = burst, window, max_keys, clock
         self._keys: dict[object, list[float | int]] = {}  # key -> [window start, lines let through, held back]
         self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget every key (a test's fresh start)."""
+        with self._lock:
+            self._keys.clear()
 
     def log(self, logger: logging.Logger, level: int, key: object, msg: str, *args: object,
             **kwargs: object) -> None:

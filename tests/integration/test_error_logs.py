@@ -7,6 +7,8 @@ import logging
 
 import pytest
 
+from lowlat_mw.observability.logs import CLIENT_LOGS
+
 from ._support import JSON, hello, raw_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -17,6 +19,7 @@ async def echo(req):
 
 
 async def test_error_frames_are_logged_with_ids_then_demoted_to_debug(uvicorn_server, starlette_app, caplog) -> None:
+    CLIENT_LOGS.reset()  # (the per-address budget is process-wide: other tests' lines from 127.0.0.1 count)
     srv = uvicorn_server(starlette_app(echo, metrics=False))
     caplog.set_level(logging.DEBUG, logger="lowlat_mw")
     async with raw_connect(srv.url, subprotocols=[JSON]) as ws:

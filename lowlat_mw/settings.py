@@ -64,6 +64,11 @@ class Settings:
     """Requests per second per connection (token bucket); over it, Error rate_limited (0: no limit)."""
     rate_burst: int = 40
     """Requests a connection may send at once before rate_limit applies."""
+    control_rate_limit: float = 200.0
+    """Messages per second per connection that are not Requests (Ping, Pong, Cancel, Ack, unknown kinds; token
+    bucket); over it, Error rate_limited and close 1008 (0: no limit)."""
+    control_rate_burst: int = 1000
+    """Such messages a connection may send at once before control_rate_limit applies."""
     max_request_size: int = MiB
     """Bytes of a Request's input (text, data, messages, params); larger gets Error message_too_big."""
     max_session_lifetime: float = 0.0
@@ -141,12 +146,12 @@ class Settings:
                 raise SettingsError(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")
         if self.max_frame_size < 64:
             raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
-        for name in ("max_connections", "max_connections_per_client", "rate_limit", "max_session_lifetime",
-                     "drain_grace", "gc_threshold"):
+        for name in ("max_connections", "max_connections_per_client", "rate_limit", "control_rate_limit",
+                     "max_session_lifetime", "drain_grace", "gc_threshold"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
-        if self.rate_burst < 1 or self.max_request_size < 1:
-            raise SettingsError("settings 'rate_burst' and 'max_request_size' must be >= 1")
+        if self.rate_burst < 1 or self.max_request_size < 1 or self.control_rate_burst < 1:
+            raise SettingsError("settings 'rate_burst', 'control_rate_burst' and 'max_request_size' must be >= 1")
         if self.compression_min_size < 0:
             raise SettingsError("setting 'compression_min_size' must be >= 0")
         for codec in self.compression:

@@ -452,3 +452,41 @@ def test_resume_token_of_another_principal_starts_a_new_session() -> None:
     assert isinstance(out[0], ev.Welcome) and not out[0].resumed and out[0].session_id != session.session_id
     assert out[1] == ev.Error(stream_id=1, code=ErrorCode.RESUME_FAILED, message=out[1].message)
     assert c.conn.session.principal == "mallory"
+
+
+# ---------------------------------------------------------------- control-message budget
+@pytest.mark.parametrize("subprotocol", BOTH)
+def test_messages_that_are_not_requests_have_a_budget_then_error_and_1008(subprotocol: str) -> None:
+    c = opened(Settings(control_rate_limit=10, control_rate_burst=5), subprotocol)
+    kinds = [ev.Ping(id=1), ev.Pong(id=9), ev.Cancel(stream_id=7), ev.Ack(stream_id=7, seq=1), ev.Error(stream_id=0)]
+    for event in kinds:  # each kind counts (5 = the burst)
+        assert c.send(event) in ([], [ev.Pong(id=1)])
+    out = c.send(ev.Ping(id=2))
+    assert out[0] == ev.Error(stream_id=0, code=ErrorCode.RATE_LIMITED, message=out[0].message)
+    assert "more than 10 messages/s" in out[0].message
+    assert out[1:] == [CloseConnection(CloseCode.POLICY_VIOLATION, "message flood")] and c.conn.closed
+
+
+def test_the_control_budget_refills_and_spares_requests() -> None:
+    c = opened(Settings(control_rate_limit=10, control_rate_burst=2, max_streams=100))
+    assert c.send(ev.Ping(id=1)) == [ev.Pong(id=1)]
+    assert c.send(ev.Ping(id=2)) == [ev.Pong(id=2)]
+    for sid in range(1, 20):  # Requests spend rate_limit's tokens, not these
+        assert isinstance(c.request(sid)[0], StartStream)
+    assert c.send(ev.Ping(id=3), at=T0 + 0.1) == [ev.Pong(id=3)]  # one token back after 1/rate
+    assert not c.conn.closed
+
+
+def test_unknown_message_kinds_spend_the_control_budget() -> None:
+    c = opened(Settings(control_rate_limit=1, control_rate_burst=3), SUBPROTOCOL_JSON)
+    for _ in range(3):
+        [error] = c.send_raw('{"type":"frobnicate"}')
+        assert error.code is ErrorCode.UNSUPPORTED_MESSAGE and not c.conn.closed
+    out = c.send_raw('{"type":"frobnicate"}')
+    assert out[0].code is ErrorCode.RATE_LIMITED and c.conn.close_code == CloseCode.POLICY_VIOLATION
+
+
+def test_control_rate_limit_zero_disables_the_budget() -> None:
+    c = opened(Settings(control_rate_limit=0, control_rate_burst=1))
+    assert c.conn.control is None
+    assert all(c.send(ev.Ping(id=i)) == [ev.Pong(id=i)] for i in range(1, 5000))

@@ -19,6 +19,7 @@ from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
 from .codec import JSON_CODEC, PROTO_CODEC
 from .heartbeat import Heartbeat, HeartbeatAction
+from .limits import TokenBucket
 from .selector import CompressionSelector
 from .state import ConnState
 
@@ -132,6 +133,7 @@ class Protocol:
 
     HANDLERS: ClassVar[dict[ConnState, dict[type, Any]]] = {}
     APPLICATION: ClassVar[frozenset[type]] = frozenset()
+    CONTROL: ClassVar[frozenset[type]] = frozenset()  # kinds the `control` budget counts (the server's)
     PEER_DEAD_REASON: ClassVar[str] = "no pong within heartbeat_timeout"
 
     def __init__(self, subprotocol: str | None, *, state: ConnState, max_frame_size: int,
@@ -156,6 +158,9 @@ class Protocol:
         # The Pong that answers the Ping out, as this codec encodes it (None: no Ping out): receive_data
         # knows it by its bytes and skips the decoding (every idle connection's heartbeat brings one).
         self.pong_frame: bytes | str | None = None
+        # A token bucket for the messages of the CONTROL kinds (and the undecodable ones that leave the connection
+        # open): past it, _flooded() (the server's: Error rate_limited, close 1008). None: no budget.
+        self.control: TokenBucket | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -223,8 +228,14 @@ class Protocol:
         except RemoteProtocolError as exc:
             if hb is not None:
                 hb.on_receive(now)
+            control = self.control
+            if control is not None and exc.close_code is None and not control.take(now):
+                return self._flooded()
             return self._bad_frame(exc)
         kind = type(event)
+        control = self.control
+        if control is not None and kind in self.CONTROL and not control.take(now):
+            return self._flooded()
         if hb is not None:  # (Heartbeat.on_receive, written out: every message)
             hb.alive_since_ping = True
             if kind in self.APPLICATION:
@@ -235,6 +246,9 @@ class Protocol:
         return handler(self, event, now)  # type: ignore[no-any-return]
 
     def _too_big(self, size: int) -> list[Any]:
+        raise NotImplementedError
+
+    def _flooded(self) -> list[Any]:
         raise NotImplementedError
 
     def _bad_frame(self, exc: RemoteProtocolError) -> list[Any]:

@@ -108,6 +108,8 @@ class ServerProtocol(Protocol):
 
     HANDLERS: Any = {}
     APPLICATION = frozenset({ev.Request, ev.Cancel})  # Hello, Ping, Pong and Ack only prove the peer alive
+    # Budgeted by control_rate_limit: every kind but Request (rate_limit's) and Hello (once per connection).
+    CONTROL = frozenset({ev.Ping, ev.Pong, ev.Cancel, ev.Ack, ev.Error, ev.Welcome, ev.Delta, ev.End, ev.GoAway})
 
     def __init__(self, settings: Settings, *, subprotocol: str | None, now: float, session_id: str, secret: str,
                  meter: Callable[[], float] | None = None) -> None:
@@ -129,6 +131,8 @@ class ServerProtocol(Protocol):
         self.opened_at = now
         self.principal: object | None = None
         self.bucket = TokenBucket(settings.rate_limit, settings.rate_burst, now) if settings.rate_limit else None
+        if settings.control_rate_limit:
+            self.control = TokenBucket(settings.control_rate_limit, settings.control_rate_burst, now)
         # Whether Welcome, or the last running stream's end, can bring next_deadline() before the deadline it
         # replaces (the handshake's; the heartbeat's): only then is deadline_moved set (see Protocol).
         s = settings
@@ -158,6 +162,11 @@ class ServerProtocol(Protocol):
         return [self._error(0, ErrorCode.MESSAGE_TOO_BIG,
                             f"frame of {size} bytes exceeds max_frame_size ({self.settings.max_frame_size})"),
                 *self._close(CloseCode.MESSAGE_TOO_BIG, "frame too big")]
+
+    def _flooded(self) -> list[Any]:
+        rate = self.settings.control_rate_limit
+        return [self._error(0, ErrorCode.RATE_LIMITED, f"more than {rate:g} messages/s that are not requests"),
+                *self._close(CloseCode.POLICY_VIOLATION, "message flood")]
 
     def _bad_frame(self, exc: RemoteProtocolError) -> list[Any]:
         actions: list[Any] = [self._error(exc.stream_id, exc.error_code, str(exc))]

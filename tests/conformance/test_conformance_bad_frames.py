@@ -233,3 +233,38 @@ async def test_a_thousand_connections_of_invalid_utf8_write_no_traceback_and_a_f
     assert len(storm) <= 40, "\n".join(storm[:60])
     measure(f"log storm {server.framework}", f"{STORM} connections of invalid UTF-8: {len(storm)} lines about them, "
             f"{len(lines)} lines in all (access and connection lines included)")
+
+
+# ================================================================================ control floods
+FLOOD = 10_000  # Pings (or Cancels) in one burst on one connection
+CONTROL_BURST, CONTROL_RATE = 1000, 200.0  # the defaults of control_rate_burst / control_rate_limit
+
+
+@pytest.mark.parametrize("kind", ["ping", "cancel"])
+async def test_a_burst_of_ten_thousand_control_messages_is_cut_at_the_budget(server, kind):
+    """10,000 Pings (or Cancels for unknown streams) at once on one connection: the server handles about
+    control_rate_burst of them, then sends Error{0, rate_limited} and closes with 1008 (docs/protocol.md 11.1,
+    12); everyone else is served as before."""
+    async with raw_connect(server.url, [PROTO]) as ws:
+        await hello(ws)
+        codec = codec_of(ws)
+        frames = [codec.encode(ev.Ping(id=i) if kind == "ping" else ev.Cancel(stream_id=i))
+                  for i in range(1, FLOOD + 1)]
+        started = asyncio.get_running_loop().time()
+        try:
+            for frame in frames:
+                await ws.send(frame)
+        except ConnectionClosed:
+            pass
+        out = await read_until_closed(ws, timeout=30)
+        took = asyncio.get_running_loop().time() - started
+    assert canonical_close_code(out.close_code) == 1008, (out.close_code, out.errors)
+    assert [(e.stream_id, e.code) for e in out.errors] == [(0, ErrorCode.RATE_LIMITED)]
+    answered = sum(isinstance(e, ev.Pong) for e in out.events)
+    if kind == "ping":
+        assert CONTROL_BURST <= answered <= CONTROL_BURST + CONTROL_RATE * took + 1, (answered, took)
+    else:
+        assert answered == 0
+    measure(f"control flood {kind} {server.framework}",
+            f"{FLOOD} {kind}s: {answered} answered, then Error rate_limited and close {out.close_code} ({took:.2f} s)")
+    await assert_streams(server.url, "proto")

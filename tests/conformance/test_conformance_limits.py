@@ -737,31 +737,39 @@ async def _well_behaved(url: str, seconds: float) -> tuple[list[float], int]:
     return gaps, streams
 
 
-async def test_attacker_does_not_delay_a_well_behaved_client(plain, conformance_dir, fw):
+async def _measured_attack(plain: Any, conformance_dir: Path, fw: str, kinds: str
+                           ) -> tuple[list[float], int, list[float], int, dict[str, Any]]:
+    """The well-behaved client's gaps without, then with, the attacker process running `kinds`; its stats."""
     baseline, n_base = await _well_behaved(plain.url, PHASE)
-    stats_file = conformance_dir / f"attack-{fw}.json"
-    ready_file = conformance_dir / f"attack-{fw}.ready"
+    name = f"{fw}-{kinds.replace(',', '-')}"
+    stats_file = conformance_dir / f"attack-{name}.json"
+    ready_file = conformance_dir / f"attack-{name}.ready"
     duration = PHASE + 2.0
-    with open(conformance_dir / "logs" / f"attacker-{fw}.log", "wb") as log:
+    with open(conformance_dir / "logs" / f"attacker-{name}.log", "wb") as log:
         attacker = subprocess.Popen([sys.executable, __file__, "--attack", plain.url, str(duration), str(stats_file),
-                                     str(ready_file)], cwd=REPO, env=server_env(), stdout=log, stderr=log,
-                                    stdin=subprocess.DEVNULL)
+                                     str(ready_file)], cwd=REPO, env=server_env({"ATTACK_KINDS": kinds}), stdout=log,
+                                    stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not ready_file.exists():
-            assert attacker.poll() is None, (conformance_dir / "logs" / f"attacker-{fw}.log").read_text()
+            assert attacker.poll() is None, (conformance_dir / "logs" / f"attacker-{name}.log").read_text()
             assert time.monotonic() < deadline, "attacker not ready"
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # the attack is in full swing
         attacked, n_att = await _well_behaved(plain.url, PHASE)
         Path(f"{ready_file}.stop").write_text("measured")  # the attack may stop now
         code = await asyncio.to_thread(attacker.wait, duration + 30)
-        assert code == 0, (conformance_dir / "logs" / f"attacker-{fw}.log").read_text()
+        assert code == 0, (conformance_dir / "logs" / f"attacker-{name}.log").read_text()
     finally:
         if attacker.poll() is None:
             attacker.kill()
             attacker.wait(10)
-    stats = json.loads(stats_file.read_text())
+    return baseline, n_base, attacked, n_att, json.loads(stats_file.read_text())
+
+
+async def test_attacker_does_not_delay_a_well_behaved_client(plain, conformance_dir, fw):
+    baseline, n_base, attacked, n_att, stats = await _measured_attack(plain, conformance_dir, fw,
+                                                                      "garbage,bombs,flood,churn")
     base_p99, att_p99 = p99(baseline), p99(attacked)
     factor, slack = ISOLATION_BOUND[fw]
     bound = factor * base_p99 + slack
@@ -777,11 +785,34 @@ async def test_attacker_does_not_delay_a_well_behaved_client(plain, conformance_
     assert att_p99 < bound, f"attacked p99 {att_p99 * 1000:.1f} ms over the bound {bound * 1000:.1f} ms"
 
 
+async def test_bursts_of_ten_thousand_pings_or_cancels_do_not_delay_a_well_behaved_client(plain, conformance_dir, fw):
+    """One connection at a time sends 10,000 Pings (then 10,000 Cancels for unknown streams) at once, again on
+    a new connection as soon as the server cut it at its control budget (docs/protocol.md 11.1): the
+    well-behaved client's p99 stays within the same bound as under the mixed attack (docs/security.md)."""
+    baseline, _, attacked, n_att, stats = await _measured_attack(plain, conformance_dir, fw, "bursts")
+    base_p99, att_p99 = p99(baseline), p99(attacked)
+    factor, slack = ISOLATION_BOUND[fw]
+    bound = factor * base_p99 + slack
+    measure(f"control bursts {fw}",
+            f"inter-delta p99 {base_p99 * 1000:.1f} ms baseline ({len(baseline)} gaps) vs {att_p99 * 1000:.1f} ms "
+            f"during bursts ({len(attacked)} gaps, {n_att} streams), bound {bound * 1000:.1f} ms; attacker: {stats}")
+    assert stats["bursts_closed_1008"] >= 2 and stats["other_errors"] == 0, stats
+    assert att_p99 < bound, f"p99 during bursts {att_p99 * 1000:.1f} ms over the bound {bound * 1000:.1f} ms"
+
+
 # -------------------------------------------------------------------------------- the attacker process
+def frame_bytes(payload: bytes) -> bytes:
+    """`payload` as one binary client frame, masked with the all-zero key (legal; the payload stays as is)."""
+    n = len(payload)
+    head = bytes((0x82, 0x80 | n)) if n < 126 else bytes((0x82, 0xFE)) + n.to_bytes(2, "big")
+    return head + b"\0\0\0\0" + payload
+
+
 async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) -> None:
     rng = random.Random(1)
     stats = {"garbage_closed_1007": 0, "bombs_closed_1009": 0, "flood_requests": 0, "flood_rate_limited": 0,
-             "flood_connections": 0, "churn_connections": 0, "other_errors": 0, "other_codes": []}
+             "flood_connections": 0, "churn_connections": 0, "bursts_closed_1008": 0, "other_errors": 0,
+             "other_codes": []}
     bombs = [bomb("zstd")[0], bomb("lz4")[0], bomb("snappy-declared")[0]]
     # undecodable for sure: an invalid Protobuf wire type (1007), or a frame version that does not exist (1002)
     garbage = [bytes([0x10, 0x0F, *(rng.randrange(256) for _ in range(rng.randrange(8, 300)))]) for _ in range(25)]
@@ -864,8 +895,29 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
             async with raw_connect(url, [PROTO]):
                 stats["churn_connections"] += 1  # connect, say nothing, leave
 
+    async def burster() -> None:
+        n = 0
+        while running():
+            kind = "ping" if n % 2 == 0 else "cancel"
+            n += 1
+            async with raw_connect(url, [PROTO]) as ws:
+                await hello(ws)
+                codec = codec_of(ws)
+                burst = b"".join(  # one write: the server reads them back to back
+                    frame_bytes(codec.encode(ev.Ping(id=i) if kind == "ping" else ev.Cancel(stream_id=i)))
+                    for i in range(1, 10_001))
+                ws.transport.write(burst)
+                code = await until_closed(ws)
+            if canonical_close_code(code) == 1008:
+                stats["bursts_closed_1008"] += 1
+            else:
+                stats["other_errors"] += 1
+                stats["other_codes"].append(f"burst {kind}:{code}")
+            await asyncio.sleep(0.2)
+
     kinds = os.environ.get("ATTACK_KINDS", "garbage,bombs,flood,churn").split(",")
-    attackers = {"garbage": [garbage_sender] * 3, "bombs": [bomber] * 2, "flood": [flooder], "churn": [churner]}
+    attackers = {"garbage": [garbage_sender] * 3, "bombs": [bomber] * 2, "flood": [flooder], "churn": [churner],
+                 "bursts": [burster]}
     await asyncio.gather(*(make() for kind in kinds for make in attackers[kind]))
     Path(stats_file).write_text(json.dumps(stats))
 

@@ -262,6 +262,7 @@ def decode_fast(payload: bytes) -> ev.Event | None:
 
 _ACK_FIELDS = {1: 0, 2: 0, 3: 0}  # field number -> wire type (0 varint, 2 length-delimited)
 _REQUEST_FIELDS = {1: 0, 2: 2, 3: 2, 6: 2}
+_PING_FIELDS = {1: 0}
 _DOUBLE = struct.Struct("<d").unpack_from
 
 
@@ -333,7 +334,6 @@ def _flat_value(buf: bytes, i: int, end: int) -> Any:
             return None if n == 0 else _NOT_FLAT
         return n != 0 if n <= 1 else _NOT_FLAT
     return _NOT_FLAT
-_PING_FIELDS = {1: 0}
 
 
 def _struct_to_dict(struct: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from ..errors import CloseCode, ErrorCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_JSON, Settings
@@ -109,7 +109,7 @@ class ServerProtocol(Protocol):
     HANDLERS: Any = {}
     APPLICATION = frozenset({ev.Request, ev.Cancel})  # Hello, Ping, Pong and Ack only prove the peer alive
     # Budgeted by control_rate_limit: every kind but Request (rate_limit's) and Hello (once per connection).
-    CONTROL = frozenset({ev.Ping, ev.Pong, ev.Cancel, ev.Ack, ev.Error, ev.Welcome, ev.Delta, ev.End, ev.GoAway})
+    CONTROL = frozenset(get_args(ev.Event)) - {ev.Request, ev.Hello}
 
     def __init__(self, settings: Settings, *, subprotocol: str | None, now: float, session_id: str, secret: str,
                  meter: Callable[[], float] | None = None) -> None:

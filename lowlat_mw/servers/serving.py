@@ -17,7 +17,8 @@ from ..protocol.codec import codec_for
 from ..settings import Settings
 
 __all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "daphne_args",
-           "gunicorn_args", "run", "run_options", "transport_limit", "uvicorn_args", "uvicorn_options"]
+           "gunicorn_args", "run", "run_options", "too_big_message", "transport_limit", "uvicorn_args",
+           "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024

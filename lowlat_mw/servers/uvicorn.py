@@ -327,6 +327,8 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
 
 
 try:  # wsproto is optional (uvicorn[standard] brings websockets, not wsproto)
+    from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError as _FrameTooLargeError
+    from uvicorn.protocols.websockets.wsproto_impl import WebsocketBuffer as _WebsocketBuffer
     from uvicorn.protocols.websockets.wsproto_impl import WSProtocol as _WSProtoProtocol
     from wsproto.connection import ConnectionState as _ConnectionState
     from wsproto.events import CloseConnection as _CloseConnection
@@ -339,6 +341,21 @@ except ImportError as _missing:  # pragma: no cover - depends on what is install
                               f"{_WSPROTO_MISSING}")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 else:
+    class _RefusingBuffer(_WebsocketBuffer):
+        """uvicorn's message buffer, calling `refused` just before it refuses a message over ``--ws-max-size``
+        (uvicorn then closes with 1009 at once)."""
+
+        def __init__(self, max_length: int, refused: Callable[[], None]) -> None:
+            super().__init__(max_length)
+            self.refused = refused
+
+        def extend(self, event: Any) -> None:
+            try:
+                super().extend(event)
+            except _FrameTooLargeError:
+                self.refused()
+                raise
+
     class WSProtoProtocol(_OffersDirect, _DrainOnShutdown, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
@@ -366,15 +383,14 @@ else:
                 self._lowlat_subprotocol = message.get("subprotocol")
             await super().send(message)
 
-        def handle_message(self, event: Any) -> None:
-            # uvicorn's buffer refuses a message over --ws-max-size (UTF-8 bytes for text) and closes with 1009
-            # at once: the protocol's Error goes first.
-            buffer, data = self.buffer, event.data
-            if not self.close_sent and buffer.length + len(data) * (4 if type(data) is str else 1) > buffer.max_length \
-                    and buffer.length + (len(data.encode()) if type(data) is str else len(data)) > buffer.max_length \
-                    and not self.transport.is_closing():
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.buffer = _RefusingBuffer(self.config.ws_max_size, self._too_big)
+
+        def _too_big(self) -> None:
+            # uvicorn closes a message over --ws-max-size with 1009 right after: the protocol's Error goes first.
+            if not self.close_sent and not self.transport.is_closing():
                 self.transport.write(_framed(too_big_message(self._lowlat_subprotocol)))
-            super().handle_message(event)
 
         def handle_close(self, event: Any) -> None:
             if not self.close_sent and self.conn.state == _ConnectionState.OPEN and not self.transport.is_closing():

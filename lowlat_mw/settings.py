@@ -66,7 +66,8 @@ class Settings:
     """Requests a connection may send at once before rate_limit applies."""
     control_rate_limit: float = 200.0
     """Messages per second per connection that are not Requests (Ping, Pong, Cancel, Ack, unknown kinds; token
-    bucket); over it, Error rate_limited and close 1008 (0: no limit)."""
+    bucket; each Request adds 2, up to the burst, for its stream's Ack and Cancel); over it, Error rate_limited and
+    close 1008 (0: no limit)."""
     control_rate_burst: int = 1000
     """Such messages a connection may send at once before control_rate_limit applies."""
     max_request_size: int = MiB

@@ -490,3 +490,17 @@ def test_control_rate_limit_zero_disables_the_budget() -> None:
     c = opened(Settings(control_rate_limit=0, control_rate_burst=1))
     assert c.conn.control is None
     assert all(c.send(ev.Ping(id=i)) == [ev.Pong(id=i)] for i in range(1, 5000))
+
+
+def test_a_streams_own_messages_are_paid_by_its_request() -> None:
+    """A client streaming short replies as fast as it can (rate_limit 0), each followed by Ack{done}, never
+    meets the control budget: each Request brings the tokens of its stream's Ack and a Cancel."""
+    c = opened(Settings(rate_limit=0, control_rate_limit=10, control_rate_burst=5, max_streams=10_000))
+    for sid in range(1, 2001):  # all at one instant: no refill by time
+        assert isinstance(c.request(sid)[0], StartStream)
+        assert c.send(ev.Ack(stream_id=sid, seq=0, done=True)) == []
+        assert not any(isinstance(a, ev.Error) for a in c.send(ev.Cancel(stream_id=sid)))  # (it cancels it)
+    assert not c.conn.closed
+    for i in range(1, 4):  # the burst (5), less the last stream's Ack and Cancel, is left for other messages
+        assert c.send(ev.Ping(id=i)) == [ev.Pong(id=i)]
+    assert c.send(ev.Ping(id=4))[0].code is ErrorCode.RATE_LIMITED

@@ -283,6 +283,12 @@ class ServerProtocol(Protocol):
         if self.draining:
             return [self._error(sid, ErrorCode.DRAINING, "server is draining: retry after reconnecting",
                                 retryable=True)]
+        control = self.control
+        if control is not None and control.tokens < control.burst:
+            # A stream's own messages (its Ack{done}, a Cancel) are paid by its Request: a client streaming
+            # thousands of short replies a second (rate_limit 0) never meets the budget, a flood without
+            # Requests does.
+            control.tokens = min(control.burst, control.tokens + STREAM_MESSAGES)
         bucket = self.bucket
         if bucket is not None and not bucket.take(now):
             return [self._error(sid, ErrorCode.RATE_LIMITED, retryable=True,
@@ -456,6 +462,8 @@ class ServerProtocol(Protocol):
 ServerProtocol.HANDLERS = handlers(ServerProtocol, SERVER_RECEIVES)
 _INSTALLED = available_codecs()  # fixed at import
 
+
+STREAM_MESSAGES = 2  # control-budget tokens a Request brings: its stream's Ack{done} and a Cancel
 
 _PARAMS_JSON = json.JSONEncoder(default=str).encode  # json.dumps(params, default=str), its encoder made once
 

@@ -21,7 +21,7 @@ from websockets.streams import StreamReader
 
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.drivers.asgi import accept
-from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, frame_header, next_message
+from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, expected, frame_header, next_message
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
@@ -257,6 +257,7 @@ async def test_a_heartbeat_is_a_written_ping_and_a_known_pong_that_moves_the_tim
     writes = len(conn.log)
     assert driver.on_timer(due) == due + proto.settings.heartbeat_timeout  # a Ping out: its Pong's timeout next
     assert conn.log[writes:] == [("write", conn.log[-1][1])] and conn.events()[-1] == ev.Ping(id=1)
+    assert conn.direct.expect == expected(codec_for(SUBPROTOCOL_PROTO).encode(ev.Pong(id=1)))  # awaited by the server
     driver.monotonic = lambda: due + 0.25
     proto.codec = None  # (the Pong must not need decoding)
     conn.direct.receiver(codec_for(SUBPROTOCOL_PROTO).encode(ev.Pong(id=1)), 1)
@@ -327,6 +328,7 @@ class FakeReads(FakeDirect):
         super().__init__(log)
         self.receiver: Any = None
         self.queued = False  # messages already in the server's ASGI queue: direct reads are refused
+        self.expect: Any = None  # the message the driver awaits (a heartbeat's Pong)
 
     def set_receiver(self, receiver: Any) -> bool:
         if self.queued:

@@ -43,7 +43,7 @@ from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSessi
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
 from . import eager
-from .direct import BURST, CORK_LIMIT, DirectTransport, Turns, frame_header
+from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
 from .timers import AsyncScheduler, cpu_clock
 
 __all__ = ["ConnectionDriver", "ModelRunner", "drain_all", "drain_on_shutdown", "run_authenticator"]
@@ -52,6 +52,10 @@ log = logging.getLogger("lowlat_mw")
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+# Heartbeat Pings made once (see ConnectionDriver.on_timer): Ping message -> (its frame, the Pong that answers it,
+# that Pong as the transport awaits it). Bounded: every connection numbers its Pings 1, 2, 3..., so a few serve all.
+_PINGS: dict[bytes | str, tuple[bytes, bytes | str | None, Expected | None]] = {}
+_PINGS_MAX = 8192
 _ERRORS_LOGGED_AT_INFO = 10  # per connection; later Error frames are logged at DEBUG
 
 # Close codes after which the session is kept for resume (the client will reconnect).
@@ -398,10 +402,10 @@ class ConnectionDriver:
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
-                 "_errors_logged", "_gone", "_handshake_span", "_inbox", "_scheduled", "_send", "_send_since",
-                 "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns", "_waiters", "_welcomed",
-                 "_writing", "address", "direct", "endpoint", "info", "loop", "metrics", "opened_at", "protocol",
-                 "runner", "scheduler", "settings", "timed", "tracer")
+                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_scheduled", "_send",
+                 "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns", "_waiters",
+                 "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "metrics", "opened_at",
+                 "protocol", "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
@@ -454,6 +458,7 @@ class ConnectionDriver:
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         # Where offered, messages skip the ASGI queue too (ASGI receive still brings the disconnect).
         reads = direct is not None and self.read_directly()
+        self._expects = reads and hasattr(direct, "expect")  # (DirectReads.expect: the heartbeat's Pong awaited)
         if self.metrics is not None:
             self.metrics.connection_opened(self.protocol.stats, direct is not None, reads)
         endpoint.connection_started(self)  # drains reach it from now on
@@ -978,23 +983,46 @@ class ConnectionDriver:
                 and now >= self._send_since + self.settings.slow_consumer_timeout:
             self._stuck_task = sender
             sender.cancel()  # _write turns this into the slow-consumer close
-        actions = self.protocol.tick(now)
-        if actions and not self._act_now(actions):  # a Ping goes out here; a close (idle, dead peer) in a task
-            self._spawn(self._act(actions))
-        self._scheduled = self._next_deadline()
-        return self._scheduled
-
-    def _next_deadline(self) -> float:
-        self.protocol.deadline_moved = False
-        when = self.protocol.next_deadline()
+        proto = self.protocol
+        actions = proto.tick(now)
+        if actions:
+            action = actions[0]
+            direct = self.direct
+            if len(actions) == 1 and type(action) is SendFrame and action.error is None and direct is not None \
+                    and self._welcomed and not self._cork and not self._writing and not self._closing \
+                    and not direct.closing and direct.is_writable():
+                # A timer's one frame is a heartbeat's Ping: written now (nothing of this connection is held, so
+                # the order holds), its frame made once per Ping message, and its Pong awaited by the transport.
+                ping = action.data
+                pong = proto.pong_frame
+                made = _PINGS.get(ping)
+                if made is None or made[1] is not pong:
+                    made = (framed(ping), pong, expected(pong) if pong is not None else None)
+                    if len(_PINGS) < _PINGS_MAX:
+                        _PINGS[ping] = made
+                if self._expects:
+                    direct.expect = made[2]  # type: ignore[attr-defined]
+                try:
+                    direct.write(made[0])
+                except RuntimeError:  # the transport closed under us (see DirectTransport.closing)
+                    self._closing = True
+            elif not self._act_now(actions):  # a close (idle, dead peer) goes out in a task
+                self._spawn(self._act(actions))
+        proto.deadline_moved = False  # (the next deadline, as reschedule computes it: written out, once per Ping)
+        when = proto.next_deadline()
         if self._sender is not None and self._stuck_task is None:
             when = min(when, self._send_since + self.settings.slow_consumer_timeout)
+        self._scheduled = when
         return when
 
     def reschedule(self) -> None:
         """Move this connection's timer to its deadline, if that moved (earlier; or later, e.g. a Pong arrived:
         the scheduler then does not wake this connection at the Pong's timeout for nothing)."""
-        when = self._next_deadline()
+        proto = self.protocol
+        proto.deadline_moved = False
+        when = proto.next_deadline()
+        if self._sender is not None and self._stuck_task is None:
+            when = min(when, self._send_since + self.settings.slow_consumer_timeout)
         if when != self._scheduled:
             self._scheduled = when
             self.scheduler.schedule(self, when)

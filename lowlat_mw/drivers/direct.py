@@ -17,10 +17,10 @@ import asyncio
 import struct
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-__all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "Turns", "frame_header",
-           "message_limit", "next_message", "parser_idle"]
+__all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "Expected", "Turns", "apply_mask",
+           "expected", "frame_header", "framed", "message_limit", "next_message", "parser_idle"]
 
 EXTENSION = "lowlat.transport"  # the key in scope["extensions"]
 CORK_LIMIT = 64 * 1024  # bytes held for the end of the loop turn; more are written at once
@@ -71,6 +71,37 @@ class DirectReads(DirectTransport, Protocol):
     def resume_reading(self) -> None:
         """Read the socket again."""
 
+    expect: Expected | None
+    """Optional: the message the driver awaits next (a heartbeat's Pong), set before its Ping is written. A socket
+    read that is exactly that message in one masked frame goes to the receiver without the frame parser; any
+    other read is parsed as usual. Only a shortcut: the message is the one the bytes carry either way."""
+
+
+class Expected(NamedTuple):
+    """A whole client frame known in advance but for its mask (:func:`expected`)."""
+
+    size: int  # bytes of the frame: 2 header + 4 mask + payload
+    b0: int  # FIN + opcode
+    b1: int  # MASK + payload length
+    payload: bytes  # unmasked
+    message: bytes | str  # what it carries, as the receiver takes it
+
+
+def expected(message: bytes | str) -> Expected | None:
+    """`message` as a client's one-frame message (None past 125 bytes: the shortcut is for small frames)."""
+    text = type(message) is str
+    payload = message.encode() if text else message  # type: ignore[union-attr]
+    n = len(payload)
+    if n > 125:
+        return None
+    return Expected(n + 6, _OP_TEXT if text else _OP_BINARY, 0x80 | n, payload, message)  # type: ignore[arg-type]
+
+
+def framed(message: bytes | str) -> bytes:
+    """`message` as one unmasked server frame (binary for bytes, text for str)."""
+    data = message.encode() if type(message) is str else message
+    return frame_header(data, type(message) is str) + data  # type: ignore[arg-type]
+
 
 def frame_header(data: bytes, text: bool) -> bytes:
     """The header of one unmasked, unfragmented server frame carrying `data` (RFC 6455 5.2)."""
@@ -94,6 +125,9 @@ except ImportError:  # pragma: no cover - depends on what is installed
         n = len(data)
         key = int.from_bytes((mask * (n // 4 + 1))[:n], "little")
         return (int.from_bytes(data, "little") ^ key).to_bytes(n, "little")
+
+apply_mask = _apply_mask
+"""``apply_mask(payload, key)``: a client frame's payload unmasked (websockets' C helper where installed)."""
 
 
 def next_message(data: bytes, pos: int, masked: bool, limit: int | None) -> tuple[bytes | str, int] | None:

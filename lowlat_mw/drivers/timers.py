@@ -38,6 +38,7 @@ cpu_clock = _cpu_clock()
 _INF = math.inf
 _heappush = heapq.heappush
 _monotonic = time.monotonic
+_ceil = math.ceil
 
 
 class DeadlineQueue:
@@ -173,8 +174,9 @@ class AsyncScheduler:
 
     def schedule(self, target: TimerTarget, when: float) -> None:
         """Call ``target.on_timer`` at monotonic time `when` (replaces an earlier schedule)."""
-        if when != _INF:
-            when = fire_time(when, _monotonic())  # the queue holds wake-up times, on a shared grid
+        if when != _INF:  # the queue holds wake-up times, on a shared grid (fire_time; its first case written out)
+            when = _ceil(when / MAX_SLACK) * MAX_SLACK if when - _monotonic() >= _SLACK_WAIT \
+                else fire_time(when, _monotonic())
         self._queue.set(target, when)
         if when < self._armed_at:
             self._arm(when)
@@ -200,7 +202,9 @@ class AsyncScheduler:
 
                 logging.getLogger("lowlat_mw").exception("timer callback failed")
                 continue
-            self._queue.set(target, fire_time(nxt, now) if nxt != math.inf else nxt)
+            if nxt != _INF:  # (fire_time, its first case written out: most targets are 30 s heartbeats)
+                nxt = _ceil(nxt / MAX_SLACK) * MAX_SLACK if nxt - now >= _SLACK_WAIT else fire_time(nxt, now)
+            self._queue.set(target, nxt)
         self._arm(self._queue.next_deadline())
 
 

@@ -33,7 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpTool
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 
 from lowlat_mw.drivers.aio import drain_on_shutdown
-from lowlat_mw.drivers.direct import EXTENSION, frame_header, message_limit, next_message, parser_idle
+from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment, too_big_message
@@ -152,13 +152,14 @@ class _Direct:
     WebSocket protocol object keeps the handshake, the close, pings and the frame parsing); on
     :class:`WebSocketProtocol` also a :class:`~lowlat_mw.drivers.direct.DirectReads`."""
 
-    __slots__ = ("_protocol", "_transport", "closing", "is_writable", "pause_reading", "resume_reading",
+    __slots__ = ("_protocol", "_transport", "closing", "expect", "is_writable", "pause_reading", "resume_reading",
                  "wait_writable", "write")
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
         self._transport = transport = protocol.transport
         self.closing = bool(protocol.close_sent)  # kept current by the protocol (_OffersDirect)
+        self.expect: Expected | None = None  # (read by WebSocketProtocol.data_received)
         self.write = transport.write
         self.is_writable = protocol.writable.is_set  # uvicorn's pause_writing / resume_writing set it
         self.wait_writable = protocol.writable.wait
@@ -210,12 +211,6 @@ class _OffersDirect:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
-def _framed(message: bytes | str) -> bytes:
-    """`message` as one unmasked server frame (binary for bytes, text for str)."""
-    data = message.encode() if type(message) is str else message
-    return frame_header(data, type(message) is str) + data  # type: ignore[arg-type]
-
-
 class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
@@ -234,6 +229,18 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
     _lowlat_lingering = False  # failed (close frame sent): reading and dropping until the peer or LINGER ends it
 
     def data_received(self, data: bytes) -> None:
+        direct = self._lowlat_direct
+        if direct is not None:
+            expect = direct.expect  # the heartbeat's Pong, awaited: known by its bytes, not parsed
+            if expect is not None and len(data) == expect.size and data[0] == expect.b0 and data[1] == expect.b1 \
+                    and apply_mask(data[6:], data[2:6]) == expect.payload:
+                direct.expect = None
+                receiver = self._lowlat_receiver
+                if receiver is not None and not self._lowlat_lingering and not self._lowlat_close_sent \
+                        and parser_idle(self.conn):
+                    self._lowlat_burst = 1
+                    receiver(expect.message, 1)
+                    return
         if self._lowlat_lingering:
             return
         self._lowlat_burst = 0
@@ -281,7 +288,7 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         assert close is not None
         self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
         if close.code == 1009:  # a message over --ws-max-size: the protocol's Error goes before the close
-            self.transport.write(_framed(too_big_message(self.response.headers.get("Sec-WebSocket-Protocol"))))
+            self.transport.write(framed(too_big_message(self.response.headers.get("Sec-WebSocket-Protocol"))))
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
         self._lowlat_lingering = True
@@ -390,7 +397,7 @@ else:
         def _too_big(self) -> None:
             # uvicorn closes a message over --ws-max-size with 1009 right after: the protocol's Error goes first.
             if not self.close_sent and not self.transport.is_closing():
-                self.transport.write(_framed(too_big_message(self._lowlat_subprotocol)))
+                self.transport.write(framed(too_big_message(self._lowlat_subprotocol)))
 
         def handle_close(self, event: Any) -> None:
             if not self.close_sent and self.conn.state == _ConnectionState.OPEN and not self.transport.is_closing():

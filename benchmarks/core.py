@@ -48,7 +48,8 @@ __all__ = [
 MODES = ("tiny", "quick", "full")
 
 # Suite modules in report order; a module registers its suite when imported.
-SUITE_MODULES: tuple[str, ...] = ("transport", "bare", "frameworks", "codec", "compression", "scale", "overhead")
+SUITE_MODULES: tuple[str, ...] = ("transport", "bare", "frameworks", "codec", "compression", "scale", "overhead",
+                                  "soak")
 
 INTRO = """# Benchmarks
 

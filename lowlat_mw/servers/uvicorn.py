@@ -77,8 +77,12 @@ class _HandshakeBound:
             return
         if self._lowlat_headers_in():
             self._lowlat_done()
+        protocol = self.transport.get_protocol()  # ourselves, or the WebSocket protocol after an upgrade
+        if protocol is not self and getattr(self, "parser", None) is not None:
+            # Upgraded: this object gets no more calls. httptools' parser holds its callbacks (bound methods of
+            # this object): unlinked, both go by reference counting now, not at some later garbage collection.
+            self.parser = None
         if rest is not None and not self.transport.is_closing():
-            protocol = self.transport.get_protocol()  # ourselves, or the WebSocket protocol after an upgrade
             (super().data_received if protocol is self else protocol.data_received)(rest)  # type: ignore
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -171,7 +175,7 @@ class _Direct:
 
     def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
         protocol = self._protocol
-        if not hasattr(protocol, "_lowlat_receiver") or not protocol.queue.empty():
+        if protocol is None or not hasattr(protocol, "_lowlat_receiver") or not protocol.queue.empty():
             return False  # (wsproto: not offered) / messages already queued must be read through ASGI first
         protocol._lowlat_limit = message_limit(protocol.conn)  # (websockets' limits are fixed per connection)
         protocol._lowlat_receiver = receiver
@@ -208,6 +212,12 @@ class _OffersDirect:
         direct = self._lowlat_direct
         if direct is not None:
             direct.closing = True
+            # Unlink the connection's objects (this protocol <-> its _Direct, the driver's bound `feed`), so that
+            # reference counting frees them when the connection ends instead of a garbage-collector pass much
+            # later: a server with many short connections otherwise holds thousands of dead ones.
+            direct._protocol = None
+            self._lowlat_direct = None
+            self._lowlat_receiver = None
         super().connection_lost(exc)  # type: ignore[misc]
 
 
@@ -348,6 +358,9 @@ except ImportError as _missing:  # pragma: no cover - depends on what is install
                               f"{_WSPROTO_MISSING}")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 else:
+    def _nothing() -> None:
+        pass
+
     class _RefusingBuffer(_WebsocketBuffer):
         """uvicorn's message buffer, calling `refused` just before it refuses a message over ``--ws-max-size``
         (uvicorn then closes with 1009 at once)."""
@@ -393,6 +406,10 @@ else:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.buffer = _RefusingBuffer(self.config.ws_max_size, self._too_big)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            self.buffer.refused = _nothing  # (its bound method held this object: freed by reference counting now)
 
         def _too_big(self) -> None:
             # uvicorn closes a message over --ws-max-size with 1009 right after: the protocol's Error goes first.

@@ -295,6 +295,25 @@ def fit(points: Sequence[tuple[int, int]], skip: float) -> tuple[float, float]:
     return slope(kept), slope(second)
 
 
+def _method(size: Size) -> str:
+    return f"""Each server runs in a child process, started as its guide says, with the benchmark's models
+(`benchmarks._bare_models`) and no rate limit. A client in this process (hand-written frames on asyncio
+streams: little client cost, many connections per second) keeps {CONCURRENCY} connections busy, each running
+cycles one after another on a fresh TCP connection:
+
+- *churn*: WebSocket handshake, Hello, Welcome, one Request (`echo`), its Delta and End, a close handshake
+  (1000): a short-lived client that comes, asks and goes;
+- *resume*: the same up to the End, then the TCP connection dropped without a close frame (the server keeps
+  the session for `resume_window`); a new connection resumes it (Hello with the resume token and the last
+  seq), gets a Welcome with `resumed` and closes with 1000.
+
+After a warm-up (the first {WARMUP:.0%} of the churn cycles: caches, pools and allocator arenas fill), the
+server's resident set size (RSS of the process tree: gunicorn's master and worker) is read every
+{size.step:,} churn cycles ({size.resume_step:,} resumes), and its slope fitted by least squares: bytes per
+connection (or per resume) that stay. The slope of the second half alone says whether the growth levels
+off. Open file descriptors are read at the start and the end."""
+
+
 def report(mode: str, size: Size, results: dict[str, Series], loop_name: str) -> SuiteResult:
     rows: dict[str, dict[str, float]] = {}
     table: list[list[str]] = []
@@ -317,7 +336,7 @@ def report(mode: str, size: Size, results: dict[str, Series], loop_name: str) ->
     servers = "\n".join(f"- `{k}`: {LABELS[k]}" for k in SERVERS)
     body = f"""{machine_facts(mode, extra=[f"event loop {loop_name}"])}
 
-{__doc__.split(chr(10) + chr(10), 1)[1].strip()}
+{_method(size)}
 
 Servers:
 

@@ -565,16 +565,18 @@ protocol that writes 8 bytes to each of 10,000 connections every 30 s (on the sa
 counts the 8-byte answers costs 3.2 µs of user and 12.5 µs of system CPU per round trip (0.52% of a
 core). What lowlat-mw adds is Python: the timer wheel's step (`lowlat_mw.drivers.timers`: connections
 due at one grid time share a slot), the protocol's rules (is a Ping due, is the peer dead, is the
-connection idle), the Ping taken from a table made once per Ping id and written from the timer callback,
-the Pong read without websockets' parser and known by its bytes without decoding, its RTT observed, and
-the connection's timer moved to the next Ping (no second wake-up at the Pong's timeout): about 1,220
-Python opcodes per heartbeat, from 2,040 (3,000 connections, 12 s heartbeat, one server at a time: 39.7
-µs user + 11.1 µs system per heartbeat, from 65.5 + 15.2; docs/architecture.md, "Heartbeats"). Tried and
-dropped: the hot modules compiled unchanged with Cython (no gain, 43 vs 35 µs user per heartbeat: compiled
-code calls CPython's generic attribute and method lookups, which Python 3.11's specializing interpreter
-caches; a gain needs typed extension classes, a second implementation of the protocol core). Meeting 1%
-needs the Python per heartbeat cut by about a third again, or fewer heartbeats on idle connections (a
-change of the product's 30 s idle heartbeat, docs/protocol.md 9.1): not done.
+connection idle), the Ping taken from a table made once per Ping id and written from the timer callback
+as a frame made once, the Pong the transport was told to await recognised in `data_received` (one
+compare, no frame parser, no decoding), its RTT observed, and the connection's timer moved to the next
+Ping (no second wake-up at the Pong's timeout): about 40 Python calls per heartbeat, from 52 before the
+awaited Pong and 2,040 opcodes before the made-once Ping (3,000 connections, 12 s heartbeat, one server at
+a time: user + system CPU 38.5 -> 36.8 µs per heartbeat for the awaited Pong, three interleaved runs;
+docs/architecture.md, "Heartbeats"). Two full runs of this suite after it: {per_hb_direct} here, 31 µs
+(+1.04 points) in the other. Tried and dropped: the hot modules compiled unchanged with Cython (no gain,
+43 vs 35 µs user per heartbeat: compiled code calls CPython's generic attribute and method lookups, which
+Python 3.11's specializing interpreter caches; a gain needs typed extension classes, a second
+implementation of the protocol core). Meeting 1% needs a few µs less per heartbeat, or fewer heartbeats on
+idle connections (a change of the product's 30 s idle heartbeat, docs/protocol.md 9.1): not done.
 
 *Streams, {1 / PACE:g} tokens/s:* {size.streams:,} streams of {size.paced_tokens} tokens want
 {size.streams / PACE:,.0f} deltas/s; the bare endpoint spent {paced['bare']['server_cpu_us_per_delta']:.1f} µs of

@@ -122,3 +122,23 @@ def test_add_fragment_reassembles_exactly_with_one_object_per_run_of_small_fragm
     big = sum(n >= SMALL_FRAGMENT for n in sizes)
     assert len(parts) <= 2 * big + 1  # each big one whole, and one buffer per run of small ones between them
     assert all(type(p) is bytearray or len(p) >= SMALL_FRAGMENT for p in parts)
+
+
+def test_version_and_python_dash_m(capsys):
+    """CLI conventions: ``--version``, and ``python -m lowlat_mw`` as the same command (issue 17)."""
+    import subprocess
+    import sys
+
+    from lowlat_mw import __version__
+    from lowlat_mw.servers.cli import main, version_line
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == version_line() == \
+        f"lowlat-mw {__version__} (wire protocol v1; Python {sys.version.split()[0]})"
+    run = subprocess.run([sys.executable, "-m", "lowlat_mw", "--version"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == version_line()
+    run = subprocess.run([sys.executable, "-m", "lowlat_mw"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "usage: python -m lowlat_mw" in run.stderr

@@ -222,10 +222,18 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(rest)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``lowlat-mw`` console script."""
-    parser = argparse.ArgumentParser(prog="lowlat-mw", description=__doc__,
+def version_line() -> str:
+    """What ``lowlat-mw --version`` prints: the package, the wire protocol and the Python it runs on."""
+    from lowlat_mw._version import __version__
+
+    return f"lowlat-mw {__version__} (wire protocol v1; Python {sys.version.split()[0]})"
+
+
+def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
+    """Entry point of the ``lowlat-mw`` console script (and of ``python -m lowlat_mw``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve a model callable over WebSocket (uvicorn)")

@@ -39,6 +39,8 @@ def _docstrings() -> dict[str, str]:
 
 
 def _fmt(value: object) -> str:
+    if value == "":
+        return '""'  # (an empty cell would read as "not documented")
     if isinstance(value, tuple):
         return ", ".join(value) if value else "(empty)"
     if isinstance(value, float) and value.is_integer():
@@ -58,7 +60,10 @@ def settings_markdown() -> str:
         "framework's idiom (keyword arguments, Django's `LOWLAT_MW` dict, Flask's `app.config`), with",
         f"`{ENV_PREFIX}<NAME>` environment variables as the fallback: explicit values win over the",
         "environment, which wins over the defaults. An unknown key, in any of these places, is an error",
-        "that names it. Times are in seconds, sizes in bytes; lists are comma-separated in the environment.",
+        "that names it and the closest real name; every wrong key and value is reported at once, when the",
+        "app starts. Values in Django's and Flask's configuration may be text, as in the environment",
+        '(`"300"`, `"true"`, `"zstd,lz4"`); keyword arguments take Python values. Times are in seconds,',
+        "sizes in bytes; lists are comma-separated in the environment.",
         "",
         "| setting | environment variable | default | what it does |",
         "|---|---|---|---|",

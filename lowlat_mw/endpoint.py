@@ -36,7 +36,7 @@ from .protocol.limits import ConnectionLimiter
 from .protocol.server import negotiate_subprotocol
 from .protocol.session import MemorySessionStore, SessionStore
 from .security import origin_allowed
-from .settings import ENV_PREFIX, Settings
+from .settings import ENV_PREFIX, Settings, parse_text, settings_error, unknown_setting
 
 __all__ = ["Accept", "Endpoint", "Refuse", "new_session_ids", "settings_from_config"]
 
@@ -81,23 +81,41 @@ def settings_from_config(config: Mapping[str, Any], overrides: Mapping[str, Any]
     (``app.config`` for Flask, ``settings`` for Django), raised when the app starts.
     """
     values: dict[str, Any] = {}
+    problems: list[str] = []  # reported together with what Settings.load finds
     names = Settings.names()
+
+    def take(name: str, value: Any, label: str, item: str) -> None:
+        """`label`: where the name was given; `item`: where the value was."""
+        if name not in names:
+            problems.append(unknown_setting(name, label))
+            return
+        if isinstance(value, str):  # configuration is often text (a .env file, a config loader): "300", "true"
+            try:
+                value = parse_text(name, value, item)
+            except SettingsError as exc:
+                problems.append(str(exc))
+                return
+        values[name] = value
+
     for key, value in config.items():
         if key == "LOWLAT_MW":
             label = f"{where}['LOWLAT_MW']" if where == "app.config" else f"{where}.LOWLAT_MW"
             if not isinstance(value, Mapping):
                 raise SettingsError(f"{label} must be a dict of lowlat-mw settings")
             for k, v in value.items():
-                if k not in names:
-                    raise SettingsError(f"unknown setting {k!r} in {label}")
-                values[k] = v
+                take(k, v, label, f"{label}[{k!r}]")
         elif key.startswith(ENV_PREFIX):
-            name = key[len(ENV_PREFIX):].lower()
-            if name not in names:
-                raise SettingsError(f"unknown setting {name!r} in {where}[{key!r}]")
-            values[name] = value
+            take(key[len(ENV_PREFIX):].lower(), value, f"{where}[{key!r}]", f"{where}[{key!r}]")
     values.update(overrides or {})
-    return Settings.load(values, source=f"{where} and the adapter's arguments")
+    try:
+        settings = Settings.load(values, source=f"{where} and the adapter's arguments")
+    except SettingsError as exc:
+        if not problems:
+            raise
+        problems.extend(getattr(exc, "problems", [str(exc)]))
+    if problems:
+        raise settings_error(problems)
+    return settings
 
 
 class Endpoint:

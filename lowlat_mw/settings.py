@@ -200,17 +200,28 @@ class Settings:
         env = os.environ if env is None else env
         hints = _hints()
         merged: dict[str, Any] = {}
+        problems: list[str] = []  # every wrong name and value, reported together
         for key, raw in env.items():
             if not key.startswith(ENV_PREFIX) or key in NOT_SETTINGS:
                 continue
             name = key[len(ENV_PREFIX):].lower()
             if name not in hints:
-                raise SettingsError(_unknown(name, f"environment variable {key}"))
-            merged[name] = _parse_env(key, raw, hints[name])
+                problems.append(_unknown(name, f"environment variable {key}"))
+                continue
+            try:
+                merged[name] = _parse_env(key, raw, hints[name])
+            except SettingsError as exc:
+                problems.append(str(exc))
         for key, value in values.items():
             if key not in hints:
-                raise SettingsError(_unknown(key, source))
-            merged[key] = _coerce(key, value, hints[key])
+                problems.append(_unknown(key, source))
+                continue
+            try:
+                merged[key] = _coerce(key, value, hints[key])
+            except SettingsError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise settings_error(problems)
         return cls(**merged)
 
     def replace(self, **changes: Any) -> Settings:
@@ -225,6 +236,30 @@ class Settings:
 def _hints() -> dict[str, Any]:
     hints = get_type_hints(Settings)
     return {f.name: hints[f.name] for f in fields(Settings)}
+
+
+def settings_error(problems: list[str]) -> SettingsError:
+    """One error for every problem found, so a user fixes them all in one go, not one start-up at a time
+    (its ``problems`` attribute lists them)."""
+    message = problems[0] if len(problems) == 1 else \
+        f"{len(problems)} settings are wrong:\n" + "\n".join(f"- {p}" for p in problems)
+    error = SettingsError(message)
+    error.problems = list(problems)  # type: ignore[attr-defined]
+    return error
+
+
+def unknown_setting(key: str, source: str) -> str:
+    """The message for a setting name that does not exist, with the closest real name as a hint."""
+    return _unknown(key, source)
+
+
+def parse_text(name: str, raw: str, where: str) -> Any:
+    """A setting's value given as text in a framework's configuration (``"300"``, ``"true"``, ``"zstd,lz4"``),
+    converted to the setting's type; SettingsError naming `where` if it is not one."""
+    hint = _hints().get(name)
+    if hint is str or hint is None:
+        return raw
+    return _parse_env(where, raw, hint)
 
 
 def _unknown(key: str, source: str) -> str:
@@ -282,9 +317,8 @@ def _parse_env(key: str, raw: str, hint: Any) -> Any:
             return raw
         return tuple(v.strip() for v in raw.split(",") if v.strip())
     except ValueError:
-        raise SettingsError(
-            f"environment variable {key} must be {_type_name(hint)}, got {raw!r}"
-        ) from None
+        where = key if " " in key or "[" in key or "." in key else f"environment variable {key}"
+        raise SettingsError(f"{where} must be {_type_name(hint)}, got {raw!r}") from None
 
 
 def _type_name(hint: Any) -> str:

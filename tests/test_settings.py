@@ -293,3 +293,47 @@ def test_replace_returns_validated_copy() -> None:
 def test_replace_unknown_key_names_it() -> None:
     with pytest.raises(SettingsError, match="did you mean 'max_streams'"):
         Settings().replace(max_stream=2)
+
+
+# ---------------------------------------------------------------------------------- framework configuration
+def test_every_wrong_setting_is_reported_at_once() -> None:
+    """Issue 17: a user with three mistakes learns of all three from one start-up, each with its hint."""
+    with pytest.raises(SettingsError) as info:
+        Settings.load({"idle_timout": 1, "max_streams": 1.5}, env={"LOWLAT_HEARTBEAT_INTERVL": "5"})
+    msg = str(info.value)
+    assert msg.startswith("3 settings are wrong:")
+    assert "did you mean 'idle_timeout'" in msg and "did you mean 'heartbeat_interval'" in msg
+    assert "'max_streams' must be an integer, got float 1.5" in msg
+    assert len(info.value.problems) == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("where", ["app.config", "settings"])
+def test_framework_config_hints_names_and_reports_everything(where: str) -> None:
+    """settings.LOWLAT_MW / app.config["LOWLAT_MW"] get the same hints as keyword arguments, all at once."""
+    from lowlat_mw.endpoint import settings_from_config
+
+    config = {"LOWLAT_MW": {"idle_timout": 5, "heartbeat_interval": "soon"}, "LOWLAT_RATE_LIMT": 3,
+              "LOWLAT_MAX_STREAMS": "many"}
+    with pytest.raises(SettingsError) as info:
+        settings_from_config(config, where=where)
+    msg = str(info.value)
+    label = f"{where}['LOWLAT_MW']" if where == "app.config" else f"{where}.LOWLAT_MW"
+    assert msg.startswith("4 settings are wrong:"), msg
+    assert f"unknown setting 'idle_timout' in {label} (did you mean 'idle_timeout'?)" in msg
+    assert f"{label}['heartbeat_interval'] must be a number, got 'soon'" in msg
+    assert "did you mean 'rate_limit'" in msg
+    assert f"{where}['LOWLAT_MAX_STREAMS'] must be an integer, got 'many'" in msg
+
+
+def test_framework_config_text_is_converted_to_the_setting_type() -> None:
+    """Configuration is often text (a .env file, a config loader): "300" is 300 there; keyword arguments
+    stay strict (a string for a number is a mistake in Python code)."""
+    from lowlat_mw.endpoint import settings_from_config
+
+    settings = settings_from_config({"LOWLAT_MW": {"idle_timeout": "300", "max_streams": " 4 ",
+                                                   "expose_model_errors": "true", "compression": "zstd, lz4"},
+                                     "LOWLAT_RATE_LIMIT": "0"}, where="settings")
+    assert (settings.idle_timeout, settings.max_streams, settings.expose_model_errors) == (300.0, 4, True)
+    assert settings.compression == ("zstd", "lz4") and settings.rate_limit == 0
+    with pytest.raises(SettingsError, match="'idle_timeout' must be a number"):
+        settings_from_config({}, {"idle_timeout": "300"}, where="settings")  # (the adapter's own arguments)

@@ -142,3 +142,31 @@ def test_version_and_python_dash_m(capsys):
     assert run.returncode == 0 and run.stdout.strip() == version_line()
     run = subprocess.run([sys.executable, "-m", "lowlat_mw"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "usage: python -m lowlat_mw" in run.stderr
+
+
+def test_serve_imports_the_model_at_start_from_the_current_folder(monkeypatch, capsys, tmp_path):
+    """Issue 17: `serve nosuch:fn` used to print "serving", run, and answer 500 to every handshake; `serve
+    mymod:fn` from mymod's own folder failed without PYTHONPATH=. Now the model is imported before the server
+    starts (a wrong path exits 2 with the reason) and the current folder (--app-dir) is searched first."""
+    import sys
+
+    import uvicorn
+
+    from lowlat_mw.servers.cli import main
+
+    seen: list[uvicorn.Config] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: seen.append(self.config))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (serve puts the app folder in front)
+    assert main(["serve", "lowlat_no_such_module:fn", "--port", "0"]) == 2
+    assert "cannot import model module 'lowlat_no_such_module'" in capsys.readouterr().err and not seen
+
+    (tmp_path / "soak_user_model.py").write_text("def fn(req):\n    return 'hi'\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "soak_user_model:nothere", "--port", "0"]) == 2
+    assert "has no attribute 'nothere'" in capsys.readouterr().err and not seen
+    assert main(["serve", "soak_user_model:fn", "--port", "0"]) == 0
+    assert len(seen) == 1 and "serving soak_user_model:fn" in capsys.readouterr().out
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "soak_other_model.py").write_text("def fn(req):\n    return 'hi'\n")
+    assert main(["serve", "soak_other_model:fn", "--app-dir", str(other), "--port", "0"]) == 0

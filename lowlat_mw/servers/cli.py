@@ -155,6 +155,15 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings.load(_serve_options(args))
     if args.stats_interval and not settings.metrics:
         raise SettingsError("--stats-interval needs metrics (remove --set metrics=false)")
+    if args.model is not None:
+        # Like uvicorn: the model's module is looked for in --app-dir (default: the current folder) first,
+        # and imported now, so a wrong path stops here with its reason instead of failing every handshake.
+        app_dir = os.path.abspath(args.app_dir)
+        if app_dir not in sys.path:
+            sys.path.insert(0, app_dir)
+        from ..model import Models
+
+        Models(args.model)
     app = build_app(args.model, settings=settings)
     print(f"lowlat-mw serving {args.model or 'the demo model'} on ws://{args.host}:{args.port}{settings.path}",
           flush=True)
@@ -238,6 +247,8 @@ def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
 
     serve = sub.add_parser("serve", help="serve a model callable over WebSocket (uvicorn)")
     serve.add_argument("model", nargs="?", default=None, help="module:callable (default: the demo model)")
+    serve.add_argument("--app-dir", default=".", metavar="DIR",
+                       help="look for the model's module in DIR first (default: the current folder, as uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--path", default=None, help="WebSocket path (default /ws)")

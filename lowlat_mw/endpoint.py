@@ -35,7 +35,7 @@ from .observability.metrics import Metrics
 from .protocol.limits import ConnectionLimiter
 from .protocol.server import negotiate_subprotocol
 from .protocol.session import MemorySessionStore, SessionStore
-from .security import origin_allowed
+from .security import load_authenticator, origin_allowed
 from .settings import ENV_PREFIX, Settings, parse_text, settings_error, unknown_setting
 
 __all__ = ["Accept", "Endpoint", "Refuse", "new_session_ids", "settings_from_config"]
@@ -127,6 +127,8 @@ class Endpoint:
     def __init__(self, model: ModelSpec | Models, settings: Settings, *, registry: Any = None) -> None:
         """`registry`: the prometheus_client CollectorRegistry for the metrics (default: the global one)."""
         self.models = model if isinstance(model, Models) else Models(model)
+        if settings.authenticate:  # imported now: a wrong path fails when the app is built, not per handshake
+            load_authenticator(settings.authenticate)
         self.registry = registry
         self.store: SessionStore = MemorySessionStore()  # sessions waiting to be resumed
         self.connections: weakref.WeakSet[Any] = weakref.WeakSet()  # the drivers of open connections

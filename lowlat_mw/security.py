@@ -88,8 +88,8 @@ class Handshake:
 
 
 @functools.lru_cache(maxsize=16)
-def load_authenticator(path: str) -> Callable[[Handshake], Any]:
-    """Import the ``authenticate`` hook named by `path` (cached)."""
+def load_authenticator(path: str | Callable[[Handshake], Any]) -> Callable[[Handshake], Any]:
+    """The ``authenticate`` hook: `path` itself if it is a callable, else imported from its dotted path (cached)."""
     from .model import load_callable
 
     return load_callable(path)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from collections.abc import Mapping
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 
@@ -76,8 +77,8 @@ class Settings:
     """Close an idle-between-streams connection with 4005 after this many seconds (0: never)."""
     drain_grace: float = 30.0
     """On server shutdown: seconds running streams get to finish after GoAway, before close 4002."""
-    authenticate: str = ""
-    """Dotted path of a (sync or async) callable that admits a handshake (see docs/security.md)."""
+    authenticate: str | Callable[..., Any] = ""
+    """A (sync or async) callable that admits a handshake, or its dotted path (see docs/security.md)."""
     compression: tuple[str, ...] = KNOWN_CODECS
     """Codecs the server may use and accept, preferred first; empty disables compression."""
     compression_min_size: int = 512
@@ -268,7 +269,16 @@ def _unknown(key: str, source: str) -> str:
     return f"unknown setting {key!r} in {source}{hint}"
 
 
+HOOKS = frozenset({"authenticate"})
+"""Settings that take a callable or its dotted path (in the environment and text configuration: the path)."""
+
+
 def _coerce(name: str, value: Any, hint: Any) -> Any:
+    if name in HOOKS:
+        if isinstance(value, str) or callable(value):
+            return value
+        raise SettingsError(f"setting {name!r} must be a callable or its dotted path, got {type(value).__name__} "
+                            f"{value!r}")
     try:
         if hint is bool:
             if not isinstance(value, bool):
@@ -301,6 +311,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 
 def _parse_env(key: str, raw: str, hint: Any) -> Any:
     raw = raw.strip()
+    if isinstance(hint, types.UnionType):  # a hook (HOOKS): its dotted path
+        return raw
     try:
         if hint is bool:
             low = raw.lower()

@@ -337,3 +337,22 @@ def test_framework_config_text_is_converted_to_the_setting_type() -> None:
     assert settings.compression == ("zstd", "lz4") and settings.rate_limit == 0
     with pytest.raises(SettingsError, match="'idle_timeout' must be a number"):
         settings_from_config({}, {"idle_timeout": "300"}, where="settings")  # (the adapter's own arguments)
+
+
+def test_authenticate_takes_a_callable_or_its_dotted_path_and_is_imported_when_the_app_is_built() -> None:
+    """Issue 17: a function in app.config["LOWLAT_MW"] was refused ("must be a string"); a wrong dotted path
+    failed only at the first handshake. Now either form works, and a wrong path fails when the endpoint is made."""
+    from lowlat_mw.endpoint import Endpoint, settings_from_config
+    from lowlat_mw.security import load_authenticator
+
+    def admit(handshake: object) -> bool:
+        return True
+
+    settings = settings_from_config({"LOWLAT_MW": {"authenticate": admit}}, where="app.config")
+    assert settings.authenticate is admit and load_authenticator(settings.authenticate) is admit
+    assert Settings.load({}, env={"LOWLAT_AUTHENTICATE": "pkg.auth:check"}).authenticate == "pkg.auth:check"
+    with pytest.raises(SettingsError, match="'authenticate' must be a callable or its dotted path, got int 5"):
+        Settings.load({"authenticate": 5}, env=NO_ENV)
+    Endpoint(lambda req: "x", settings)  # a callable: nothing to import
+    with pytest.raises(ImportError, match="lowlat_no_such_auth"):
+        Endpoint(lambda req: "x", Settings.load({"authenticate": "lowlat_no_such_auth:check"}, env=NO_ENV))

@@ -1008,21 +1008,20 @@ class ConnectionDriver:
                     self._closing = True
             elif not self._act_now(actions):  # a close (idle, dead peer) goes out in a task
                 self._spawn(self._act(actions))
-        proto.deadline_moved = False  # (the next deadline, as reschedule computes it: written out, once per Ping)
-        when = proto.next_deadline()
+        self._scheduled = self._next_deadline()
+        return self._scheduled
+
+    def _next_deadline(self) -> float:
+        self.protocol.deadline_moved = False
+        when = self.protocol.next_deadline()
         if self._sender is not None and self._stuck_task is None:
             when = min(when, self._send_since + self.settings.slow_consumer_timeout)
-        self._scheduled = when
         return when
 
     def reschedule(self) -> None:
         """Move this connection's timer to its deadline, if that moved (earlier; or later, e.g. a Pong arrived:
         the scheduler then does not wake this connection at the Pong's timeout for nothing)."""
-        proto = self.protocol
-        proto.deadline_moved = False
-        when = proto.next_deadline()
-        if self._sender is not None and self._stuck_task is None:
-            when = min(when, self._send_since + self.settings.slow_consumer_timeout)
+        when = self._next_deadline()
         if when != self._scheduled:
             self._scheduled = when
             self.scheduler.schedule(self, when)

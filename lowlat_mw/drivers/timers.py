@@ -38,7 +38,6 @@ cpu_clock = _cpu_clock()
 _INF = math.inf
 _heappush = heapq.heappush
 _monotonic = time.monotonic
-_ceil = math.ceil
 
 
 class DeadlineQueue:
@@ -174,9 +173,8 @@ class AsyncScheduler:
 
     def schedule(self, target: TimerTarget, when: float) -> None:
         """Call ``target.on_timer`` at monotonic time `when` (replaces an earlier schedule)."""
-        if when != _INF:  # the queue holds wake-up times, on a shared grid (fire_time; its first case written out)
-            when = _ceil(when / MAX_SLACK) * MAX_SLACK if when - _monotonic() >= _SLACK_WAIT \
-                else fire_time(when, _monotonic())
+        if when != _INF:
+            when = fire_time(when, _monotonic())  # the queue holds wake-up times, on a shared grid
         self._queue.set(target, when)
         if when < self._armed_at:
             self._arm(when)
@@ -202,9 +200,7 @@ class AsyncScheduler:
 
                 logging.getLogger("lowlat_mw").exception("timer callback failed")
                 continue
-            if nxt != _INF:  # (fire_time, its first case written out: most targets are 30 s heartbeats)
-                nxt = _ceil(nxt / MAX_SLACK) * MAX_SLACK if nxt - now >= _SLACK_WAIT else fire_time(nxt, now)
-            self._queue.set(target, nxt)
+            self._queue.set(target, fire_time(nxt, now) if nxt != math.inf else nxt)
         self._arm(self._queue.next_deadline())
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
@@ -207,15 +206,15 @@ class Settings:
                 continue
             name = key[len(ENV_PREFIX):].lower()
             if name not in hints:
-                problems.append(_unknown(name, f"environment variable {key}"))
+                problems.append(unknown_setting(name, f"environment variable {key}"))
                 continue
             try:
-                merged[name] = _parse_env(key, raw, hints[name])
+                merged[name] = _parse_env(name, raw, hints[name], f"environment variable {key}")
             except SettingsError as exc:
                 problems.append(str(exc))
         for key, value in values.items():
             if key not in hints:
-                problems.append(_unknown(key, source))
+                problems.append(unknown_setting(key, source))
                 continue
             try:
                 merged[key] = _coerce(key, value, hints[key])
@@ -230,7 +229,7 @@ class Settings:
         hints = _hints()
         for key in changes:
             if key not in hints:
-                raise SettingsError(_unknown(key, "settings"))
+                raise SettingsError(unknown_setting(key, "settings"))
         return dataclasses.replace(self, **{k: _coerce(k, v, hints[k]) for k, v in changes.items()})
 
 
@@ -249,21 +248,17 @@ def settings_error(problems: list[str]) -> SettingsError:
     return error
 
 
-def unknown_setting(key: str, source: str) -> str:
-    """The message for a setting name that does not exist, with the closest real name as a hint."""
-    return _unknown(key, source)
-
-
 def parse_text(name: str, raw: str, where: str) -> Any:
     """A setting's value given as text in a framework's configuration (``"300"``, ``"true"``, ``"zstd,lz4"``),
     converted to the setting's type; SettingsError naming `where` if it is not one."""
     hint = _hints().get(name)
     if hint is str or hint is None:
         return raw
-    return _parse_env(where, raw, hint)
+    return _parse_env(name, raw, hint, where)
 
 
-def _unknown(key: str, source: str) -> str:
+def unknown_setting(key: str, source: str) -> str:
+    """The message for a setting name that does not exist, with the closest real name as a hint."""
     close = difflib.get_close_matches(key, Settings.names(), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown setting {key!r} in {source}{hint}"
@@ -309,9 +304,10 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         ) from None
 
 
-def _parse_env(key: str, raw: str, hint: Any) -> Any:
+def _parse_env(name: str, raw: str, hint: Any, where: str) -> Any:
+    """Setting `name` given as text (`where`: the environment variable or config key, for the error)."""
     raw = raw.strip()
-    if isinstance(hint, types.UnionType):  # a hook (HOOKS): its dotted path
+    if name in HOOKS:  # its dotted path
         return raw
     try:
         if hint is bool:
@@ -329,7 +325,6 @@ def _parse_env(key: str, raw: str, hint: Any) -> Any:
             return raw
         return tuple(v.strip() for v in raw.split(",") if v.strip())
     except ValueError:
-        where = key if " " in key or "[" in key or "." in key else f"environment variable {key}"
         raise SettingsError(f"{where} must be {_type_name(hint)}, got {raw!r}") from None
 
 

@@ -155,15 +155,11 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings.load(_serve_options(args))
     if args.stats_interval and not settings.metrics:
         raise SettingsError("--stats-interval needs metrics (remove --set metrics=false)")
-    if args.model is not None:
-        # Like uvicorn: the model's module is looked for in --app-dir (default: the current folder) first,
-        # and imported now, so a wrong path stops here with its reason instead of failing every handshake.
-        app_dir = os.path.abspath(args.app_dir)
-        if app_dir not in sys.path:
-            sys.path.insert(0, app_dir)
-        from ..model import Models
-
-        Models(args.model)
+    # Like uvicorn: the model's module is looked for in --app-dir (default: the current folder) first. build_app
+    # imports it (the Endpoint resolves its models), so a wrong path stops here with its reason.
+    app_dir = os.path.abspath(args.app_dir)
+    if args.model is not None and app_dir not in sys.path:
+        sys.path.insert(0, app_dir)
     app = build_app(args.model, settings=settings)
     print(f"lowlat-mw serving {args.model or 'the demo model'} on ws://{args.host}:{args.port}{settings.path}",
           flush=True)

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lowlat_mw.drivers.direct import apply_mask
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
@@ -100,8 +101,6 @@ def client_frame(payload: bytes, opcode: int = 0x2, fin: bool = True) -> bytes:
     head = bytes(((0x80 if fin else 0) | opcode,))
     head += bytes((0x80 | n,)) if n < 126 else struct.pack("!BH", 0x80 | 126, n)
     if n:
-        from lowlat_mw.drivers.direct import apply_mask
-
         payload = apply_mask(payload, key)
     return head + key + payload
 

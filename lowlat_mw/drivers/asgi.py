@@ -10,17 +10,21 @@ and under ``client_path`` (the browser client and demo page), and passes everyth
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .. import static_files as static
 from ..endpoint import Endpoint, Refuse
+from ..errors import CloseCode
 from ..model import ModelSpec
 from ..settings import Settings
 from .aio import ConnectionDriver
 from .direct import EXTENSION
 
 __all__ = ["LowLatASGI", "accept"]
+
+log = logging.getLogger("lowlat_mw")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -36,16 +40,31 @@ class LowLatASGI:
                  registry: Any = None, **options: Any) -> None:
         """Settings as keyword arguments (or ``settings=``, with keyword arguments on top); `registry`: the
         prometheus_client CollectorRegistry for the metrics (default: the global one)."""
-        settings = settings.replace(**options) if settings is not None else Settings.load(options)
-        self.endpoint = Endpoint(model, settings, registry=registry)
         self.app = app
         self._metrics_app: Any = None
+        self.failed: Exception | None = None
+        """Why this app could not be built, when that was found while the server runs (see below)."""
+        try:
+            settings = settings.replace(**options) if settings is not None else Settings.load(options)
+            self.endpoint = Endpoint(model, settings, registry=registry)
+        except Exception as exc:
+            if not _serving():
+                raise
+            # Built inside the server's first ASGI call (Starlette and FastAPI build their middleware stack
+            # lazily, in the lifespan call): raising now would only make uvicorn log "lifespan unsupported" at
+            # INFO and answer 500 to every request. Fail the lifespan start-up instead, which stops the server.
+            self.failed = exc
+            log.error("lowlat-mw cannot start: %s", exc)
 
     async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
         """Graceful shutdown of this endpoint (see :meth:`lowlat_mw.endpoint.Endpoint.drain`)."""
-        await self.endpoint.drain(grace, reconnect_after_ms)
+        if self.failed is None:
+            await self.endpoint.drain(grace, reconnect_after_ms)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.failed is not None:
+            await self._refuse(scope, receive, send)
+            return
         kind = scope["type"]
         app = self.app
         settings = self.endpoint.settings
@@ -67,6 +86,27 @@ class LowLatASGI:
                 return
         if app is not None:
             await app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Not built (:attr:`failed`): the lifespan start-up fails with the reason (uvicorn and hypercorn then
+        exit); where the server runs no lifespan, WebSockets are refused (1011) and the rest is served."""
+        kind = scope["type"]
+        if kind == "lifespan":
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.failed", "message": f"lowlat-mw cannot start: {self.failed}"})
+            return
+        if kind == "websocket" or self.app is None:
+            log.error("lowlat-mw cannot start: %s", self.failed)
+            if kind == "websocket":
+                await receive()  # websocket.connect
+                await send({"type": "websocket.close", "code": CloseCode.INTERNAL_ERROR})
+                return
+        if self.app is not None:
+            await self.app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"lowlat-mw cannot start: see the server's log\n"})
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket scope: admission, then the connection until the socket is gone."""
@@ -138,3 +178,12 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
         endpoint.release(address)
         raise
     return driver
+
+
+def _serving() -> bool:
+    """True inside a running event loop: an app built now is built by the server, during a request."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

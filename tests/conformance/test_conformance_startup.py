@@ -8,11 +8,11 @@ environment variable read by the unmodified example.
 from __future__ import annotations
 
 import http.client
+import os
 import time
 
 import pytest
-from conformance_servers import base_env, http_get, server_argv
-from conformance_support import KnownBug
+from conformance_servers import VENV_BIN, base_env, http_get, server_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -25,12 +25,6 @@ BAD_APPS = {
     "django": None,  # the example's asgi module with DJANGO_SETTINGS_MODULE=bad_django_settings
     "flask": "bad_flask_app:app",
 }
-UVICORN_XFAIL = (
-    "BUG (Starlette/FastAPI adapter): Starlette builds its middleware stack lazily, on the first ASGI call; "
-    "uvicorn's default lifespan='auto' makes that call for the lifespan scope and, when it raises, only logs "
-    "\"ASGI 'lifespan' protocol appears unsupported\" at INFO and serves on, so LowLatMiddleware's SettingsError "
-    "surfaces only as a 500 / failed handshake per request (works with --lifespan on, see the next test)"
-)
 
 
 def _wait_exit_or_serving(srv, bound: float = EXIT_BOUND) -> int | None:
@@ -64,14 +58,11 @@ def _launch_bad(launch, conformance_dir, framework: str, source: str, extra_args
 
 @pytest.mark.parametrize("source", ["config", "env"])
 @pytest.mark.parametrize("framework", ["starlette", "fastapi", "django", "flask"])
-def test_unknown_setting_fails_startup(launch, conformance_dir, framework, source, request):
-    if framework in ("starlette", "fastapi"):
-        request.applymarker(pytest.mark.xfail(strict=True, raises=KnownBug, reason=UVICORN_XFAIL))
+def test_unknown_setting_fails_startup(launch, conformance_dir, framework, source):
     srv = _launch_bad(launch, conformance_dir, framework, source)
     code = _wait_exit_or_serving(srv)
     output = srv.output(limit=20000)
-    if code is None:
-        raise KnownBug(f"{srv.name} started serving despite the unknown setting\n{output}")
+    assert code is not None, f"{srv.name} started serving despite the unknown setting\n{output}"
     assert code != 0, output
     assert f"'{TYPO}'" in output, output
     assert "unknown setting" in output, output
@@ -86,3 +77,32 @@ def test_unknown_setting_fails_startup_with_lifespan_on(launch, conformance_dir,
     assert code is not None, f"{srv.name} started serving despite the unknown setting\n{output}"
     assert code != 0, output
     assert f"'{TYPO}'" in output and "unknown setting" in output, output
+
+
+@pytest.mark.parametrize("problem", ["typo", "model"])
+def test_fastapi_mistake_stops_plain_uvicorn(launch, conformance_dir, tmp_path, problem):
+    """`uvicorn app:app` with no options at all (uvicorn's lifespan 'auto'): a misspelt setting or a model path
+    that does not import stops the server with a non-zero exit naming it, instead of a server that answers 500
+    to every request, the app's own routes included."""
+    app = tmp_path / "typo_app.py"
+    setting = "idle_timout=5" if problem == "typo" else "idle_timeout=5"
+    model = "model" if problem == "typo" else "'nosuchmodule:generate'"
+    app.write_text(
+        "from fastapi import FastAPI\n"
+        "from lowlat_mw.adapters.starlette import LowLatMiddleware\n\n"
+        "async def model(req):\n    return 'unreachable'\n\n"
+        f"app = FastAPI()\napp.add_middleware(LowLatMiddleware, model={model}, path='/ws', {setting})\n")
+    env = base_env(conformance_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    srv = launch(f"plain-uvicorn-{problem}", "fastapi",
+                 lambda p: [str(VENV_BIN / "uvicorn"), "typo_app:app", "--host", "127.0.0.1", "--port", str(p)],
+                 env, ready=False)
+    code = _wait_exit_or_serving(srv)
+    output = srv.output(limit=20000)
+    assert code is not None, f"{srv.name} started serving despite the mistake\n{output}"
+    assert code != 0, output
+    assert "Application startup failed" in output, output
+    if problem == "typo":
+        assert f"'{TYPO}'" in output and "did you mean 'idle_timeout'" in output, output
+    else:
+        assert "nosuchmodule" in output, output

@@ -6,19 +6,32 @@ Django-only by nature (Channels middleware), so these tests are not parametrized
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conformance_servers import HERE, REPO, VENV_BIN, ServerProcess, base_env, server_argv, start_ready
+from conformance_servers import (
+    HERE,
+    REPO,
+    VENV_BIN,
+    ServerProcess,
+    base_env,
+    free_port,
+    server_argv,
+    server_env,
+    start_ready,
+)
 from conformance_support import MODES, PROTO, raw_connect
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import Backoff, ConnectionClosed
 from lowlat_mw.client import connect
+from lowlat_mw.testing import LoggedProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -104,3 +117,98 @@ async def test_authenticated_user_reaches_the_model(composed, mode):
         bogus = {"Origin": composed.origin, "Cookie": "sessionid=not-a-session"}
         async with connect(composed.url, mode=mode, headers=bogus) as client:
             assert await client.complete("x", model="user") == "user:AnonymousUser"
+
+
+# ---------------------------------------------------------------- the guide, followed in a new project
+
+GUIDE = REPO / "docs" / "django.md"
+GUIDE_MODEL = '''async def generate(req):
+    for word in ("hello", " from", " runserver"):
+        yield word
+'''
+
+
+def _guide_block(first_line: str, containing: str = "") -> str:
+    """The guide's ```python block that starts with `first_line` (and contains `containing`)."""
+    blocks = GUIDE.read_text().split("```python\n")[1:]
+    found = [b.split("```", 1)[0] for b in blocks if b.startswith(first_line + "\n") and containing in b]
+    assert len(found) == 1, f"{GUIDE} has {len(found)} python blocks starting {first_line!r}"
+    return found[0]
+
+
+def _new_project(tmp_path: Path, env: dict[str, str], settings_block: str) -> Path:
+    """`django-admin startproject mysite` + `startapp myapp`, then the guide's routing.py, asgi.py and
+    `settings_block` (appended to settings.py), with a model that streams three words."""
+    tmp_path.mkdir(parents=True)
+    _run([str(VENV_BIN / "django-admin"), "startproject", "mysite", str(tmp_path)], env, "startproject")
+    subprocess.run([sys.executable, "manage.py", "startapp", "myapp"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=120)
+    (tmp_path / "myapp" / "routing.py").write_text(_guide_block("# routing.py"))
+    (tmp_path / "myapp" / "ai.py").write_text(GUIDE_MODEL)
+    (tmp_path / "mysite" / "asgi.py").write_text(_guide_block("# asgi.py"))
+    with open(tmp_path / "mysite" / "settings.py", "a") as f:
+        f.write("\n" + settings_block)
+    return tmp_path
+
+
+def _runserver(project: Path, env: dict[str, str], logdir: Path, name: str) -> tuple[LoggedProcess, int]:
+    port = free_port()
+    proc = LoggedProcess(name, [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                         logdir=logdir, env=env, cwd=project)
+    return proc, port
+
+
+def _wait_listening(proc: LoggedProcess, port: int, bound: float = 60.0) -> bool:
+    """True once `port` accepts a connection, False if the process exited first."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"runserver neither listened nor exited within {bound} s\n{proc.output()}")
+
+
+def _project_env(conformance_dir: Path) -> dict[str, str]:
+    env = server_env()
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # (manage.py sets mysite.settings)
+    return env
+
+
+async def test_a_new_project_following_the_guide_streams_under_runserver(tmp_path, conformance_dir):
+    env = _project_env(conformance_dir)
+    project = _new_project(tmp_path / "site", env, _guide_block("# settings.py", "ASGI_APPLICATION"))
+    proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-guide")
+    try:
+        assert _wait_listening(proc, port), proc.output()
+        async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
+            assert await client.complete("hi") == "hello from runserver"
+    finally:
+        proc.stop()
+
+
+async def test_without_the_guides_settings_runserver_does_what_the_guide_says(tmp_path, conformance_dir):
+    """Without daphne in INSTALLED_APPS: Django's WSGI runserver, the handshake answered 404. Without
+    ASGI_APPLICATION: daphne's runserver does not start."""
+    env = _project_env(conformance_dir)
+    project = _new_project(tmp_path / "wsgi", env, 'INSTALLED_APPS = [*INSTALLED_APPS, "myapp"]\n')
+    proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-no-daphne")
+    try:
+        assert _wait_listening(proc, port), proc.output()
+        with pytest.raises(InvalidStatus) as info:
+            async with asyncio.timeout(30), raw_connect(f"ws://127.0.0.1:{port}/ws", [PROTO]):
+                pass
+        assert info.value.response.status_code == 404
+    finally:
+        proc.stop()
+    project = _new_project(tmp_path / "noasgi", env, 'INSTALLED_APPS = ["daphne", *INSTALLED_APPS, "myapp"]\n')
+    proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-no-asgi-app")
+    try:
+        assert not _wait_listening(proc, port), proc.output()
+        assert proc.proc.wait(30) != 0
+        assert "ASGI_APPLICATION" in proc.output(), proc.output()
+    finally:
+        proc.stop()

@@ -170,3 +170,13 @@ def test_serve_imports_the_model_at_start_from_the_current_folder(monkeypatch, c
     other.mkdir()
     (other / "soak_other_model.py").write_text("def fn(req):\n    return 'hi'\n")
     assert main(["serve", "soak_other_model:fn", "--app-dir", str(other), "--port", "0"]) == 0
+
+
+def test_run_options_configure_the_lowlat_logger_at_uvicorns_level():
+    import logging
+
+    options = run_options(Settings(), log_level="warning")
+    assert options["log_config"]["loggers"]["lowlat_mw"]["level"] == logging.WARNING
+    assert run_options(Settings())["log_config"]["loggers"]["lowlat_mw"]["level"] == logging.INFO
+    assert run_options(Settings(), log_level="trace")["log_config"]["loggers"]["lowlat_mw"]["level"] == logging.DEBUG
+    assert run_options(Settings(), log_config=None)["log_config"] is None  # the caller's own wins

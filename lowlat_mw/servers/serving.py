@@ -17,7 +17,7 @@ from ..protocol.codec import codec_for
 from ..settings import Settings
 
 __all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "daphne_args",
-           "gunicorn_args", "run", "run_options", "too_big_message", "transport_limit", "uvicorn_args",
+           "gunicorn_args", "log_config", "run", "run_options", "too_big_message", "transport_limit", "uvicorn_args",
            "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
@@ -140,7 +140,31 @@ def run_options(settings: Settings | None = None, **uvicorn_kwargs: Any) -> dict
     """What :func:`run` passes to ``uvicorn.Config``: :func:`uvicorn_options` (for ``ws``, if given, so
     ``ws="wsproto"`` still gets the wsproto shim), then the other keyword arguments on top."""
     ws = uvicorn_kwargs.pop("ws", "websockets-sansio")
-    return {**uvicorn_options(settings, ws), **uvicorn_kwargs}
+    options = {**uvicorn_options(settings, ws), **uvicorn_kwargs}
+    if "log_config" not in options:
+        options["log_config"] = log_config(options.get("log_level"))
+    return options
+
+
+def log_config(level: str | int | None = None) -> dict[str, Any]:
+    """uvicorn's logging configuration plus the ``lowlat_mw`` logger at `level` (uvicorn's ``log_level``;
+    default INFO), its lines marked ``lowlat-mw:``. uvicorn's own configures only uvicorn's loggers."""
+    import copy
+    import logging
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    if isinstance(level, str):
+        level = logging.DEBUG if level.lower() == "trace" else logging.getLevelName(level.upper())
+    if not isinstance(level, int):
+        level = logging.INFO
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["lowlat_mw"] = {"()": "uvicorn.logging.DefaultFormatter",
+                                         "fmt": "%(levelprefix)s lowlat-mw: %(message)s", "use_colors": None}
+    config["handlers"]["lowlat_mw"] = {"formatter": "lowlat_mw", "class": "logging.StreamHandler",
+                                       "stream": "ext://sys.stderr"}
+    config["loggers"]["lowlat_mw"] = {"handlers": ["lowlat_mw"], "level": level, "propagate": False}
+    return config
 
 
 def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None = None,

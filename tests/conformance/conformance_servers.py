@@ -238,3 +238,36 @@ def running_server(name: str, framework: str, conformance_dir: Path, extra: Mapp
         srv.stop()
         if died is not None:
             pytest.fail(f"{srv.name} died during the tests (code {died})\n{srv.output()}")
+
+
+def guide_block(guide: str, first_line: str, containing: str = "") -> str:
+    """The ```python block of docs/`guide` that starts with `first_line` (and contains `containing`)."""
+    blocks = (REPO / "docs" / guide).read_text().split("```python\n")[1:]
+    found = [b.split("```", 1)[0] for b in blocks if b.startswith(first_line + "\n") and containing in b]
+    assert len(found) == 1, f"docs/{guide} has {len(found)} python blocks starting {first_line!r}"
+    return found[0]
+
+
+def wait_listening(proc: LoggedProcess, port: int, bound: float = 60.0) -> bool:
+    """True once `port` accepts a connection; False if `proc` exited first (raise if neither within `bound`)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{proc.name} neither listened nor exited within {bound} s\n{proc.output()}")
+
+
+def wait_for_line(proc: LoggedProcess, needle: str, bound: float = 30.0) -> str:
+    """The captured stderr once it contains `needle` (bounded)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        text = proc.stderr_path.read_text(errors="replace")
+        if needle in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"no {needle!r} in {proc.name}'s stderr within {bound} s\n{proc.output()}")

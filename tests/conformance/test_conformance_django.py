@@ -6,10 +6,8 @@ Django-only by nature (Channels middleware), so these tests are not parametrized
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +20,12 @@ from conformance_servers import (
     ServerProcess,
     base_env,
     free_port,
+    guide_block,
     server_argv,
     server_env,
     start_ready,
+    wait_for_line,
+    wait_listening,
 )
 from conformance_support import MODES, PROTO, raw_connect
 from websockets.exceptions import InvalidStatus
@@ -121,19 +122,10 @@ async def test_authenticated_user_reaches_the_model(composed, mode):
 
 # ---------------------------------------------------------------- the guide, followed in a new project
 
-GUIDE = REPO / "docs" / "django.md"
 GUIDE_MODEL = '''async def generate(req):
     for word in ("hello", " from", " runserver"):
         yield word
 '''
-
-
-def _guide_block(first_line: str, containing: str = "") -> str:
-    """The guide's ```python block that starts with `first_line` (and contains `containing`)."""
-    blocks = GUIDE.read_text().split("```python\n")[1:]
-    found = [b.split("```", 1)[0] for b in blocks if b.startswith(first_line + "\n") and containing in b]
-    assert len(found) == 1, f"{GUIDE} has {len(found)} python blocks starting {first_line!r}"
-    return found[0]
 
 
 def _new_project(tmp_path: Path, env: dict[str, str], settings_block: str) -> Path:
@@ -143,9 +135,9 @@ def _new_project(tmp_path: Path, env: dict[str, str], settings_block: str) -> Pa
     _run([str(VENV_BIN / "django-admin"), "startproject", "mysite", str(tmp_path)], env, "startproject")
     subprocess.run([sys.executable, "manage.py", "startapp", "myapp"], cwd=tmp_path, env=env, check=True,
                    capture_output=True, timeout=120)
-    (tmp_path / "myapp" / "routing.py").write_text(_guide_block("# routing.py"))
+    (tmp_path / "myapp" / "routing.py").write_text(guide_block("django.md", "# routing.py"))
     (tmp_path / "myapp" / "ai.py").write_text(GUIDE_MODEL)
-    (tmp_path / "mysite" / "asgi.py").write_text(_guide_block("# asgi.py"))
+    (tmp_path / "mysite" / "asgi.py").write_text(guide_block("django.md", "# asgi.py"))
     with open(tmp_path / "mysite" / "settings.py", "a") as f:
         f.write("\n" + settings_block)
     return tmp_path
@@ -158,20 +150,6 @@ def _runserver(project: Path, env: dict[str, str], logdir: Path, name: str) -> t
     return proc, port
 
 
-def _wait_listening(proc: LoggedProcess, port: int, bound: float = 60.0) -> bool:
-    """True once `port` accepts a connection, False if the process exited first."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            return False
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"runserver neither listened nor exited within {bound} s\n{proc.output()}")
-
-
 def _project_env(conformance_dir: Path) -> dict[str, str]:
     env = server_env()
     env.pop("DJANGO_SETTINGS_MODULE", None)  # (manage.py sets mysite.settings)
@@ -180,12 +158,16 @@ def _project_env(conformance_dir: Path) -> dict[str, str]:
 
 async def test_a_new_project_following_the_guide_streams_under_runserver(tmp_path, conformance_dir):
     env = _project_env(conformance_dir)
-    project = _new_project(tmp_path / "site", env, _guide_block("# settings.py", "ASGI_APPLICATION"))
+    settings = guide_block("django.md", "# settings.py", "ASGI_APPLICATION") \
+        + guide_block("django.md", "# settings.py", "LOGGING")
+    project = _new_project(tmp_path / "site", env, settings)
     proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-guide")
     try:
-        assert _wait_listening(proc, port), proc.output()
+        assert wait_listening(proc, port), proc.output()
         async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
             assert await client.complete("hi") == "hello from runserver"
+        text = await asyncio.to_thread(wait_for_line, proc, "closed by client")  # the guide's LOGGING
+        assert "connection " in text and " open: " in text, text
     finally:
         proc.stop()
 
@@ -197,7 +179,7 @@ async def test_without_the_guides_settings_runserver_does_what_the_guide_says(tm
     project = _new_project(tmp_path / "wsgi", env, 'INSTALLED_APPS = [*INSTALLED_APPS, "myapp"]\n')
     proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-no-daphne")
     try:
-        assert _wait_listening(proc, port), proc.output()
+        assert wait_listening(proc, port), proc.output()
         with pytest.raises(InvalidStatus) as info:
             async with asyncio.timeout(30), raw_connect(f"ws://127.0.0.1:{port}/ws", [PROTO]):
                 pass
@@ -207,7 +189,7 @@ async def test_without_the_guides_settings_runserver_does_what_the_guide_says(tm
     project = _new_project(tmp_path / "noasgi", env, 'INSTALLED_APPS = ["daphne", *INSTALLED_APPS, "myapp"]\n')
     proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-no-asgi-app")
     try:
-        assert not _wait_listening(proc, port), proc.output()
+        assert not wait_listening(proc, port), proc.output()
         assert proc.proc.wait(30) != 0
         assert "ASGI_APPLICATION" in proc.output(), proc.output()
     finally:

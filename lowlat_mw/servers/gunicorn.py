@@ -34,6 +34,7 @@ from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 
 from lowlat_mw.drivers.threads import drain_all_sync
 from lowlat_mw.errors import SettingsError
+from lowlat_mw.servers.serving import several_workers
 from lowlat_mw.settings import Settings
 
 __all__ = ["ThreadWorker"]
@@ -65,6 +66,8 @@ class ThreadWorker(_ThreadWorker):
             settings = Settings()
         self._lowlat_timeout = settings.handshake_timeout
         self._lowlat_drain_grace = settings.drain_grace
+        if self.age == 1:  # the first worker of this gunicorn says it once
+            several_workers(self.cfg.workers, "gunicorn --workers")
         threading.Thread(target=self._lowlat_watch, name="lowlat-mw-handshakes", daemon=True).start()
 
     def handle_exit(self, sig: Any, frame: Any) -> None:

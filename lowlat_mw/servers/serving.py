@@ -8,6 +8,7 @@ our ``--ws`` shims do), and only then lets uvicorn shut down.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -17,8 +18,8 @@ from ..protocol.codec import codec_for
 from ..settings import Settings
 
 __all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "daphne_args",
-           "gunicorn_args", "log_config", "run", "run_options", "too_big_message", "transport_limit", "uvicorn_args",
-           "uvicorn_options"]
+           "gunicorn_args", "log_config", "run", "run_options", "several_workers", "too_big_message",
+           "transport_limit", "uvicorn_args", "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
@@ -150,7 +151,6 @@ def log_config(level: str | int | None = None) -> dict[str, Any]:
     """uvicorn's logging configuration plus the ``lowlat_mw`` logger at `level` (uvicorn's ``log_level``;
     default INFO), its lines marked ``lowlat-mw:``. uvicorn's own configures only uvicorn's loggers."""
     import copy
-    import logging
 
     from uvicorn.config import LOGGING_CONFIG
 
@@ -186,3 +186,22 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
 
     config = uvicorn.Config(app, **run_options(settings, **uvicorn_kwargs))
     DrainingServer(config).run()
+
+
+SEVERAL_WORKERS = (
+    "lowlat-mw: %d worker processes (%s), each with its own in-process sessions: a client whose connection drops "
+    "and comes back on another worker cannot resume its streams (ResumeFailed). Run one worker per port behind "
+    "a balancer with client affinity, or one worker; see the guide's \"Several workers\""
+)
+_warned_workers = False
+
+
+def several_workers(workers: int, how: str) -> bool:
+    """Warn once per process (True when it did) that `workers` > 1 server processes (started as `how` says) do not
+    share sessions, so resume fails across them (docs: each guide's "Several workers")."""
+    global _warned_workers
+    if workers <= 1 or _warned_workers:
+        return False
+    _warned_workers = True
+    logging.getLogger("lowlat_mw").warning(SEVERAL_WORKERS, workers, how)
+    return True

@@ -36,7 +36,7 @@ from lowlat_mw.drivers.aio import drain_on_shutdown
 from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.observability.logs import CLIENT_LOGS
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, too_big_message
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment, several_workers, too_big_message
 from lowlat_mw.settings import Settings
 
 __all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
@@ -207,6 +207,7 @@ class _OffersDirect:
         if scope is not None:
             self._lowlat_direct = direct = _Direct(self)
             scope["extensions"][EXTENSION] = direct
+            several_workers(self.config.workers, "uvicorn --workers")  # (said once per process)
 
     def connection_lost(self, exc: Exception | None) -> None:
         direct = self._lowlat_direct

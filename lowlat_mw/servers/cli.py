@@ -179,26 +179,72 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _headers(values: list[str]) -> dict[str, str]:
+    """``--header "Name: value"`` (repeatable) as a dict; ValueError naming a bad one."""
+    headers: dict[str, str] = {}
+    for value in values:
+        name, sep, rest = value.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--header {value!r}: expected 'Name: value'")
+        headers[name.strip()] = rest.strip()
+    return headers
+
+
 def _chat(args: argparse.Namespace) -> int:
+    """One prompt (``-``: all of stdin), or none: each line of stdin is a prompt on the same connection
+    (interactive on a terminal: a ``>`` prompt; Ctrl-C stops the reply, Ctrl-D or Ctrl-C at the prompt ends)."""
     from ..client import connect_sync
     from ..client.backoff import Backoff
 
-    params = _parse_set(args.param)
     try:
-        with connect_sync(args.url, mode=args.mode, backoff=Backoff(retries=args.retries)) as client:
-            for chunk in client.stream(args.prompt, params=params, model=args.model):
-                sys.stdout.write(chunk if isinstance(chunk, str) else chunk.decode("utf-8", "replace"))
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-            stream = client.last_stream
-            if args.stats and stream is not None and stream.end is not None:
-                ttfd = stream.time_to_first_delta or 0.0
-                print(f"[{stream.end.usage.get('deltas', 0)} deltas, first delta {ttfd * 1000:.1f} ms, "
-                      f"total {(stream.total_time or 0) * 1000:.1f} ms]", file=sys.stderr)
+        params = _parse_set(args.param)
+        headers = _headers(args.header)
+    except ValueError as exc:
+        print(f"lowlat-mw chat: {exc}", file=sys.stderr)
+        return 2
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    interactive = prompt is None and sys.stdin.isatty()
+    try:
+        with connect_sync(args.url, mode=args.mode, backoff=Backoff(retries=args.retries), headers=headers,
+                          auth=args.auth) as client:
+            if prompt is not None:
+                _reply(client, prompt, params, args)
+                return 0
+            while True:
+                if interactive:
+                    print("> ", end="", file=sys.stderr, flush=True)
+                try:
+                    line = sys.stdin.readline()
+                except KeyboardInterrupt:
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    _reply(client, line.rstrip("\r\n"), params, args)
+                except KeyboardInterrupt:  # stop this reply (the stream is cancelled), keep the conversation
+                    print(" [stopped]", file=sys.stderr)
+            if interactive:
+                print(file=sys.stderr)
     except ClientError as exc:
         print(f"lowlat-mw chat: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _reply(client: Any, prompt: str, params: dict[str, Any], args: argparse.Namespace) -> None:
+    """Stream the reply to `prompt` to stdout, a newline after it (and its timings to stderr with --stats)."""
+    for chunk in client.stream(prompt, params=params, model=args.model):
+        sys.stdout.write(chunk if isinstance(chunk, str) else chunk.decode("utf-8", "replace"))
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    stream = client.last_stream
+    if args.stats and stream is not None and stream.end is not None:
+        ttfd = stream.time_to_first_delta or 0.0
+        print(f"[{stream.end.usage.get('deltas', 0)} deltas, first delta {ttfd * 1000:.1f} ms, "
+              f"total {(stream.total_time or 0) * 1000:.1f} ms]", file=sys.stderr)
 
 
 def source_checkout() -> Path | None:
@@ -268,7 +314,12 @@ def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
 
     chat = sub.add_parser("chat", help="stream a reply from a lowlat-mw server to the terminal")
     chat.add_argument("url", help="e.g. ws://127.0.0.1:8000/ws")
-    chat.add_argument("prompt")
+    chat.add_argument("prompt", nargs="?", default=None,
+                      help="what to send; '-' reads it from stdin; none: one prompt per line of stdin, "
+                           "interactively on a terminal")
+    chat.add_argument("--auth", default="", metavar="TOKEN", help="the Hello's auth token (the authenticate hook)")
+    chat.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                      help="an HTTP header for the handshake (repeatable), e.g. 'Authorization: Bearer x'")
     chat.add_argument("--mode", choices=("proto", "json"), default="proto")
     chat.add_argument("--model", default="")
     chat.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
@@ -284,7 +335,12 @@ def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
     if argv[:1] == ["bench"]:  # everything after it belongs to the benchmarks' own parser
         args = argparse.Namespace(func=_bench, rest=argv[1:])
     else:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if args.command == "chat" and args.prompt is None and len(extra) == 1 \
+                and (extra[0] == "-" or not extra[0].startswith("-")):
+            args.prompt = extra[0]  # the prompt after an option (argparse fills an optional positional early)
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args))
     except (SettingsError, ImportError, TypeError, ValueError) as exc:

@@ -230,3 +230,89 @@ def test_bench_runs_the_benchmarks_entry_point(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "source_checkout", lambda: None)  # an installed package (a wheel)
     assert main(["bench", "--list"]) == 2
     assert "source checkout" in capsys.readouterr().err
+
+
+def _chat(port: int, *args: str, stdin: str = "", timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_cli(), "chat", f"ws://127.0.0.1:{port}/ws", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _opened(port: int) -> float:
+    """lowlat_connections_opened_total of the server, summed over its labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("lowlat_connections_opened_total"))
+
+
+def test_chat_reads_the_prompt_from_stdin_with_a_dash(cli_server):
+    port, _, _ = cli_server
+    result = _chat(port, "-", stdin="hello from\nstdin\n")
+    assert result.returncode == 0, result.stderr
+    assert "You said: 'hello from\\nstdin\\n'" in result.stdout, result.stdout  # (the demo quotes it with repr)
+
+
+def test_chat_without_a_prompt_sends_each_line_on_one_connection(cli_server):
+    port, _, _ = cli_server
+    before = _opened(port)
+    result = _chat(port, stdin="one\n\ntwo\n")
+    assert result.returncode == 0, result.stderr
+    replies = result.stdout.splitlines()
+    assert len(replies) == 2 and "You said: 'one'" in replies[0] and "You said: 'two'" in replies[1], result.stdout
+    assert "> " not in result.stderr  # (stdin is not a terminal: no prompt shown)
+    assert _opened(port) - before == 1
+
+
+def test_chat_bad_header_is_a_usage_error(cli_server):
+    port, _, _ = cli_server
+    result = _chat(port, "--header", "no colon here", "hi")
+    assert result.returncode == 2
+    assert "--header 'no colon here': expected 'Name: value'" in result.stderr
+
+
+def test_chat_sends_auth_and_headers(tmp_path):
+    (tmp_path / "whoami.py").write_text(
+        "def model(req):\n"
+        "    return f\"{req.session.principal}|{req.session.headers.get('x-tag')}\"\n\n"
+        "def authenticate(handshake):\n"
+        "    if handshake.bearer != 'sesame':\n"
+        "        raise PermissionError('bad token')\n"
+        "    return 'alice'\n")
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*_cli(), "serve", "whoami:model", "--app-dir", str(tmp_path), "--set", "authenticate=whoami:authenticate",
+             "--port", str(port), "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(proc, port, log)
+        result = _chat(port, "--auth", "sesame", "--header", "X-Tag: blue", "hi")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "alice|blue\n"
+        result = _chat(port, "--header", "Authorization: Bearer sesame", "hi")
+        assert result.stdout == "alice|None\n", result.stderr
+        result = _chat(port, "--auth", "wrong", "--retries", "0", "hi")
+        assert result.returncode == 1 and "lowlat-mw chat:" in result.stderr, result.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_chat_is_interactive_on_a_terminal(cli_server):
+    """stdin a terminal: a '> ' prompt on stderr before each line, replies on stdout, Ctrl-D ends."""
+    import os
+    import pty
+
+    port, _, _ = cli_server
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen([*_cli(), "chat", f"ws://127.0.0.1:{port}/ws"], stdin=terminal,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        os.write(controller, b"first\nsecond\n\x04")  # two lines, then Ctrl-D at the prompt
+        out, err = proc.communicate(timeout=30)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert proc.returncode == 0, err
+    assert out.count("You said:") == 2 and "'first'" in out and "'second'" in out, out
+    assert err.count("> ") == 3, err  # before each line and before the Ctrl-D

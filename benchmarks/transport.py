@@ -233,7 +233,7 @@ class _Endpoint:
             parts.append(chunk)  # type: ignore[arg-type]
         end = time.perf_counter()
         self._check("".join(parts), end)
-        self.server_first_delta_ms = stream.timings.server_first_delta_ms or 0.0
+        self.server_first_delta_ms = (stream.timings.server_first_delta or 0.0) * 1000
         return first - start, end - start
 
     def _check(self, text: str, end: float) -> None:

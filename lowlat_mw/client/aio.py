@@ -19,6 +19,7 @@ import itertools
 import math
 import ssl as ssl_module
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,28 +55,53 @@ __all__ = ["AsyncClient", "Stream", "StreamTimings", "connect"]
 
 @dataclass(frozen=True, slots=True)
 class StreamTimings:
-    """Where a stream's time went, as seen by both ends (milliseconds).
+    """Where a stream's time went, as seen by both ends, in seconds (as every time in the Python API:
+    ``ping()``, ``rtt``, ``time_to_first_delta``, the settings; only the wire's ``End.timings_ms`` is in ms).
 
     Client times run from sending the Request to the first Delta's / the End's arrival. Server
-    times come from End.timings_ms: ``server_total_ms`` runs from the Request frame's arrival to
-    the End, and ``server_stages_ms`` splits it into the stages of
-    :data:`lowlat_mw.observability.timing.STAGES` (they add up to it). ``network_ms`` is what the
+    times come from End.timings_ms: ``server_total`` runs from the Request frame's arrival to
+    the End, and ``server_stages`` splits it into the stages of
+    :data:`lowlat_mw.observability.timing.STAGES` (they add up to it). ``network`` is what the
     client saw beyond the server's total: the round trip plus both sides' framing.
     """
 
-    first_delta_ms: float | None
-    total_ms: float | None
-    server_first_delta_ms: float | None
-    server_total_ms: float | None
-    server_stages_ms: Mapping[str, float]
-    model_first_chunk_ms: float | None
+    first_delta: float | None
+    total: float | None
+    server_first_delta: float | None
+    server_total: float | None
+    server_stages: Mapping[str, float]
+    model_first_chunk: float | None
 
     @property
-    def network_ms(self) -> float | None:
+    def network(self) -> float | None:
         """Client total minus server total."""
-        if self.total_ms is None or self.server_total_ms is None:
+        if self.total is None or self.server_total is None:
             return None
-        return self.total_ms - self.server_total_ms
+        return self.total - self.server_total
+
+    # The millisecond names of 0.1.0, kept working (deprecated: the same times, in ms).
+    first_delta_ms = property(lambda self: _ms_of(self, "first_delta"))
+    total_ms = property(lambda self: _ms_of(self, "total"))
+    server_first_delta_ms = property(lambda self: _ms_of(self, "server_first_delta"))
+    server_total_ms = property(lambda self: _ms_of(self, "server_total"))
+    model_first_chunk_ms = property(lambda self: _ms_of(self, "model_first_chunk"))
+    network_ms = property(lambda self: _ms_of(self, "network"))
+
+    @property
+    def server_stages_ms(self) -> Mapping[str, float]:
+        _deprecated_ms("server_stages", 3)
+        return {k: v * 1000.0 for k, v in self.server_stages.items()}
+
+
+def _deprecated_ms(name: str, stacklevel: int) -> None:
+    warnings.warn(f"StreamTimings.{name}_ms is deprecated: use .{name} (seconds)", DeprecationWarning,
+                  stacklevel=stacklevel)
+
+
+def _ms_of(timings: StreamTimings, name: str) -> float | None:
+    _deprecated_ms(name, 4)  # (the caller of the property's lambda)
+    seconds = getattr(timings, name)
+    return None if seconds is None else seconds * 1000.0
 
 
 @dataclass(slots=True)
@@ -126,16 +152,12 @@ class Stream:
     @property
     def timings(self) -> StreamTimings:
         """Client-side and server-side timings of this stream (server ones once End arrived)."""
-        server = dict(self.end.timings_ms) if self.end is not None else {}
-
-        def ms(seconds: float | None) -> float | None:
-            return None if seconds is None else seconds * 1000.0
-
+        server = {k: v / 1000.0 for k, v in self.end.timings_ms.items()} if self.end is not None else {}
         return StreamTimings(
-            first_delta_ms=ms(self.time_to_first_delta), total_ms=ms(self.total_time),
-            server_first_delta_ms=server.get("first_delta"), server_total_ms=server.get("total"),
-            server_stages_ms={k: server[k] for k in STAGES if k in server},
-            model_first_chunk_ms=server.get("model_first_chunk"),
+            first_delta=self.time_to_first_delta, total=self.total_time,
+            server_first_delta=server.get("first_delta"), server_total=server.get("total"),
+            server_stages={k: server[k] for k in STAGES if k in server},
+            model_first_chunk=server.get("model_first_chunk"),
         )
 
     def _put(self, item: ev.Event | _Closed | BaseException) -> None:

@@ -309,11 +309,12 @@ async def _timed_round(url: str, mode: str) -> list[Sample]:
             gap = abs(stage_sum(timings_ms) - timings_ms["total"])
             assert gap <= STAGE_TOLERANCE_MS, timings_ms
             assert set(STAGES) <= set(timings_ms) and min(timings_ms[s] for s in STAGES) >= 0, timings_ms
-            assert t.server_total_ms == timings_ms["total"] and t.server_stages_ms == {s: timings_ms[s] for s in STAGES}
-            assert t.total_ms >= t.server_total_ms, t
-            assert t.first_delta_ms >= t.server_first_delta_ms, t
+            assert t.server_total == timings_ms["total"] / 1000 \
+                and t.server_stages == {s: timings_ms[s] / 1000 for s in STAGES}  # seconds, as ping()'s
+            assert t.total >= t.server_total, t
+            assert t.first_delta >= t.server_first_delta, t
             assert timings_ms["model"] >= DELTAS * (DELTA_DELAY - SLEEP_SLACK) * 1000, timings_ms  # its sleeps
-            samples.append(Sample(rtt * 1000, t.network_ms, t.total_ms, t.server_total_ms, gap))
+            samples.append(Sample(rtt * 1000, t.network * 1000, t.total * 1000, timings_ms["total"], gap))
     return samples
 
 

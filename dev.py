@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up and run lowlat-mw with nothing but Python 3.11+ and pip.
 
-    python3 dev.py demo   # create .venv, install, serve the demo model on http://127.0.0.1:8000
+    python3 dev.py demo   # create .venv, install what the demo needs, serve it on http://127.0.0.1:8000
     python3 dev.py test   # create .venv, install with test extras, run ruff and the whole test suite
 
 Extra arguments after the command go to `lowlat-mw serve` or pytest.
@@ -28,27 +28,44 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 
 
-def _run(*cmd: str | Path) -> None:
+def _run(*cmd: str | Path, quiet: bool = False) -> None:
+    """Run `cmd` from the checkout; `quiet`: its output shown only if it fails (pip's build backend prints
+    banners on success, e.g. setuptools' notes on editable installs)."""
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
+    if not quiet:
+        subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
+        return
+    result = subprocess.run([str(c) for c in cmd], cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout + result.stderr)
+        raise subprocess.CalledProcessError(result.returncode, cmd)
+
+
+# What each command installs: the demo only what `lowlat-mw serve` needs (uvicorn, Starlette), the tests
+# everything. The test set includes the demo's, so `test` then `demo` installs once.
+EXTRAS = {"demo": "starlette", "test": "test"}
+COVERS = {"starlette": ("starlette", "test"), "test": ("test",)}
+
+
+def _stamp(extras: str) -> Path:
+    return VENV / f".lowlat-installed-{extras}"
 
 
 def setup(extras: str) -> None:
     """Create the venv and install the package editable with `extras` (skipped when up to date)."""
     if sys.version_info < (3, 11):  # noqa: UP036 - dev.py itself runs on any python3
         sys.exit(f"lowlat-mw needs Python 3.11 or newer; this is {sys.version.split()[0]}")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
-    stamp = VENV / ".lowlat-installed"
-    if stamp.exists() and stamp.read_text() == digest:
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if any(_stamp(e).exists() and _stamp(e).read_text() == digest for e in COVERS[extras]):
         return
     if not PY.exists():
         print(f"+ creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    _run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    _run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip", quiet=True)
     # pip byte-compiles what it installs: keep it (with PYTHONDONTWRITEBYTECODE set, as on our CI
     # machines, --no-compile made every server process compile its imports again: tests +107 s).
-    _run(PY, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
-    stamp.write_text(digest)
+    _run(PY, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]", quiet=True)
+    _stamp(extras).write_text(digest)
 
 
 def ensure_chromium() -> None:
@@ -92,7 +109,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
-    setup("test")  # one environment for both commands, so `demo` then `test` installs once
+    setup(EXTRAS.get(command, "test"))
     if command == "demo":
         args = rest or ["--host", "127.0.0.1", "--port", os.environ.get("PORT", "8000")]
         os.execv(BIN / "lowlat-mw", [str(BIN / "lowlat-mw"), "serve", *args])

@@ -80,10 +80,14 @@ function refreshNumbers() {
   const tps = s.deltasPerSecond;
   ui.tps.textContent = tps === null ? "\u2013" : tps.toFixed(tps < 100 ? 1 : 0);
   const raw = s.end && s.end.usage && s.end.usage.output_bytes !== undefined ? s.end.usage.output_bytes : s.rawBytes;
-  ui.bytes.textContent = raw ? `${fmtBytes(s.wireBytes)} / ${fmtBytes(raw)}` : "\u2013";
-  if (raw) {
+  ui.bytes.textContent = raw ? `${fmtBytes(s.wireBytes)} for ${fmtBytes(raw)} of text` : "\u2013";
+  if (raw && s.deltas) {
+    // Per token, not a ratio: one-word tokens make any framing look like a large multiple of the text.
     const note = document.createElement("small");
-    note.textContent = ` \u00d7${(s.wireBytes / raw).toFixed(2)}`;
+    note.textContent = ` (${s.deltas} tokens, ${Math.round((s.wireBytes - raw) / s.deltas)} B framing each)`;
+    note.title = "Each token travels as its own message: a WebSocket frame header, the stream id and a sequence "
+      + "number (for resume after a dropped connection), plus the stream's End. With one-word tokens that is more "
+      + "than the text itself; compression only pays off on larger messages.";
     ui.bytes.append(note);
   }
 }

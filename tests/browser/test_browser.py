@@ -9,6 +9,7 @@ screenshot.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -107,7 +108,9 @@ def test_demo_page_streams_a_reply(page, demo_server, mode, tmp_path):
     wait_until(lambda: re.fullmatch(r"[\d.]+ ms", text_of(page, "rtt")), what="a heartbeat RTT")
     assert stream["raw"] == len(expected.encode())
     assert stream["wire"] > stream["raw"]
-    assert re.match(rf"{stream['wire']} B / {stream['raw']} B", text_of(page, "bytes")), text_of(page, "bytes")
+    per_token = math.floor((stream["wire"] - stream["raw"]) / len(stream["seqs"]) + 0.5)  # (JS Math.round)
+    assert text_of(page, "bytes") == (f"{stream['wire']} B for {stream['raw']} B of text "
+                                      f"({len(stream['seqs'])} tokens, {per_token} B framing each)")
     client = js(page, "const c = window.lowlatDemo.client; return {mode: c.mode, sub: c.codec.subprotocol}")
     assert client == {"mode": mode, "sub": f"lowlat.v1.{mode}"}
 

@@ -58,7 +58,7 @@ def code_text() -> str:
 
 def _slice(text: str, size: int, rnd: random.Random, boundary: str) -> str:
     """About `size` UTF-8 bytes of `text` from a random `boundary` onwards (wrapping around)."""
-    start = rnd.randrange(len(text))
+    start = _position(rnd, len(text))
     found = text.find(boundary, start)
     start = found + len(boundary) if found >= 0 else 0
     out = text[start:start + size]
@@ -68,6 +68,13 @@ def _slice(text: str, size: int, rnd: random.Random, boundary: str) -> str:
     while len(out.encode("utf-8")) > size:  # non-ASCII: trim to the byte budget
         out = out[:-1]
     return out
+
+
+def _position(rnd: random.Random, n: int) -> int:
+    """A random index below `n` that takes the same 64 bits from `rnd` whatever `n` is (randrange's rejection
+    sampling takes more or fewer): the corpus's shape (sizes, classes, order) then stays the same when the docs
+    or the code it samples change length, only its text changes."""
+    return random.Random(rnd.getrandbits(64)).randrange(n)
 
 
 def prose(size: int, rnd: random.Random) -> str:
@@ -97,7 +104,7 @@ def _token_pool() -> tuple[str, ...]:
 def tokens(n: int, rnd: random.Random, non_ascii: float = 0.05) -> list[str]:
     """`n` consecutive model tokens (1-8 characters), a fraction `non_ascii` of them non-ASCII."""
     pool = _token_pool()
-    start = rnd.randrange(len(pool) - n) if n < len(pool) else 0
+    start = _position(rnd, len(pool) - n) if n < len(pool) else 0
     out = [pool[(start + i) % len(pool)] for i in range(n)]
     return [rnd.choice(NON_ASCII_TOKENS) if rnd.random() < non_ascii else t for t in out]
 

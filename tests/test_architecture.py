@@ -30,7 +30,7 @@ LAYERS = {
     "lowlat_mw.demo": 3, "lowlat_mw.docs": 3,
     "lowlat_mw.drivers": 4,
     "lowlat_mw.client": 5, "lowlat_mw.testing": 5,
-    "lowlat_mw.servers": 6,
+    "lowlat_mw.servers": 6, "lowlat_mw.testing.pytest_plugin": 6,
     "lowlat_mw.adapters": 7,
     "lowlat_mw": 8,  # the package itself: the public API, re-exported
 }

@@ -523,8 +523,9 @@ class AsyncClient:
             await asyncio.sleep(self.backoff.delay(attempt))
             attempt += 1
 
-    async def _connect_once(self, resume: bool = False) -> None:
-        ws = await ws_connect(
+    async def _open_ws(self) -> ClientConnection:
+        """The WebSocket to the server, opened (lowlat_mw.testing's in-process client opens one to an ASGI app)."""
+        return await ws_connect(
             self.url,
             subprotocols=[self.subprotocol],  # type: ignore[list-item]
             additional_headers=self.headers or None,
@@ -535,6 +536,9 @@ class AsyncClient:
             create_connection=_Connection,
             **({"ssl": self.ssl} if self.ssl is not None else {}),  # websockets refuses ssl= for ws://
         )
+
+    async def _connect_once(self, resume: bool = False) -> None:
+        ws = await self._open_ws()
         proto = self.protocol
         try:
             if ws.subprotocol != self.subprotocol and not (self.mode == "json" and ws.subprotocol is None):

@@ -1,5 +1,10 @@
-"""Test helpers for lowlat-mw users and our own suites: a fault-injecting TCP proxy, a logged subprocess,
-and the two protocol machines joined in memory (``ConnectionPair``, :mod:`lowlat_mw.testing.pair`).
+"""Test helpers for lowlat-mw users and our own suites: an in-process client for an ASGI app (``AppClient``,
+:mod:`lowlat_mw.testing.inprocess`), pytest fixtures that serve a user's app on a loopback port
+(:mod:`lowlat_mw.testing.pytest_plugin`), a fault-injecting TCP proxy, a logged subprocess, and the two protocol
+machines joined in memory (``ConnectionPair``, :mod:`lowlat_mw.testing.pair`).
+
+    async with AppClient(app) as client:         # no socket: ASGI messages in this event loop
+        assert await client.complete("hello") == "..."
 
     with FaultProxy(("127.0.0.1", server_port)) as proxy:
         url = f"ws://127.0.0.1:{proxy.port}/ws"
@@ -17,8 +22,9 @@ the base and the standard library.
 
 from __future__ import annotations
 
+from .inprocess import AppClient, LifespanFailed
 from .pair import ConnectionPair
 from .process import LoggedProcess
 from .proxy import FaultProxy
 
-__all__ = ["ConnectionPair", "FaultProxy", "LoggedProcess"]
+__all__ = ["AppClient", "ConnectionPair", "FaultProxy", "LifespanFailed", "LoggedProcess"]

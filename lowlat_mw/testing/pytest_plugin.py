@@ -1,0 +1,149 @@
+"""pytest fixtures that serve a user's app on a free loopback port and hand them a connected client.
+
+Loaded automatically where lowlat-mw is installed (the ``pytest11`` entry point). Define a ``lowlat_app`` fixture
+returning your app, then ask for ``lowlat_server`` or ``lowlat_client``::
+
+    import pytest
+    from myapp import app
+
+    @pytest.fixture
+    def lowlat_app():
+        return app                                  # FastAPI/Starlette, a Channels router, or a Flask app
+
+    def test_reply(lowlat_client):                   # a SyncClient, connected to ws://127.0.0.1:<port>/ws
+        assert lowlat_client.complete("hello") == "..."
+
+    async def test_async(lowlat_server):             # with pytest-asyncio or anyio
+        async with lowlat_mw.connect(lowlat_server.url) as client:
+            ...
+
+ASGI apps run in uvicorn with lowlat-mw's HTTP and WebSocket protocols (what ``lowlat-mw serve`` runs), Flask
+apps in werkzeug's threaded server (what ``flask run`` runs), each in a thread of the test process, stopped
+after the test. ``lowlat_path`` (default ``/ws``) names the WebSocket path. For no socket at all, see
+:class:`lowlat_mw.testing.AppClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+__all__ = ["RunningServer", "lowlat_app", "lowlat_client", "lowlat_path", "lowlat_server"]
+
+START_TIMEOUT = 30.0  # seconds for a server to listen (generous: a loaded machine)
+
+
+class RunningServer:
+    """A user's app served from a thread of this process on 127.0.0.1:`port` (:meth:`stop` ends it)."""
+
+    def __init__(self, app: Any, path: str = "/ws") -> None:
+        self.app = app
+        self.path = path
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))  # bound here and handed over: no race for a "free" port
+        self.port: int = self._sock.getsockname()[1]
+        self.error: BaseException | None = None
+        self._stop: Any = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"lowlat-mw-test-server-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The WebSocket URL of the app's lowlat-mw endpoint."""
+        return f"ws://127.0.0.1:{self.port}{self.path}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> RunningServer:
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT) or self.error is not None:
+            self.stop()
+            raise RuntimeError(f"the app did not start serving on port {self.port}") from self.error
+        return self
+
+    def _serve(self) -> None:
+        try:
+            if hasattr(self.app, "wsgi_app"):  # Flask
+                self._serve_wsgi()
+            else:
+                asyncio.run(self._serve_asgi())
+        except BaseException as exc:  # reported by start() (or at stop)
+            self.error = exc
+            self._ready.set()
+
+    def _serve_wsgi(self) -> None:
+        from werkzeug.serving import make_server
+
+        self._sock.listen(128)
+        server = make_server("127.0.0.1", self.port, self.app, threaded=True, fd=self._sock.fileno())
+        self._stop = server.shutdown
+        self._ready.set()
+        server.serve_forever(poll_interval=0.1)
+
+    async def _serve_asgi(self) -> None:
+        import uvicorn
+
+        from ..servers.serving import uvicorn_options
+
+        options = uvicorn_options()
+        config = uvicorn.Config(self.app, lifespan="auto", log_level="warning", ws=options["ws"],
+                                http=options["http"], ws_max_size=options["ws_max_size"], ws_ping_interval=None,
+                                ws_per_message_deflate=False)
+        server = uvicorn.Server(config)
+        loop = asyncio.get_running_loop()
+        self._stop = lambda: loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+        task = loop.create_task(server.serve(sockets=[self._sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if task.done() and not server.started:
+            task.result()  # (raises what stopped it)
+            raise RuntimeError("the app's lifespan start-up failed (see the log above)")
+        self._ready.set()
+        await task
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread (bounded)."""
+        if self._stop is not None:
+            self._stop()
+        self._thread.join(START_TIMEOUT)
+        self._sock.close()
+
+
+@pytest.fixture
+def lowlat_app() -> Any:
+    """Your app: override this fixture (in your conftest.py or test module) to return it."""
+    raise pytest.UsageError("define a `lowlat_app` fixture that returns your app (ASGI, a Channels router or Flask) "
+                            "to use lowlat_server / lowlat_client")
+
+
+@pytest.fixture
+def lowlat_path() -> str:
+    """The WebSocket path of your app's lowlat-mw endpoint: override it if it is not /ws."""
+    return "/ws"
+
+
+@pytest.fixture
+def lowlat_server(lowlat_app: Any, lowlat_path: str) -> Iterator[RunningServer]:
+    """`lowlat_app` served on a free loopback port for this test (``.url``, ``.port``, ``.http_url``)."""
+    server = RunningServer(lowlat_app, lowlat_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def lowlat_client(lowlat_server: RunningServer) -> Iterator[Any]:
+    """A :class:`~lowlat_mw.client.SyncClient` connected to `lowlat_server` (closed after the test)."""
+    from ..client import connect_sync
+
+    with connect_sync(lowlat_server.url) as client:
+        yield client

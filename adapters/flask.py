@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response, current_app, request, session
 from simple_websocket import ConnectionClosed, Server
 from wsproto.events import BytesMessage, CloseConnection, TextMessage
 
@@ -128,9 +128,14 @@ class LowLat:
                 pass
             ws.event.set()  # wake receive() so the reading loop sees the close at once
 
+        facts = facts_from_environ(env, request.path)
+        facts["extra"]["flask_session"] = dict(session)  # (a copy: the request's session ends with the handshake)
+        user = _login_user()
+        if user is not None:
+            facts["user"] = user
         try:
             driver = ThreadDriver(endpoint, send=ws.send, close=close, subprotocol=subprotocol, address=address,
-                                  **facts_from_environ(env, request.path))
+                                  **facts)
         except BaseException:
             endpoint.release(address)
             raise
@@ -147,6 +152,16 @@ class LowLat:
             driver.disconnected(code)
             _finish(ws)
         return _websocket_response(ws)
+
+
+def _login_user() -> Any:
+    """Flask-Login's ``current_user`` of the handshake request (its user object, anonymous included), where the
+    app uses Flask-Login; else None (then ``REMOTE_USER``, as a WSGI server sets it, is the user)."""
+    if getattr(current_app, "login_manager", None) is None:
+        return None
+    from flask_login import current_user
+
+    return current_user._get_current_object()  # type: ignore[attr-defined]
 
 
 class _Server(Server):

@@ -3,6 +3,12 @@
     app.add_middleware(LowLatMiddleware, model=generate, path="/ws", metrics_path="/metrics")
     # or: Route form
     app = Starlette(routes=[lowlat_route("/ws", generate)])
+    # or: your own WebSocket route (FastAPI resolves its dependencies first: Depends for auth)
+    lowlat = LowLatEndpoint(model=generate)
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket, user: User = Depends(current_user)):
+        await lowlat.serve_websocket(websocket, user=user)
 
 Every scope that is not a WebSocket at `path` (or, with ``metrics_path`` set, an HTTP request for
 it: a Prometheus scrape; with ``client_path`` set, an HTTP request for one of the browser client's
@@ -18,12 +24,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp
+from starlette.websockets import WebSocket
 
 from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.model import ModelSpec
 from lowlat_mw.settings import Settings
 
-__all__ = ["LowLatMiddleware", "lowlat_route", "metrics_route"]
+__all__ = ["LowLatEndpoint", "LowLatMiddleware", "lowlat_route", "metrics_route"]
 
 
 class LowLatMiddleware(LowLatASGI):
@@ -35,6 +42,24 @@ class LowLatMiddleware(LowLatASGI):
     ) -> None:
         """`registry`: prometheus_client CollectorRegistry for the metrics (default: the global one)."""
         super().__init__(model, app=app, settings=settings, registry=registry, **options)
+
+
+class LowLatEndpoint(LowLatASGI):
+    """The endpoint for a WebSocket route of your own (settings as keyword arguments, or ``settings=``), so that
+    the framework does what it does for its routes first: FastAPI resolves the route's dependencies (``Depends``:
+    authentication, a database session...) and refuses the handshake when one raises ``WebSocketException``."""
+
+    def __init__(self, *, model: ModelSpec, settings: Settings | None = None, registry: Any = None,
+                 **options: Any) -> None:
+        super().__init__(model, settings=settings, registry=registry, **options)
+
+    async def serve_websocket(self, websocket: WebSocket, *, user: Any = None) -> None:
+        """Serve `websocket` (not accepted yet) until it closes; `user` (e.g. what a dependency returned) is what
+        models see as ``req.session.user`` and the ``authenticate`` hook as ``handshake.user`` (default: the
+        scope's ``user``, set by Starlette's AuthenticationMiddleware)."""
+        if user is not None:
+            websocket.scope["user"] = user
+        await self.serve(websocket.scope, websocket.receive, websocket.send)
 
 
 def lowlat_route(

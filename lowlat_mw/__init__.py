@@ -28,6 +28,7 @@ from .errors import (
 from .model import ModelRequest, SessionInfo
 from .observability.metrics import Metrics
 from .observability.timing import STAGES
+from .protocol.events import Delta, End
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "ClientError",
     "CloseCode",
     "ConnectionClosed",
+    "Delta",
+    "End",
     "ErrorCode",
     "LocalProtocolError",
     "LowLatError",

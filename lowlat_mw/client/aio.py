@@ -15,16 +15,17 @@ default (``mode="json"`` for text frames). Streams cut by a drop that cannot be 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import math
 import ssl as ssl_module
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -173,8 +174,24 @@ class Stream:
         return self
 
     async def __anext__(self) -> str | bytes:
+        item = await self._next()
+        if type(item) is ev.Delta:
+            return item.chunk
+        raise StopAsyncIteration
+
+    async def events(self) -> AsyncIterator[ev.Delta | ev.End]:
+        """The stream as typed events: each :class:`~lowlat_mw.Delta` (``seq``, ``text`` or ``data``), then the
+        :class:`~lowlat_mw.End` (``finish_reason``, ``usage``, ``timings_ms``); errors raise as when iterating
+        the chunks. ``async for event in client.stream("hi").events(): ...``"""
+        while (item := await self._next()) is not None:
+            yield item
+            if type(item) is ev.End:
+                return
+
+    async def _next(self) -> ev.Delta | ev.End | None:
+        """The next Delta, else the End (once; None after it), or raise the error that ended the stream."""
         if self._done:
-            raise StopAsyncIteration
+            return None
         client = self._client
         if not self._sent:
             await client._start(self)
@@ -189,7 +206,7 @@ class Stream:
                 ack = client.protocol.consumed(self.state, item)  # (client._consumed: no coroutine per Delta)
                 if ack is not None:
                     await client._send_ack(ack)
-                return item.chunk
+                return item
             if isinstance(item, ev.Error):
                 # The machine says whether it means "send the Request again": the server never saw it
                 # (lost in a drop; the resend can be lost in another drop too), or it was draining.
@@ -207,7 +224,7 @@ class Stream:
         if isinstance(item, ev.End):
             self.end = item
             await client._consumed(self, item)
-            raise StopAsyncIteration
+            return item
         if isinstance(item, ev.Error):
             await client._consumed(self, item)
             cls = ResumeFailed if item.code is ErrorCode.RESUME_FAILED else StreamError
@@ -341,7 +358,7 @@ class AsyncClient:
         self,
         url: str,
         *,
-        mode: str = "proto",
+        mode: Literal["proto", "json"] = "proto",
         compression: Sequence[str] | None = None,
         backoff: Backoff | None = None,
         open_timeout: float = 10.0,
@@ -761,6 +778,22 @@ class AsyncClient:
                     raise
 
 
-def connect(url: str, **kwargs: Any) -> AsyncClient:
-    """An :class:`AsyncClient` for `url`; use ``async with connect(url) as client``."""
-    return AsyncClient(url, **kwargs)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def parameters_of(cls: Callable[_P, Any]) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
+    """Give the decorated function `cls`'s parameters, for type checkers (a ParamSpec) and for ``help()`` and
+    editors (its ``__signature__``): ``connect(url, *, mode=..., backoff=...)`` is checked like the class itself."""
+    def decorate(function: Callable[..., _R]) -> Callable[_P, _R]:
+        signature = inspect.signature(cls)
+        function.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            return_annotation=inspect.signature(function).return_annotation)
+        return function
+    return decorate
+
+
+@parameters_of(AsyncClient)
+def connect(url: str, **options: Any) -> AsyncClient:
+    """An :class:`AsyncClient` for `url` (its keyword options); use ``async with connect(url) as client``."""
+    return AsyncClient(url, **options)

@@ -13,7 +13,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .aio import AsyncClient, Stream
+from ..protocol.events import Delta, End
+from .aio import AsyncClient, Stream, parameters_of
 
 __all__ = ["SyncClient", "connect_sync"]
 
@@ -80,11 +81,31 @@ class SyncClient:
             if not stream._done:
                 self._call_soon(stream.aclose(), timeout=10)
 
+    def events(self, text: str | None = None, **kwargs: Any) -> Iterator[Delta | End]:
+        """Start a request and yield its typed events as they arrive: each Delta, then the End
+        (:meth:`Stream.events <lowlat_mw.client.aio.Stream.events>`)."""
+        stream = self._client.stream(text, **kwargs)
+        events = stream.events()
+        try:
+            while True:
+                try:
+                    event = self._call_soon(events.__anext__())
+                except StopAsyncIteration:
+                    self.last_stream = stream
+                    return
+                yield event
+        finally:
+            self._call_soon(events.aclose(), timeout=10)
+            if not stream._done:
+                self._call_soon(stream.aclose(), timeout=10)
+
     def complete(self, text: str | None = None, **kwargs: Any) -> str:
         """Run a request and return the whole reply as text."""
         return "".join(c if isinstance(c, str) else c.decode() for c in self.stream(text, **kwargs))
 
 
-def connect_sync(url: str, **kwargs: Any) -> SyncClient:
-    """A :class:`SyncClient` for `url`; use ``with connect_sync(url) as client``."""
-    return SyncClient(url, **kwargs)
+@parameters_of(AsyncClient)
+def connect_sync(url: str, **options: Any) -> SyncClient:
+    """A :class:`SyncClient` for `url` (the same keyword options as :func:`~lowlat_mw.client.connect`); use
+    ``with connect_sync(url) as client``."""
+    return SyncClient(url, **options)

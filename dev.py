@@ -104,6 +104,40 @@ def ensure_chromium() -> None:
     print(f"+ chromium and chromium-driver installed in {time.monotonic() - start:.0f} s", flush=True)
 
 
+NODE_TESTS = ROOT / "tests" / "node"
+
+
+def ensure_node_packages() -> None:
+    """npm install tests/node's packages (AsyncAPI schemas, TypeScript, ws) when missing or changed; with no npm,
+    Debian's nodejs and npm first (root with apt-get only). Without them the tests that need them are skipped."""
+    skip = "the AsyncAPI-schema and npm-package tests will be skipped"
+    if os.environ.get("SKIP_NODE_INSTALL"):
+        print(f"+ SKIP_NODE_INSTALL is set: {skip}", flush=True)
+        return
+    npm = shutil.which("npm")
+    apt = shutil.which("apt-get")
+    if npm is None and apt is not None and hasattr(os, "geteuid") and os.geteuid() == 0:
+        print("+ apt-get install nodejs npm   (Debian's Node.js, for tests/node)", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run([apt, "install", "-y", "-qq", "--no-install-recommends", "nodejs", "npm"], env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=900)
+        npm = shutil.which("npm")
+    if npm is None:
+        print(f"+ npm is not installed and installing it needs root and apt-get: {skip}", flush=True)
+        return
+    digest = hashlib.sha256((NODE_TESTS / "package.json").read_bytes()).hexdigest()
+    stamp = NODE_TESTS / "node_modules" / ".lowlat-installed"
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    cmd = [npm, "install", "--no-audit", "--no-fund", "--no-package-lock", "--loglevel=error"]
+    print("+ (tests/node) " + " ".join(["npm", *cmd[1:]]), flush=True)
+    result = subprocess.run(cmd, cwd=NODE_TESTS, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        print(f"+ npm install failed (exit {result.returncode}): {skip}\n{result.stdout}{result.stderr}", flush=True)
+        return
+    stamp.write_text(digest)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "setup"):
         print(__doc__)
@@ -115,6 +149,7 @@ def main(argv: list[str]) -> int:
         os.execv(BIN / "lowlat-mw", [str(BIN / "lowlat-mw"), "serve", *args])
     if command == "test":
         ensure_chromium()
+        ensure_node_packages()
         _run(BIN / "ruff", "check", ".")
         result = subprocess.run([str(PY), "-m", "pytest", *(rest or ["-q"])], cwd=ROOT)
         return result.returncode

@@ -21,6 +21,7 @@ from simple_websocket import ConnectionClosed, Server
 from wsproto.events import BytesMessage, CloseConnection, TextMessage
 
 from lowlat_mw import static_files as static
+from lowlat_mw.asyncapi import asyncapi_json
 from lowlat_mw.drivers.threads import ThreadDriver, facts_from_environ
 from lowlat_mw.endpoint import Endpoint, Refuse, settings_from_config
 from lowlat_mw.model import ModelSpec
@@ -60,6 +61,8 @@ class LowLat:
         app.add_url_rule(settings.path, "lowlat_mw", self._view, websocket=True)
         if settings.metrics_path:
             app.add_url_rule(settings.metrics_path, "lowlat_mw_metrics", self._metrics_view)
+        if settings.asyncapi_path:
+            app.add_url_rule(settings.asyncapi_path, "lowlat_mw_asyncapi", self._asyncapi_view)
         if settings.client_path:  # the browser client and demo page (docs/browser.md)
             prefix = settings.client_path.rstrip("/")
             app.add_url_rule(prefix + "/", "lowlat_mw_client_demo", self._client_view, methods=["GET", "HEAD"])
@@ -70,6 +73,11 @@ class LowLat:
         # werkzeug leaves the body out of HEAD responses itself
         answer = static.respond(found, "GET", request.headers.get("If-None-Match"))
         return Response(answer.body, status=answer.status, headers=list(answer.headers))
+
+    def _asyncapi_view(self) -> Response:
+        scheme = "wss" if request.scheme == "https" else "ws"
+        body = asyncapi_json(self.settings, f"{scheme}://{request.host}")
+        return Response(body, mimetype="application/json", headers={"Access-Control-Allow-Origin": "*"})
 
     def _metrics_view(self) -> Response:
         metrics = self.endpoint.metrics if self.endpoint is not None else None

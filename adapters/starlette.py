@@ -30,7 +30,7 @@ from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.model import ModelSpec
 from lowlat_mw.settings import Settings
 
-__all__ = ["LowLatEndpoint", "LowLatMiddleware", "lowlat_route", "metrics_route"]
+__all__ = ["LowLatEndpoint", "LowLatMiddleware", "document_websocket", "lowlat_route", "metrics_route"]
 
 
 class LowLatMiddleware(LowLatASGI):
@@ -79,3 +79,23 @@ def metrics_route(path: str = "/metrics", registry: Any = None) -> Route:
         return Response(generate_latest(source), media_type=CONTENT_TYPE_LATEST)
 
     return Route(path, scrape, methods=["GET"])
+
+
+def document_websocket(app: Any, path: str = "/ws", asyncapi_path: str | None = "/asyncapi.json", *,
+                       tags: tuple[str, ...] = ("lowlat-mw",)) -> None:
+    """Show the lowlat-mw WebSocket in a FastAPI app's OpenAPI page (``/docs``), which lists HTTP routes only: a
+    ``GET`` route at `path`, documented as the WebSocket upgrade with a link to the AsyncAPI document at
+    `asyncapi_path` (the ``asyncapi_path`` setting serves it). A plain HTTP ``GET`` there answers 426."""
+    link = f" Its messages: the AsyncAPI 3.0 document at [{asyncapi_path}]({asyncapi_path})." if asyncapi_path else ""
+
+    async def websocket_upgrade() -> Response:
+        return Response("WebSocket endpoint (lowlat-mw): connect with a WebSocket client\n", status_code=426,
+                        headers={"Upgrade": "websocket"}, media_type="text/plain")
+
+    app.add_api_route(
+        path, websocket_upgrade, methods=["GET"], tags=list(tags), response_class=Response,
+        summary="lowlat-mw WebSocket (upgrade)",
+        description=("Open a WebSocket here (subprotocol `lowlat.v1.json` or `lowlat.v1.proto`): one handshake, "
+                     "then many streamed requests on one connection." + link),
+        responses={101: {"description": "Switching Protocols: the WebSocket is open"},
+                   426: {"description": "Upgrade Required: this path speaks WebSocket only"}})

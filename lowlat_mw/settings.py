@@ -101,6 +101,9 @@ class Settings:
     client_path: str = ""
     """HTTP path prefix where the Starlette middleware and Flask extension serve the browser client
     (lowlat.js) and the demo page, e.g. "/lowlat" ("" = don't serve; docs/browser.md)."""
+    asyncapi_path: str = ""
+    """HTTP path where the Starlette middleware and Flask extension serve the endpoint's AsyncAPI 3.0 document
+    (JSON), e.g. "/asyncapi.json" ("" = don't serve; docs/protocol.md)."""
     stage_timings: bool = True
     """Send each stream's per-stage server timings in End.timings_ms (docs/observability.md)."""
     delta_timing: bool = False
@@ -170,6 +173,10 @@ class Settings:
         if self.metrics_path and (not self.metrics_path.startswith("/") or self.metrics_path == self.path):
             raise SettingsError(f"setting 'metrics_path' must start with '/' and differ from 'path', "
                                 f"got {self.metrics_path!r}")
+        if self.asyncapi_path and (not self.asyncapi_path.startswith("/") or self.asyncapi_path in (
+                self.path, self.metrics_path)):
+            raise SettingsError(f"setting 'asyncapi_path' must start with '/' and differ from 'path' and "
+                                f"'metrics_path', got {self.asyncapi_path!r}")
         if self.client_path and (not self.client_path.startswith("/") or self.client_path.rstrip("/") in (
                 "", self.path, self.metrics_path)):
             raise SettingsError(f"setting 'client_path' must start with '/', not be '/' and differ from 'path' and "

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .. import static_files as static
+from ..asyncapi import asyncapi_json
 from ..endpoint import Endpoint, Refuse
 from ..errors import CloseCode
 from ..model import ModelSpec
@@ -76,6 +77,9 @@ class LowLatASGI:
             if settings.metrics_path and scope["path"] == settings.metrics_path:
                 await self.serve_metrics(scope, receive, send)
                 return
+            if settings.asyncapi_path and scope["path"] == settings.asyncapi_path:
+                await self.serve_asyncapi(scope, send)
+                return
             if settings.client_path and (response := static.asgi_respond(scope, settings)) is not None:
                 await static.send_asgi(response, send)
                 return
@@ -107,6 +111,16 @@ class LowLatASGI:
             return
         await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"lowlat-mw cannot start: see the server's log\n"})
+
+    async def serve_asyncapi(self, scope: Scope, send: Send) -> None:
+        """Answer an HTTP request with the endpoint's AsyncAPI document (JSON), its server the request's host."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or ()}
+        scheme = "wss" if scope.get("scheme") == "https" else "ws"
+        host = headers.get("host")
+        body = asyncapi_json(self.endpoint.settings, f"{scheme}://{host}" if host else None)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"access-control-allow-origin", b"*")]})
+        await send({"type": "http.response.body", "body": body})
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket scope: admission, then the connection until the socket is gone."""

@@ -31,6 +31,7 @@ _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 (subprotocols <code>lowlat.v1.proto</code>, <code>lowlat.v1.json</code>).</p>
 <p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>{metrics}"""
 DEFAULT_METRICS_PATH = "/metrics"
+DEFAULT_ASYNCAPI_PATH = "/asyncapi.json"
 DEFAULT_CLIENT_PATH = "/lowlat"
 SERVE_GC_THRESHOLD = 10_000  # allocations between young collections under `serve` (Settings.gc_threshold)
 
@@ -64,6 +65,9 @@ def build_app(model: Any = None, **options: Any) -> Any:
     if settings.metrics and settings.metrics_path:
         mp = settings.metrics_path
         metrics = f'\n<p>Prometheus metrics: <a href="{mp}"><code>{mp}</code></a></p>'
+    if settings.asyncapi_path:
+        ap = settings.asyncapi_path
+        metrics += f'\n<p>AsyncAPI 3.0 document: <a href="{ap}"><code>{ap}</code></a></p>'
     text_page = _HOME_PAGE.format(path=settings.path, metrics=metrics).encode()
 
     async def home(scope: Any, receive: Any, send: Any) -> None:
@@ -135,6 +139,10 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
         options["gc_freeze"] = True  # the process is ours: its startup heap leaves the collector (Settings.gc_freeze)
     if "gc_threshold" not in options and f"{ENV_PREFIX}GC_THRESHOLD" not in os.environ:
         options["gc_threshold"] = SERVE_GC_THRESHOLD  # and a stream's objects die young (Settings.gc_threshold)
+    if "asyncapi_path" not in options and f"{ENV_PREFIX}ASYNCAPI_PATH" not in os.environ:
+        loaded = Settings.load(options)
+        if DEFAULT_ASYNCAPI_PATH not in (loaded.path, loaded.metrics_path):
+            options["asyncapi_path"] = DEFAULT_ASYNCAPI_PATH
     client_path = getattr(args, "client_path", None)
     if client_path is not None:
         options["client_path"] = client_path
@@ -167,6 +175,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"lowlat-mw demo page at http://{args.host}:{args.port}/", flush=True)
     if settings.metrics and settings.metrics_path:
         print(f"lowlat-mw metrics at http://{args.host}:{args.port}{settings.metrics_path}", flush=True)
+    if settings.asyncapi_path:
+        print(f"lowlat-mw AsyncAPI document at http://{args.host}:{args.port}{settings.asyncapi_path}", flush=True)
     stats = StatsPrinter(Metrics.for_registry(), args.stats_interval) if args.stats_interval else None
     if stats is not None:
         stats.start()

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from guide_support import guide_block  # noqa: F401 (the conformance tests import it from here)
+
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
 from lowlat_mw.settings import Settings
@@ -238,14 +240,6 @@ def running_server(name: str, framework: str, conformance_dir: Path, extra: Mapp
         srv.stop()
         if died is not None:
             pytest.fail(f"{srv.name} died during the tests (code {died})\n{srv.output()}")
-
-
-def guide_block(guide: str, first_line: str, containing: str = "") -> str:
-    """The ```python block of docs/`guide` that starts with `first_line` (and contains `containing`)."""
-    blocks = (REPO / "docs" / guide).read_text().split("```python\n")[1:]
-    found = [b.split("```", 1)[0] for b in blocks if b.startswith(first_line + "\n") and containing in b]
-    assert len(found) == 1, f"docs/{guide} has {len(found)} python blocks starting {first_line!r}"
-    return found[0]
 
 
 def wait_listening(proc: LoggedProcess, port: int, bound: float = 60.0) -> bool:

@@ -1,0 +1,241 @@
+// Type declarations of lowlat.js, the lowlat-mw browser client (docs/browser.md). Hand-written beside the
+// module; tests/test_npm_package.py type-checks a program against them with TypeScript (strict).
+
+export declare const VERSION: string;
+export declare const SUBPROTOCOL_JSON: "lowlat.v1.json";
+export declare const SUBPROTOCOL_PROTO: "lowlat.v1.proto";
+/** What each close code means (docs/protocol.md section 12). */
+export declare const CLOSE_CODES: Readonly<Record<number, string>>;
+/** 4101-4199 are aliases of 1001-1099: the canonical code. */
+export declare function canonicalCloseCode(code: number): number;
+/** Whether a connection closed with `code` is worth reconnecting (and resuming). */
+export declare function closeCodeReconnects(code: number): boolean;
+/** Bytes of `s` in UTF-8. */
+export declare function utf8Length(s: string): number;
+
+export type ErrorCodeName =
+  | "unspecified" | "bad_request" | "model_error" | "too_many_streams" | "stream_id_in_use" | "protocol_error"
+  | "invalid_payload" | "message_too_big" | "unsupported_compression" | "unsupported_message" | "resume_failed"
+  | "rate_limited" | "unauthorized" | "internal" | "draining" | "unknown_model";
+
+export declare class LowLatError extends Error {
+  constructor(message?: string, options?: { cause?: unknown });
+}
+/** The server's Error for one stream (or the connection). */
+export declare class StreamError extends LowLatError {
+  constructor(fields?: { code?: ErrorCodeName; message?: string; stream_id?: number; retryable?: boolean });
+  code: ErrorCodeName;
+  serverMessage: string;
+  streamId: number;
+  retryable: boolean;
+}
+/** A dropped stream could not be resumed (the server no longer had it). */
+export declare class ResumeFailedError extends StreamError {}
+/** The connection closed for good (a final close code, or close() was called). */
+export declare class ConnectionClosedError extends LowLatError {
+  constructor(code: number | null, reason?: string, options?: { cause?: unknown });
+  code: number | null;
+  rawCode: number | null;
+  reason: string;
+  meaning: string;
+  reconnect: boolean;
+}
+/** Every reconnect attempt failed. */
+export declare class ReconnectFailedError extends LowLatError {
+  constructor(url: string, attempts: number, cause?: unknown);
+  attempts: number;
+}
+
+export interface BackoffOptions {
+  /** Seconds before the first retry (the ceiling of its jitter). Default 1. */
+  base?: number;
+  factor?: number;
+  /** Longest wait, seconds. Default 30. */
+  cap?: number;
+  retries?: number;
+  jitter?: boolean;
+  random?: () => number;
+}
+/** Exponential backoff with full jitter: delay n is uniform in [0, min(cap, base * factor ** n)] seconds. */
+export declare class Backoff {
+  constructor(options?: BackoffOptions);
+  base: number;
+  factor: number;
+  cap: number;
+  retries: number;
+  jitter: boolean;
+  ceiling(attempt: number): number;
+  /** Seconds to wait before retry number `attempt`. */
+  delay(attempt: number): number;
+}
+
+export interface ChatMessage { role: string; content: string }
+
+/** A protocol message as the codecs give and take it: a `type` and the fields of docs/protocol.md. */
+export interface Message { type: string; [field: string]: unknown }
+export interface Welcome extends Message {
+  type: "welcome";
+  session_id: string;
+  resume_token: string;
+  compression: string[];
+  max_frame_size: number;
+  max_decompressed_size: number;
+  max_streams: number;
+  heartbeat_interval_ms: number;
+  idle_timeout_ms: number;
+  server: string;
+  resumed: boolean;
+  resume_window_ms: number;
+  flow_window: number;
+}
+export interface Delta extends Message {
+  type: "delta";
+  stream_id: number;
+  seq: number;
+  text?: string;
+  data?: Uint8Array;
+}
+export interface End extends Message {
+  type: "end";
+  stream_id: number;
+  last_seq: number;
+  finish_reason: "stop" | "cancelled" | string;
+  timings_ms: Record<string, number>;
+  usage: Record<string, number>;
+}
+export interface ServerError extends Message {
+  type: "error";
+  stream_id: number;
+  code: ErrorCodeName;
+  message: string;
+  retryable: boolean;
+}
+export interface GoAway extends Message { type: "goaway"; reason: string; reconnect_after_ms: number }
+
+/** Encodes and decodes frames; the built-in ones are `jsonCodec` and `protoCodec`. */
+export interface Codec {
+  subprotocol: string;
+  binary: boolean;
+  encode(msg: Message): string | Uint8Array;
+  decode(frame: string | ArrayBuffer | Uint8Array): Message;
+}
+export declare const jsonCodec: Readonly<Codec>;
+export declare const protoCodec: Readonly<Codec>;
+
+export type Chunk = string | Uint8Array;
+export type StreamStatus = "pending" | "streaming" | "done" | "failed";
+
+export interface StreamOptions {
+  model?: string;
+  params?: Record<string, unknown>;
+  /** Cancels the stream when aborted. */
+  signal?: AbortSignal;
+  /** Given: chunks go to the callbacks instead of the iterator. */
+  onDelta?: (chunk: Chunk, delta: Delta) => void;
+  onEnd?: (end: End) => void;
+  onError?: (error: Error) => void;
+}
+/** A prompt: its text, binary input, or a request object. */
+export type StreamInput =
+  | string
+  | Uint8Array
+  | { text?: string; messages?: ChatMessage[]; data?: Uint8Array; model?: string; params?: Record<string, unknown> };
+
+/** One streamed reply: an async iterator of chunks, or callbacks; `done` resolves with the End. */
+export declare class Stream implements AsyncIterableIterator<Chunk> {
+  readonly client: LowLatClient;
+  readonly id: number;
+  status: StreamStatus;
+  end: End | null;
+  error: Error | null;
+  receivedSeq: number;
+  deliveredSeq: number;
+  /** performance.now() when the Request was sent, when the first Delta came, when it finished. */
+  startedAt: number | null;
+  firstDeltaAt: number | null;
+  finishedAt: number | null;
+  deltas: number;
+  rawBytes: number;
+  wireBytes: number;
+  resends: number;
+  /** The End, or rejects with the error that ended the stream. */
+  readonly done: Promise<End>;
+  /** Milliseconds from sending the Request to the first Delta (null before it). */
+  readonly timeToFirstDelta: number | null;
+  readonly deltasPerSecond: number | null;
+  readonly finished: boolean;
+  /** Ask the server to stop it (it ends with finish_reason "cancelled"). */
+  cancel(): void;
+  next(): Promise<IteratorResult<Chunk, undefined>>;
+  return(): Promise<IteratorResult<Chunk, undefined>>;
+  [Symbol.asyncIterator](): AsyncIterableIterator<Chunk>;
+  /** The whole reply as a string. */
+  text(): Promise<string>;
+}
+
+export type ConnectionState = "idle" | "connecting" | "connected" | "reconnecting" | "closed";
+
+export interface ClientOptions {
+  /** WebSocket path on the page's host when no URL is given. Default "/ws". */
+  path?: string;
+  mode?: "json" | "proto";
+  codec?: Codec;
+  backoff?: Backoff | BackoffOptions;
+  resume?: boolean;
+  /** Bytes the server may run ahead of consumption (Acks); 0 turns Acks off. Default 1 MiB. */
+  flowWindow?: number;
+  /** Milliseconds. */
+  openTimeout?: number;
+  heartbeatTimeout?: number;
+  heartbeatInterval?: number | null;
+  keepAlive?: boolean;
+  /** Hello.auth, for the server's authenticate hook. */
+  auth?: string;
+  clientName?: string;
+  /** The WebSocket class (e.g. the `ws` package's in Node before 22). Default globalThis.WebSocket. */
+  WebSocket?: unknown;
+}
+
+export interface ClientEvents {
+  statechange: { state: ConnectionState; previous: ConnectionState; resumed: boolean; [extra: string]: unknown };
+  welcome: Welcome;
+  send: { msg: Message; bytes: number };
+  message: { msg: Message; bytes: number };
+  servererror: ServerError;
+  goaway: GoAway;
+}
+
+/** One WebSocket to a lowlat-mw server, many streams on it; reconnects with backoff and resumes. */
+export declare class LowLatClient extends EventTarget {
+  constructor(url?: string | URL, options?: ClientOptions);
+  constructor(options: ClientOptions);
+  readonly url: string;
+  readonly codec: Codec;
+  readonly backoff: Backoff;
+  state: ConnectionState;
+  resumed: boolean;
+  welcome: Welcome | null;
+  goaway: GoAway | null;
+  lastClose: { code: number; reason: string } | null;
+  lastError: ServerError | null;
+  finalError: Error | null;
+  connections: number;
+  resumes: number;
+  /** Milliseconds, from the last Pong. */
+  rtt: number | null;
+  stats: { framesIn: number; framesOut: number; bytesIn: number; bytesOut: number; wireIn: number; wireOut: number };
+  readonly streams: Map<number, Stream>;
+  readonly connected: boolean;
+  /** Connect now (with the backoff's retries); resolves with the Welcome. */
+  connect(): Promise<Welcome>;
+  stream(input: StreamInput, options?: StreamOptions): Stream;
+  complete(input: StreamInput, options?: StreamOptions): Promise<string>;
+  /** Round trip of a protocol Ping, in milliseconds. */
+  ping(timeout?: number): Promise<number>;
+  close(code?: number, reason?: string): void;
+  /** Subscribe to an event; returns the unsubscribe function. */
+  on<K extends keyof ClientEvents>(type: K, fn: (detail: ClientEvents[K]) => void): () => void;
+}
+
+/** A LowLatClient, connected. */
+export declare function connect(url?: string | URL, options?: ClientOptions): Promise<LowLatClient>;

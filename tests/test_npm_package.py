@@ -1,0 +1,134 @@
+"""The browser client as an npm package: `npm pack` in lowlat_mw/static gives a package whose ES module streams
+from a real server under Node and whose type declarations a strict TypeScript program compiles against.
+
+Needs Node.js with npm and tests/node's packages (TypeScript, ws: `python3 dev.py test` installs them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from lowlat_mw.drivers.asgi import LowLatASGI
+from lowlat_mw.testing.pytest_plugin import RunningServer
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[1]
+STATIC = ROOT / "lowlat_mw" / "static"
+NODE_MODULES = ROOT / "tests" / "node" / "node_modules"
+NPM, NODE = shutil.which("npm"), shutil.which("node")
+needs_node = pytest.mark.skipif(
+    NPM is None or NODE is None or not (NODE_MODULES / "typescript").exists() or not (NODE_MODULES / "ws").exists(),
+    reason="needs node, npm and tests/node's packages (`python3 dev.py test` installs them)")
+
+NODE_PROGRAM = """
+import WebSocket from "ws";
+import { connect, LowLatClient, VERSION, Backoff } from "lowlat-mw";
+
+const out = { version: VERSION, replies: {} };
+for (const mode of ["json", "proto"]) {
+  const client = await connect(process.argv[2], { mode, WebSocket, backoff: new Backoff({ retries: 0 }) });
+  let text = "";
+  for await (const chunk of client.stream("a b c")) text += chunk;
+  const stream = client.stream("x y");
+  const end = await stream.done;
+  out.replies[mode] = { text, finish: end.finish_reason, deltas: end.usage.deltas, state: client.state,
+                        ttfd: typeof stream.timeToFirstDelta, isClient: client instanceof LowLatClient };
+  client.close();
+}
+console.log(JSON.stringify(out));
+"""
+
+TYPED_PROGRAM = """
+import { Backoff, connect, LowLatClient, StreamError, type End, type Stream, type Welcome } from "lowlat-mw";
+
+export async function main(url: string): Promise<string> {
+  const client: LowLatClient = await connect(url, { mode: "proto", backoff: { retries: 2 }, auth: "token" });
+  const welcome: Welcome | null = client.welcome;
+  const stream: Stream = client.stream("hi", { params: { n: 1 }, onEnd(end: End) { console.log(end.finish_reason); } });
+  let text = "";
+  for await (const chunk of client.stream({ text: "x", model: "m" })) {
+    text += typeof chunk === "string" ? chunk : String(chunk.length);
+  }
+  const end: End = await stream.done;
+  const rtt: number = await client.ping();
+  const off = client.on("statechange", (detail) => console.log(detail.state, detail.previous));
+  off();
+  const wait: number = new Backoff({ base: 0.5 }).delay(1);
+  try {
+    await client.complete("y");
+  } catch (err) {
+    if (err instanceof StreamError) console.log(err.code, err.retryable);
+  }
+  client.close(1000);
+  return `${text}${end.usage["deltas"]}${rtt}${wait}${welcome?.session_id}`;
+}
+
+// @ts-expect-error: mode is "json" or "proto"
+new LowLatClient("ws://127.0.0.1/ws", { mode: "xml" });
+// @ts-expect-error: stream() wants a prompt
+new LowLatClient().stream(42);
+"""
+
+
+async def words(req):
+    for word in req.prompt.split():
+        yield word
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Node project with the packed lowlat-mw (and tests/node's ws) in its node_modules."""
+    where = tmp_path_factory.mktemp("npm")
+    result = subprocess.run([NPM, "pack", "--pack-destination", str(where)], cwd=STATIC, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [tarball] = where.glob("lowlat-mw-*.tgz")
+    with tarfile.open(tarball) as tar:
+        names = sorted(tar.getnames())
+        tar.extractall(where / "unpacked", filter="data")
+    assert names == ["package/lowlat.d.ts", "package/lowlat.js", "package/package.json"], names
+    project = where / "project"
+    (project / "node_modules").mkdir(parents=True)
+    (where / "unpacked" / "package").rename(project / "node_modules" / "lowlat-mw")
+    (project / "node_modules" / "ws").symlink_to(NODE_MODULES / "ws")
+    (project / "package.json").write_text('{"type": "module", "private": true}')
+    return project
+
+
+@needs_node
+def test_the_package_streams_under_node_in_both_modes(project: Path) -> None:
+    (project / "main.mjs").write_text(NODE_PROGRAM)
+    server = RunningServer(LowLatASGI(words, registry=CollectorRegistry()), path="/").start()
+    try:
+        result = subprocess.run([NODE, "main.mjs", server.url], cwd=project, capture_output=True, text=True,
+                                timeout=60)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    for mode in ("json", "proto"):
+        assert out["replies"][mode] == {"text": "abc", "finish": "stop", "deltas": 2, "state": "connected",
+                                        "ttfd": "number", "isClient": True}
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert out["version"] == version == json.loads((STATIC / "package.json").read_text())["version"]
+
+
+@needs_node
+def test_the_type_declarations_check_a_strict_program(project: Path) -> None:
+    (project / "check.ts").write_text(TYPED_PROGRAM)
+    tsc = [NODE, str(NODE_MODULES / "typescript" / "bin" / "tsc"), "--noEmit", "--strict", "--module", "nodenext",
+           "--moduleResolution", "nodenext", "--target", "es2022", "--lib", "es2022,dom,dom.asynciterable",
+           "--skipLibCheck", "false", "check.ts"]
+    result = subprocess.run(tsc, cwd=project, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (project / "wrong.ts").write_text('import { connect } from "lowlat-mw";\nconst n: number = await connect("x");\n')
+    result = subprocess.run([*tsc[:-1], "wrong.ts"], cwd=project, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "LowLatClient" in result.stdout  # the declarations are what is checked

@@ -83,3 +83,35 @@ def test_protocol_doc_embeds_the_shipped_schema() -> None:
     inline = doc[start:doc.index("```", start)]
     shipped = (ROOT / "lowlat_mw" / "proto" / "lowlat_v1.proto").read_text()
     assert inline == shipped, "docs/protocol.md section 4 must be the shipped .proto verbatim"
+
+
+# ---------------------------------------------------------------- issue 17's first-hour rows, as docs
+def test_fastapi_users_are_told_to_install_the_fastapi_extra() -> None:
+    """`pip install 'lowlat-mw[starlette]'` then `from fastapi import FastAPI` was a ModuleNotFoundError."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("fastapi") for req in extras["fastapi"])
+    for doc in (ROOT / "README.md", ROOT / "docs" / "starlette.md"):
+        text = doc.read_text()
+        assert "lowlat-mw[fastapi]" in text, doc
+        for line in text.splitlines():  # wherever FastAPI is installed, it is with [fastapi]
+            if "pip install" in line and "FastAPI" in line:
+                assert "[fastapi]" in line, line
+
+
+def test_every_guide_says_what_the_defaults_do_to_a_backend_client() -> None:
+    """rate_limit and max_connections_per_client throttle a backend talking to the model service: each guide
+    says so and points at security.md's table of defaults."""
+    assert "## Defaults at a glance" in (ROOT / "docs" / "security.md").read_text()
+    for guide in ("starlette.md", "django.md", "flask.md"):
+        text = " ".join((ROOT / "docs" / guide).read_text().split())
+        assert "your own backend services" in text and "`rate_limit`" in text, guide
+        assert "`max_connections_per_client`" in text and '"Defaults at a glance"' in text, guide
+
+
+def test_settings_reference_has_no_blank_default_and_the_readme_table_no_issue_column() -> None:
+    rows = [line for line in (ROOT / "docs" / "settings.md").read_text().splitlines() if line.startswith("| `")]
+    assert rows and all(row.split("|")[3].strip() for row in rows), [r for r in rows if not r.split("|")[3].strip()]
+    header_lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| ")]
+    assert not any("issue" in line.lower() and "target" in line.lower() for line in header_lines)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, TypeVar
 
 from ..protocol.events import Delta, End
 from .aio import AsyncClient, Stream, parameters_of
 
 __all__ = ["SyncClient", "connect_sync"]
+
+_T = TypeVar("_T")
 
 
 class SyncClient:
@@ -69,33 +71,27 @@ class SyncClient:
     def stream(self, text: str | None = None, **kwargs: Any) -> Iterator[str | bytes]:
         """Start a request and yield its chunks as they arrive."""
         stream = self._client.stream(text, **kwargs)
-        try:
-            while True:
-                try:
-                    chunk = self._call_soon(stream.__anext__())
-                except StopAsyncIteration:
-                    self.last_stream = stream
-                    return
-                yield chunk
-        finally:
-            if not stream._done:
-                self._call_soon(stream.aclose(), timeout=10)
+        return self._pump(stream, stream)
 
     def events(self, text: str | None = None, **kwargs: Any) -> Iterator[Delta | End]:
         """Start a request and yield its typed events as they arrive: each Delta, then the End
         (:meth:`Stream.events <lowlat_mw.client.aio.Stream.events>`)."""
         stream = self._client.stream(text, **kwargs)
-        events = stream.events()
+        return self._pump(stream, stream.events())
+
+    def _pump(self, stream: Stream, source: AsyncIterator[_T]) -> Iterator[_T]:
+        """`source`'s items (of `stream`), each awaited on the client's loop; stopping early cancels the stream."""
         try:
             while True:
                 try:
-                    event = self._call_soon(events.__anext__())
+                    item = self._call_soon(source.__anext__())
                 except StopAsyncIteration:
                     self.last_stream = stream
                     return
-                yield event
+                yield item
         finally:
-            self._call_soon(events.aclose(), timeout=10)
+            if source is not stream:
+                self._call_soon(source.aclose(), timeout=10)  # type: ignore[attr-defined]
             if not stream._done:
                 self._call_soon(stream.aclose(), timeout=10)
 

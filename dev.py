@@ -119,9 +119,23 @@ def ensure_node_packages() -> None:
     if npm is None and apt is not None and hasattr(os, "geteuid") and os.geteuid() == 0:
         print("+ apt-get install nodejs npm   (Debian's Node.js, for tests/node)", flush=True)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run([apt, "install", "-y", "-qq", "--no-install-recommends", "nodejs", "npm"], env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=900)
+        install = [apt, "install", "-y", "-qq", "--no-install-recommends", "nodejs", "npm"]
+        try:
+            result = subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                    timeout=900)
+            if result.returncode != 0:  # no or stale package lists: refresh them once and retry
+                subprocess.run([apt, "update", "-qq"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=300)
+                result = subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                        timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            print(f"+ installing nodejs and npm failed ({exc}): {skip}", flush=True)
+            return
         npm = shutil.which("npm")
+        if npm is None:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+            print(f"+ installing nodejs and npm failed (exit {result.returncode}): {skip}\n{tail}", flush=True)
+            return
     if npm is None:
         print(f"+ npm is not installed and installing it needs root and apt-get: {skip}", flush=True)
         return
@@ -131,7 +145,11 @@ def ensure_node_packages() -> None:
         return
     cmd = [npm, "install", "--no-audit", "--no-fund", "--no-package-lock", "--loglevel=error"]
     print("+ (tests/node) " + " ".join(["npm", *cmd[1:]]), flush=True)
-    result = subprocess.run(cmd, cwd=NODE_TESTS, capture_output=True, text=True, timeout=900)
+    try:
+        result = subprocess.run(cmd, cwd=NODE_TESTS, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"+ npm install failed ({exc}): {skip}", flush=True)
+        return
     if result.returncode != 0:
         print(f"+ npm install failed (exit {result.returncode}): {skip}\n{result.stdout}{result.stderr}", flush=True)
         return

@@ -136,16 +136,18 @@ class LowLat:
                 pass
             ws.event.set()  # wake receive() so the reading loop sees the close at once
 
-        facts = facts_from_environ(env, request.path)
-        facts["extra"]["flask_session"] = dict(session)  # (a copy: the request's session ends with the handshake)
-        user = _login_user()
-        if user is not None:
-            facts["user"] = user
         try:
+            facts = facts_from_environ(env, request.path)
+            facts["extra"]["flask_session"] = dict(session)  # (a copy: the request's session ends with the handshake)
+            user = _login_user()  # (the app's user loader may fail: the slot is released, the socket closed)
+            if user is not None:
+                facts["user"] = user
             driver = ThreadDriver(endpoint, send=ws.send, close=close, subprotocol=subprotocol, address=address,
                                   **facts)
         except BaseException:
             endpoint.release(address)
+            close(1011, "internal error")
+            _finish(ws)
             raise
         try:
             while not driver.closed:

@@ -36,6 +36,8 @@ __all__ = ["LowLatEndpoint", "LowLatMiddleware", "document_websocket", "lowlat_r
 class LowLatMiddleware(LowLatASGI):
     """Serve the lowlat-mw protocol at ``path``; settings as keyword arguments (or ``settings=``)."""
 
+    defer_build_errors = True  # Starlette builds it in the lifespan call: a mistake fails the start-up
+
     def __init__(
         self, app: ASGIApp, *, model: ModelSpec, settings: Settings | None = None, registry: Any = None,
         **options: Any,

@@ -147,7 +147,15 @@ def document(settings: Settings | None = None, *, url: str | None = None, title:
     return doc
 
 
-@functools.lru_cache(maxsize=32)
 def asyncapi_json(settings: Settings, url: str | None) -> bytes:
-    """:func:`document` as JSON bytes, made once per settings and URL (what the adapters serve)."""
+    """:func:`document` as JSON bytes (what the adapters serve), made once per settings and URL where the
+    settings can be a cache key (an ``authenticate`` hook that is an unhashable object cannot)."""
+    try:
+        return _cached_json(settings, url)
+    except TypeError:
+        return json.dumps(document(settings, url=url), indent=2).encode()
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_json(settings: Settings, url: str | None) -> bytes:
     return json.dumps(document(settings, url=url), indent=2).encode()

@@ -1,5 +1,6 @@
-"""LowLatASGI (the Starlette/FastAPI middleware) built with a mistake: at import time it raises; built by the
-server during its first ASGI call (Starlette's lazy middleware stack) it fails the lifespan start-up instead."""
+"""The Starlette/FastAPI middleware built with a mistake: at import time it raises; built by the server during its
+first ASGI call (Starlette's lazy middleware stack) it fails the lifespan start-up instead. Routes and endpoints
+(LowLatASGI itself, lowlat_route, LowLatEndpoint) always raise."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lowlat_mw.adapters.starlette import LowLatEndpoint, LowLatMiddleware, lowlat_route
 from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.errors import SettingsError
 
@@ -21,7 +23,7 @@ async def _inner(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"inner"})
 
 
-async def _call(app: LowLatASGI, scope: dict[str, Any], incoming: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _call(app: LowLatMiddleware, scope: dict[str, Any], incoming: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
     queue = list(incoming)
 
@@ -37,14 +39,24 @@ async def _call(app: LowLatASGI, scope: dict[str, Any], incoming: list[dict[str,
 
 def test_built_outside_a_running_loop_a_mistake_raises() -> None:
     with pytest.raises(SettingsError, match="idle_timout"):
-        LowLatASGI(_model, app=_inner, idle_timout=5)
+        LowLatMiddleware(_inner, model=_model, idle_timout=5)
     with pytest.raises(ImportError, match="nosuchmodule"):
-        LowLatASGI("nosuchmodule:generate", app=_inner)
+        LowLatMiddleware(_inner, model="nosuchmodule:generate")
+
+
+def test_routes_and_endpoints_raise_even_when_built_while_serving() -> None:
+    async def main() -> None:
+        for build in (lambda: LowLatASGI(_model, idle_timout=5), lambda: lowlat_route("/ws", _model, idle_timout=5),
+                      lambda: LowLatEndpoint(model=_model, idle_timout=5)):
+            with pytest.raises(SettingsError, match="idle_timout"):
+                build()
+
+    asyncio.run(main())
 
 
 def test_built_during_a_call_a_mistake_fails_the_lifespan_startup(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
-        app = LowLatASGI(_model, app=_inner, idle_timout=5)  # as Starlette builds it: inside the lifespan call
+        app = LowLatMiddleware(_inner, model=_model, idle_timout=5)  # as Starlette builds it: in the lifespan call
         assert isinstance(app.failed, SettingsError)
         sent = await _call(app, {"type": "lifespan"}, [{"type": "lifespan.startup"}])
         assert [m["type"] for m in sent] == ["lifespan.startup.failed"]

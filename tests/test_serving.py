@@ -14,6 +14,7 @@ from lowlat_mw.servers.serving import (
     HeaderBudget,
     add_fragment,
     daphne_args,
+    log_config,
     run_options,
     transport_limit,
     uvicorn_args,
@@ -172,11 +173,11 @@ def test_serve_imports_the_model_at_start_from_the_current_folder(monkeypatch, c
     assert main(["serve", "soak_other_model:fn", "--app-dir", str(other), "--port", "0"]) == 0
 
 
-def test_run_options_configure_the_lowlat_logger_at_uvicorns_level():
+def test_log_config_adds_the_lowlat_logger_at_uvicorns_level_and_run_options_leave_logging_alone():
     import logging
 
-    options = run_options(Settings(), log_level="warning")
-    assert options["log_config"]["loggers"]["lowlat_mw"]["level"] == logging.WARNING
-    assert run_options(Settings())["log_config"]["loggers"]["lowlat_mw"]["level"] == logging.INFO
-    assert run_options(Settings(), log_level="trace")["log_config"]["loggers"]["lowlat_mw"]["level"] == logging.DEBUG
-    assert run_options(Settings(), log_config=None)["log_config"] is None  # the caller's own wins
+    assert log_config("warning")["loggers"]["lowlat_mw"]["level"] == logging.WARNING
+    assert log_config()["loggers"]["lowlat_mw"]["level"] == logging.INFO
+    assert log_config("trace")["loggers"]["lowlat_mw"]["level"] == logging.DEBUG
+    assert "uvicorn.error" in log_config()["loggers"]  # (uvicorn's own, kept)
+    assert "log_config" not in run_options(Settings())  # a user's run() keeps the user's logging

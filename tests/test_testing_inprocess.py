@@ -75,3 +75,41 @@ async def test_a_model_error_is_a_stream_error() -> None:
     async with asyncio.timeout(WAIT), AppClient(LowLatASGI(broken, registry=CollectorRegistry()), path="/") as c:
         with pytest.raises(StreamError):
             await c.complete("x")
+
+
+async def test_the_lifespan_state_reaches_each_connection() -> None:
+    import contextlib
+
+    seen = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield {"db": "connected"}
+
+    async def model(req):
+        return "x"
+
+    class Spy:  # an ASGI middleware that notes the state each WebSocket scope carries
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "websocket":
+                seen.append(dict(scope.get("state", {})))
+            await self.app(scope, receive, send)
+
+    app = Starlette(lifespan=lifespan, middleware=[
+        Middleware(Spy), Middleware(LowLatMiddleware, model=model, path="/ws", registry=CollectorRegistry())])
+    async with asyncio.timeout(WAIT), AppClient(app) as client:
+        assert await client.complete("x") == "x"
+    assert seen == [{"db": "connected"}]
+
+
+def test_a_server_that_fails_to_start_says_why_and_cleans_up() -> None:
+    from lowlat_mw.testing.pytest_plugin import RunningServer
+
+    server = RunningServer(starlette_app(idle_timout=5))
+    with pytest.raises(RuntimeError, match="did not start serving") as info:
+        server.start()
+    assert isinstance(info.value.__cause__, SystemExit)  # uvicorn exits on a failed lifespan start-up
+    assert not server._thread.is_alive() and server._sock.fileno() == -1

@@ -35,7 +35,12 @@ class SyncClient:
         return AsyncClient(url, **kwargs)
 
     def _call_soon(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()  # (interrupted, e.g. Ctrl-C, or timed out: the coroutine does not run on unattended)
+            raise
 
     @property
     def client(self) -> AsyncClient:
@@ -90,10 +95,14 @@ class SyncClient:
                     return
                 yield item
         finally:
-            if source is not stream:
-                self._call_soon(source.aclose(), timeout=10)  # type: ignore[attr-defined]
-            if not stream._done:
-                self._call_soon(stream.aclose(), timeout=10)
+            try:
+                if source is not stream:
+                    self._call_soon(source.aclose(), timeout=10)  # type: ignore[attr-defined]
+            except RuntimeError:  # interrupted inside it: "asynchronous generator is already running"
+                pass
+            finally:
+                if not stream._done:
+                    self._call_soon(stream.aclose(), timeout=10)
 
     def complete(self, text: str | None = None, **kwargs: Any) -> str:
         """Run a request and return the whole reply as text."""

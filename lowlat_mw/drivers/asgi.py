@@ -17,7 +17,7 @@ from typing import Any
 from .. import static_files as static
 from ..asyncapi import asyncapi_json
 from ..endpoint import Endpoint, Refuse
-from ..errors import CloseCode
+from ..errors import CloseCode, SettingsError
 from ..model import ModelSpec
 from ..settings import Settings
 from .aio import ConnectionDriver
@@ -37,6 +37,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 class LowLatASGI:
     """ASGI app serving lowlat-mw on WebSocket scopes; with `app`, a middleware in front of it."""
 
+    defer_build_errors = False
+    """True for a middleware that frameworks build lazily (Starlette's add_middleware): a mistake found while the
+    server runs then fails the lifespan start-up instead of raising (see __init__). Routes and endpoints raise."""
+
     def __init__(self, model: ModelSpec, *, app: ASGIApp | None = None, settings: Settings | None = None,
                  registry: Any = None, **options: Any) -> None:
         """Settings as keyword arguments (or ``settings=``, with keyword arguments on top); `registry`: the
@@ -49,13 +53,13 @@ class LowLatASGI:
             settings = settings.replace(**options) if settings is not None else Settings.load(options)
             self.endpoint = Endpoint(model, settings, registry=registry)
         except Exception as exc:
-            if not _serving():
+            if not (self.defer_build_errors and _serving()):
                 raise
             # Built inside the server's first ASGI call (Starlette and FastAPI build their middleware stack
             # lazily, in the lifespan call): raising now would only make uvicorn log "lifespan unsupported" at
             # INFO and answer 500 to every request. Fail the lifespan start-up instead, which stops the server.
             self.failed = exc
-            log.error("lowlat-mw cannot start: %s", exc)
+            log.error("lowlat-mw cannot start: %s", exc, exc_info=not isinstance(exc, SettingsError | ImportError))
 
     async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
         """Graceful shutdown of this endpoint (see :meth:`lowlat_mw.endpoint.Endpoint.drain`)."""
@@ -93,7 +97,8 @@ class LowLatASGI:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Not built (:attr:`failed`): the lifespan start-up fails with the reason (uvicorn and hypercorn then
-        exit); where the server runs no lifespan, WebSockets are refused (1011) and the rest is served."""
+        exit); where the server runs no lifespan, WebSocket handshakes are refused (HTTP 403) and the rest is
+        served."""
         kind = scope["type"]
         if kind == "lifespan":
             message = await receive()
@@ -104,6 +109,7 @@ class LowLatASGI:
             log.error("lowlat-mw cannot start: %s", self.failed)
             if kind == "websocket":
                 await receive()  # websocket.connect
+                # (closed before accepting: the server answers the handshake with HTTP 403)
                 await send({"type": "websocket.close", "code": CloseCode.INTERNAL_ERROR})
                 return
         if self.app is not None:

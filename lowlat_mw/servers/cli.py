@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import ClientError, SettingsError
+from ..errors import ClientError, SettingsError, StreamError
 from ..observability.metrics import Metrics
 from ..settings import ENV_PREFIX, Settings
 
@@ -154,7 +154,7 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serving import run
+    from .serving import log_config, run
 
     if args.delay is not None:
         os.environ["LOWLAT_DEMO_DELAY"] = str(args.delay)
@@ -181,8 +181,8 @@ def _serve(args: argparse.Namespace) -> int:
     if stats is not None:
         stats.start()
     try:
-        run(app, settings=settings, host=args.host, port=args.port,
-            log_level=args.log_level, ws=args.ws, lifespan="off")
+        run(app, settings=settings, host=args.host, port=args.port, log_level=args.log_level,
+            log_config=log_config(args.log_level), ws=args.ws, lifespan="off")
     finally:
         if stats is not None:
             stats.stop()
@@ -212,8 +212,9 @@ def _chat(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"lowlat-mw chat: {exc}", file=sys.stderr)
         return 2
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = sys.stdin.read().rstrip("\n") if args.prompt == "-" else args.prompt  # (as $(...) drops it)
     interactive = prompt is None and sys.stdin.isatty()
+    sent = 0
     try:
         with connect_sync(args.url, mode=args.mode, backoff=Backoff(retries=args.retries), headers=headers,
                           auth=args.auth) as client:
@@ -231,12 +232,19 @@ def _chat(args: argparse.Namespace) -> int:
                     break
                 if not line.strip():
                     continue
+                sent += 1
                 try:
                     _reply(client, line.rstrip("\r\n"), params, args)
                 except KeyboardInterrupt:  # stop this reply (the stream is cancelled), keep the conversation
                     print(" [stopped]", file=sys.stderr)
+                except StreamError as exc:  # this reply failed (an unknown model, a rate limit): say so, go on
+                    print(f"\nlowlat-mw chat: {exc}", file=sys.stderr)
             if interactive:
                 print(file=sys.stderr)
+            elif not sent:
+                print("lowlat-mw chat: no prompt: give one, '-' to read it from stdin, or lines on stdin",
+                      file=sys.stderr)
+                return 2
     except ClientError as exc:
         print(f"lowlat-mw chat: {exc}", file=sys.stderr)
         return 1

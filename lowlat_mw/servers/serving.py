@@ -141,15 +141,14 @@ def run_options(settings: Settings | None = None, **uvicorn_kwargs: Any) -> dict
     """What :func:`run` passes to ``uvicorn.Config``: :func:`uvicorn_options` (for ``ws``, if given, so
     ``ws="wsproto"`` still gets the wsproto shim), then the other keyword arguments on top."""
     ws = uvicorn_kwargs.pop("ws", "websockets-sansio")
-    options = {**uvicorn_options(settings, ws), **uvicorn_kwargs}
-    if "log_config" not in options:
-        options["log_config"] = log_config(options.get("log_level"))
-    return options
+    return {**uvicorn_options(settings, ws), **uvicorn_kwargs}
 
 
 def log_config(level: str | int | None = None) -> dict[str, Any]:
     """uvicorn's logging configuration plus the ``lowlat_mw`` logger at `level` (uvicorn's ``log_level``;
-    default INFO), its lines marked ``lowlat-mw:``. uvicorn's own configures only uvicorn's loggers."""
+    default INFO), its lines marked ``lowlat-mw:``: what ``lowlat-mw serve`` runs with (uvicorn's own configures
+    only uvicorn's loggers). Pass it as ``log_config=`` to :func:`run` for the same in your own process; it
+    replaces the ``lowlat_mw`` logger's handlers and level."""
     import copy
 
     from uvicorn.config import LOGGING_CONFIG

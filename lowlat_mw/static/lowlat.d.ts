@@ -64,6 +64,7 @@ export declare class Backoff {
   cap: number;
   retries: number;
   jitter: boolean;
+  random: () => number;
   ceiling(attempt: number): number;
   /** Seconds to wait before retry number `attempt`. */
   delay(attempt: number): number;
@@ -139,7 +140,7 @@ export interface StreamOptions {
 export type StreamInput =
   | string
   | Uint8Array
-  | { text?: string; messages?: ChatMessage[]; data?: Uint8Array; model?: string; params?: Record<string, unknown> };
+  | ({ text?: string; messages?: ChatMessage[]; data?: Uint8Array } & StreamOptions);
 
 /** One streamed reply: an async iterator of chunks, or callbacks; `done` resolves with the End. */
 export declare class Stream implements AsyncIterableIterator<Chunk> {
@@ -210,6 +211,7 @@ export declare class LowLatClient extends EventTarget {
   constructor(url?: string | URL, options?: ClientOptions);
   constructor(options: ClientOptions);
   readonly url: string;
+  readonly mode: "json" | "proto";
   readonly codec: Codec;
   readonly backoff: Backoff;
   state: ConnectionState;
@@ -239,3 +241,4 @@ export declare class LowLatClient extends EventTarget {
 
 /** A LowLatClient, connected. */
 export declare function connect(url?: string | URL, options?: ClientOptions): Promise<LowLatClient>;
+export declare function connect(options: ClientOptions): Promise<LowLatClient>;

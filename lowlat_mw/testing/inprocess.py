@@ -95,6 +95,8 @@ class AppClient(AsyncClient):
             "path": parts.path or "/", "raw_path": (parts.path or "/").encode(), "query_string": parts.query.encode(),
             "headers": headers, "subprotocols": [self.subprotocol], "extensions": {}, "state": {},
         }
+        if self._lifespan is not None:
+            scope["state"] = dict(self._lifespan.state)  # (what the lifespan put there, as servers pass it on)
         ws = _ASGIWebSocket(self.app, scope)
         await ws.open(self.open_timeout)
         self.connection = ws
@@ -119,8 +121,12 @@ class _ASGIWebSocket:
     async def open(self, timeout: float) -> None:
         self._to_app.put_nowait({"type": "websocket.connect"})
         self._task = asyncio.get_running_loop().create_task(self._run())
-        async with asyncio.timeout(timeout):
-            first = await self._from_app.get()
+        try:
+            async with asyncio.timeout(timeout):
+                first = await self._from_app.get()
+        except BaseException:
+            self._task.cancel()  # (an app that never accepts nor refuses)
+            raise
         if isinstance(first, dict) and first.get("type") == "websocket.accept":
             self._accepted = True
             self.subprotocol = first.get("subprotocol")
@@ -148,9 +154,10 @@ class _ASGIWebSocket:
     async def _send_to_client(self, message: MutableMapping[str, Any]) -> None:
         kind = message["type"]
         if kind == "websocket.send":
-            if self.close_code is None:
-                data = message.get("bytes")
-                self._from_app.put_nowait(data if data is not None else message.get("text", ""))
+            if self.close_code is not None:  # (servers raise too: uvicorn's ClientDisconnected is an OSError)
+                raise OSError(f"websocket.send after the connection closed ({self.close_code})")
+            data = message.get("bytes")
+            self._from_app.put_nowait(data if data is not None else message.get("text", ""))
         elif kind == "websocket.close":
             if not self._accepted:
                 self._from_app.put_nowait(dict(message))
@@ -224,13 +231,14 @@ class _Lifespan:
         self._to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._from_app: asyncio.Queue[Mapping[str, Any] | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self.state: dict[str, Any] = {}  # the lifespan scope's state: each connection's scope gets a copy
 
     async def _run(self) -> None:
         async def send(message: Any) -> None:
             self._from_app.put_nowait(message)
 
         try:
-            await self.app({"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}},
+            await self.app({"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": self.state},
                            self._to_app.get, send)
         except Exception:
             pass  # (no lifespan support: as uvicorn's "auto")
@@ -240,8 +248,12 @@ class _Lifespan:
     async def startup(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
         self._to_app.put_nowait({"type": "lifespan.startup"})
-        async with asyncio.timeout(WAIT):
-            reply = await self._from_app.get()
+        try:
+            async with asyncio.timeout(WAIT):
+                reply = await self._from_app.get()
+        except BaseException:
+            self._task.cancel()
+            raise
         if reply is not None and reply["type"] == "lifespan.startup.failed":
             await self._wait()
             raise LifespanFailed(reply.get("message") or "the app's lifespan start-up failed")

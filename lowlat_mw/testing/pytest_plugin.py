@@ -104,17 +104,22 @@ class RunningServer:
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if task.done() and not server.started:
-            task.result()  # (raises what stopped it)
+            task.result()  # (raises what stopped it: uvicorn exits with SystemExit(3) on a failed lifespan start-up)
             raise RuntimeError("the app's lifespan start-up failed (see the log above)")
         self._ready.set()
         await task
 
     def stop(self) -> None:
         """Stop serving and wait for the thread (bounded)."""
-        if self._stop is not None:
-            self._stop()
-        self._thread.join(START_TIMEOUT)
-        self._sock.close()
+        try:
+            if self._stop is not None and self._thread.is_alive():
+                self._stop()
+        except RuntimeError:  # the server's loop is closed already (it stopped by itself, e.g. a failed start-up)
+            pass
+        finally:
+            if self._thread.is_alive():
+                self._thread.join(START_TIMEOUT)
+            self._sock.close()
 
 
 @pytest.fixture

@@ -249,7 +249,7 @@ def test_chat_reads_the_prompt_from_stdin_with_a_dash(cli_server):
     port, _, _ = cli_server
     result = _chat(port, "-", stdin="hello from\nstdin\n")
     assert result.returncode == 0, result.stderr
-    assert "You said: 'hello from\\nstdin\\n'" in result.stdout, result.stdout  # (the demo quotes it with repr)
+    assert "You said: 'hello from\\nstdin'" in result.stdout, result.stdout  # (repr; the final newline dropped)
 
 
 def test_chat_without_a_prompt_sends_each_line_on_one_connection(cli_server):
@@ -316,3 +316,27 @@ def test_chat_is_interactive_on_a_terminal(cli_server):
     assert proc.returncode == 0, err
     assert out.count("You said:") == 2 and "'first'" in out and "'second'" in out, out
     assert err.count("> ") == 3, err  # before each line and before the Ctrl-D
+
+
+def test_chat_keeps_the_conversation_after_a_failed_reply_and_needs_a_prompt(tmp_path):
+    (tmp_path / "picky.py").write_text(
+        "def model(req):\n"
+        "    if req.prompt == 'boom':\n"
+        "        raise ValueError('no')\n"
+        "    return 'ok:' + req.prompt\n")
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*_cli(), "serve", "picky:model", "--app-dir", str(tmp_path), "--port", str(port),
+                                 "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(proc, port, log)
+        result = _chat(port, stdin="one\nboom\ntwo\n")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["ok:one", "ok:two"], result.stdout
+        assert result.stderr.count("lowlat-mw chat:") == 1 and "model_error" in result.stderr, result.stderr
+        result = _chat(port, stdin="")
+        assert result.returncode == 2 and "no prompt" in result.stderr, result.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

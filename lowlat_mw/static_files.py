@@ -40,7 +40,9 @@ CONTENT_TYPES = {
     ".svg": "image/svg+xml",
     ".png": "image/png",
 }
-_NAMES = tuple(sorted(p.name for p in STATIC_DIR.iterdir() if p.is_file() and p.suffix in CONTENT_TYPES))
+NOT_SERVED = frozenset({"package.json"})  # the npm package's manifest (docs/browser.md), not a page's file
+_NAMES = tuple(sorted(p.name for p in STATIC_DIR.iterdir()
+                      if p.is_file() and p.suffix in CONTENT_TYPES and p.name not in NOT_SERVED))
 
 
 @dataclass(frozen=True, slots=True)

@@ -411,7 +411,8 @@ def test_static_files_over_http(demo_server):
         status, headers, body = http_get(base + path)
         assert status == 200 and headers["content-type"].startswith("text/html"), path
         assert b'data-ws-path="/ws"' in body and b'src="/lowlat/demo.js"' in body and b'href="/metrics"' in body
-    for path in ("/lowlat/nope.js", "/lowlat/../cli.py", "/lowlat/%2e%2e/cli.py", "/lowlat/static.py"):
+    for path in ("/lowlat/nope.js", "/lowlat/../cli.py", "/lowlat/%2e%2e/cli.py", "/lowlat/static.py",
+                 "/lowlat/package.json", "/lowlat/lowlat.d.ts"):  # (the npm package's files stay unserved)
         assert http_get(base + path)[0] == 404, path
 
 

@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from guide_support import guide_block  # noqa: F401 (the conformance tests import it from here)
-
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
 from lowlat_mw.settings import Settings

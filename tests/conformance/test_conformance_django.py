@@ -20,7 +20,6 @@ from conformance_servers import (
     ServerProcess,
     base_env,
     free_port,
-    guide_block,
     server_argv,
     server_env,
     start_ready,
@@ -28,6 +27,7 @@ from conformance_servers import (
     wait_listening,
 )
 from conformance_support import MODES, PROTO, raw_connect
+from guide_support import guide_block  # (tests/: the guides' code blocks)
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import Backoff, ConnectionClosed

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conformance_servers import VENV_BIN, free_port, guide_block, server_env, wait_for_line, wait_listening
+from conformance_servers import VENV_BIN, free_port, server_env, wait_for_line, wait_listening
+from guide_support import guide_block
 
 from lowlat_mw.client import connect
 from lowlat_mw.testing import LoggedProcess

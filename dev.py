@@ -6,9 +6,11 @@
 
 Extra arguments after the command go to `lowlat-mw serve` or pytest.
 
-`test` also makes sure Debian's chromium and chromium-driver are there for the browser tests
-(tests/browser): run as root on a Debian-like system it installs them with apt-get when missing.
-Elsewhere (or with SKIP_BROWSER_INSTALL=1) those tests are skipped, and the run says why.
+`test` also makes sure what some tests need is there: Debian's chromium and chromium-driver (the browser
+tests), nginx (the balancer test), nodejs and npm with tests/node's npm packages (the AsyncAPI schema,
+TypeScript). Run as root on a Debian-like system it installs the Debian packages with apt-get when missing.
+Elsewhere (or with SKIP_BROWSER_INSTALL / SKIP_NGINX_INSTALL / SKIP_NODE_INSTALL set) those tests are
+skipped, and the run says why.
 """
 
 from __future__ import annotations
@@ -68,21 +70,22 @@ def setup(extras: str) -> None:
     _stamp(extras).write_text(digest)
 
 
-def ensure_chromium() -> None:
-    """Install Debian's chromium + chromium-driver for tests/browser when missing (root with apt-get only)."""
-    if shutil.which("chromium") and shutil.which("chromedriver"):
-        return
-    skip = "the browser tests (tests/browser) will be skipped"
-    if os.environ.get("SKIP_BROWSER_INSTALL"):
-        print(f"+ SKIP_BROWSER_INSTALL is set: chromium is not installed, {skip}", flush=True)
-        return
+def ensure_debian(packages: list[str], commands: list[str], why: str, skip: str, skip_env: str) -> bool:
+    """Install Debian `packages` when one of `commands` is missing (root with apt-get only); True when all of
+    `commands` are there afterwards. Otherwise say why `skip` (the tests that need them are skipped)."""
+    if all(shutil.which(c) or Path("/usr/sbin", c).exists() for c in commands):
+        return True
+    names = " and ".join(packages)
+    if os.environ.get(skip_env):
+        print(f"+ {skip_env} is set: {names} not installed, {skip}", flush=True)
+        return False
     apt = shutil.which("apt-get")
     if apt is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        print(f"+ chromium is not installed and installing it needs root and apt-get: {skip}", flush=True)
-        return
+        print(f"+ {names} not installed and installing needs root and apt-get: {skip}", flush=True)
+        return False
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [apt, "install", "-y", "-qq", "--no-install-recommends", "chromium", "chromium-driver"]
-    print("+ apt-get " + " ".join(install[1:]) + "   (Debian's headless browser for tests/browser)", flush=True)
+    install = [apt, "install", "-y", "-qq", "--no-install-recommends", *packages]
+    print("+ apt-get " + " ".join(install[1:]) + f"   ({why})", flush=True)
     start = time.monotonic()
 
     def attempt(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -95,13 +98,27 @@ def ensure_chromium() -> None:
             attempt([apt, "update", "-qq"], 300)
             result = attempt(install, 900)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"+ installing chromium failed ({exc}): {skip}", flush=True)
-        return
-    if result.returncode != 0 or not (shutil.which("chromium") and shutil.which("chromedriver")):
+        print(f"+ installing {names} failed ({exc}): {skip}", flush=True)
+        return False
+    if result.returncode != 0 or not all(shutil.which(c) or Path("/usr/sbin", c).exists() for c in commands):
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
-        print(f"+ installing chromium failed (exit {result.returncode}): {skip}\n{tail}", flush=True)
-        return
-    print(f"+ chromium and chromium-driver installed in {time.monotonic() - start:.0f} s", flush=True)
+        print(f"+ installing {names} failed (exit {result.returncode}): {skip}\n{tail}", flush=True)
+        return False
+    print(f"+ {names} installed in {time.monotonic() - start:.0f} s", flush=True)
+    return True
+
+
+def ensure_chromium() -> None:
+    """Debian's chromium + chromium-driver for tests/browser."""
+    ensure_debian(["chromium", "chromium-driver"], ["chromium", "chromedriver"],
+                  "Debian's headless browser for tests/browser", "the browser tests (tests/browser) will be skipped",
+                  "SKIP_BROWSER_INSTALL")
+
+
+def ensure_nginx() -> None:
+    """Debian's nginx, the balancer in front of two servers in tests/integration/test_balancer.py."""
+    ensure_debian(["nginx"], ["nginx"], "the balancer of tests/integration/test_balancer.py",
+                  "the balancer test will be skipped", "SKIP_NGINX_INSTALL")
 
 
 NODE_TESTS = ROOT / "tests" / "node"
@@ -111,34 +128,11 @@ def ensure_node_packages() -> None:
     """npm install tests/node's packages (AsyncAPI schemas, TypeScript, ws) when missing or changed; with no npm,
     Debian's nodejs and npm first (root with apt-get only). Without them the tests that need them are skipped."""
     skip = "the AsyncAPI-schema and npm-package tests will be skipped"
-    if os.environ.get("SKIP_NODE_INSTALL"):
-        print(f"+ SKIP_NODE_INSTALL is set: {skip}", flush=True)
+    if not ensure_debian(["nodejs", "npm"], ["node", "npm"], "Debian's Node.js, for tests/node", skip,
+                         "SKIP_NODE_INSTALL"):
         return
     npm = shutil.which("npm")
-    apt = shutil.which("apt-get")
-    if npm is None and apt is not None and hasattr(os, "geteuid") and os.geteuid() == 0:
-        print("+ apt-get install nodejs npm   (Debian's Node.js, for tests/node)", flush=True)
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = [apt, "install", "-y", "-qq", "--no-install-recommends", "nodejs", "npm"]
-        try:
-            result = subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                    timeout=900)
-            if result.returncode != 0:  # no or stale package lists: refresh them once and retry
-                subprocess.run([apt, "update", "-qq"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                               timeout=300)
-                result = subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                        timeout=900)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            print(f"+ installing nodejs and npm failed ({exc}): {skip}", flush=True)
-            return
-        npm = shutil.which("npm")
-        if npm is None:
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
-            print(f"+ installing nodejs and npm failed (exit {result.returncode}): {skip}\n{tail}", flush=True)
-            return
-    if npm is None:
-        print(f"+ npm is not installed and installing it needs root and apt-get: {skip}", flush=True)
-        return
+    assert npm is not None
     digest = hashlib.sha256((NODE_TESTS / "package.json").read_bytes()).hexdigest()
     stamp = NODE_TESTS / "node_modules" / ".lowlat-installed"
     if stamp.exists() and stamp.read_text() == digest:
@@ -167,6 +161,7 @@ def main(argv: list[str]) -> int:
         os.execv(BIN / "lowlat-mw", [str(BIN / "lowlat-mw"), "serve", *args])
     if command == "test":
         ensure_chromium()
+        ensure_nginx()
         ensure_node_packages()
         _run(BIN / "ruff", "check", ".")
         result = subprocess.run([str(PY), "-m", "pytest", *(rest or ["-q"])], cwd=ROOT)

@@ -1,0 +1,157 @@
+"""docs/scaling.md's nginx configuration, run: two `lowlat-mw serve` processes behind nginx (Debian's package,
+installed by `python3 dev.py test` when run as root), a fault proxy between the client and nginx cutting every
+connection after a few KB. With the guide's `ip_hash` every stream arrives exact through its resumes; without it
+the reconnects land on the other process and the resumes fail, which is why the guide asks for affinity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lowlat_mw import Backoff, ResumeFailed, connect
+from lowlat_mw.testing import FaultProxy, LoggedProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+STREAMS = 12
+CUT = (600, 2500)  # each connection is cut after this many bytes from the server, at random (a reply is ~500 B;
+# a resume replays what the client has not acknowledged, so a connection must be able to carry more than that)
+WAIT = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def guide_nginx_block() -> str:
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    [block] = [b.split("```", 1)[0] for b in text.split("```nginx\n")[1:] if "upstream lowlat" in b]
+    return block
+
+
+def nginx_conf(prefix: Path, listen: int, backends: tuple[int, int], *, affinity: bool) -> str:
+    """The guide's block with this test's ports, inside the little an nginx.conf needs around it."""
+    block = guide_nginx_block().replace("listen 8000;", f"listen 127.0.0.1:{listen};")
+    block = block.replace("127.0.0.1:8001", f"127.0.0.1:{backends[0]}").replace("127.0.0.1:8002",
+                                                                              f"127.0.0.1:{backends[1]}")
+    assert "ip_hash;" in block
+    if not affinity:
+        block = re.sub(r"\n\s*ip_hash;[^\n]*", "", block)
+    temp = "\n".join(f"    {name}_temp_path {prefix}/tmp/{name};" for name in
+                     ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    return (f"worker_processes 1;\ndaemon off;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log warn;\n"
+            f"events {{ worker_connections 256; }}\nhttp {{\n    access_log off;\n{temp}\n{block}\n}}\n")
+
+
+def _wait_port(port: int, proc: LoggedProcess, bound: float = WAIT) -> None:
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        assert proc.alive(), proc.output()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"{proc.name} did not listen within {bound} s\n{proc.output()}")
+
+
+@pytest.fixture
+def backends(tmp_path: Path):
+    """Two `lowlat-mw serve` processes (the demo model, 5 ms between tokens), each on its own port."""
+    procs, ports = [], []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
+    try:
+        for i in range(2):
+            port = _free_port()
+            proc = LoggedProcess(f"balanced-{i}", [sys.executable, "-m", "lowlat_mw", "serve", "--port", str(port),
+                                                   "--delay", "0.005", "--log-level", "warning"],
+                                 logdir=tmp_path, env=env, cwd=tmp_path)
+            procs.append(proc)
+            ports.append(port)
+        for proc, port in zip(procs, ports, strict=True):
+            _wait_port(port, proc)
+        yield tuple(ports)
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def _start_nginx(tmp_path: Path, backends: tuple[int, int], affinity: bool) -> tuple[LoggedProcess, int]:
+    prefix = tmp_path / ("nginx-affinity" if affinity else "nginx-round-robin")
+    (prefix / "tmp").mkdir(parents=True)
+    prefix.chmod(0o755)
+    port = _free_port()
+    (prefix / "nginx.conf").write_text(nginx_conf(prefix, port, backends, affinity=affinity))
+    proc = LoggedProcess(prefix.name, [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
+                                       str(prefix / "error.log")], logdir=tmp_path, cwd=prefix)
+    _wait_port(port, proc)
+    return proc, port
+
+
+async def _reference(port: int, prompt: str) -> str:
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{port}/ws") as client:
+        return await client.complete(prompt)
+
+
+async def _run_streams(url: str) -> tuple[list[str | BaseException], int]:
+    """STREAMS streams one after another on one client, through the cutting proxy: the replies (or errors) and
+    how many times the client resumed its session."""
+    out: list[str | BaseException] = []
+    async with asyncio.timeout(WAIT), connect(url, backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        for i in range(STREAMS):
+            try:
+                out.append(await client.complete(f"stream {i} through the balancer"))
+            except ResumeFailed as exc:
+                out.append(exc)
+        return out, client.resumes
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (`python3 dev.py test` installs it as root)")
+@pytest.mark.parametrize("affinity", [True, False], ids=["ip_hash", "round-robin"])
+async def test_streams_resume_through_nginx_only_with_affinity(tmp_path: Path, backends, affinity: bool) -> None:
+    nginx, port = _start_nginx(tmp_path, backends, affinity)
+    try:
+        expected = [await _reference(backends[0], f"stream {i} through the balancer") for i in range(STREAMS)]
+        assert expected[0] == await _reference(backends[1], "stream 0 through the balancer")  # the same model
+        with FaultProxy(("127.0.0.1", port), seed=15) as proxy:
+            proxy.cut_randomly(*CUT)
+            replies, resumes = await _run_streams(f"ws://127.0.0.1:{proxy.port}/ws")
+            cuts = proxy.cuts
+    finally:
+        nginx.stop()
+    print(f"balancer {'ip_hash' if affinity else 'round-robin'}: {cuts} cuts, {resumes} resumes, "
+          f"{sum(isinstance(r, ResumeFailed) for r in replies)} of {STREAMS} streams failed to resume")
+    assert cuts >= 3, cuts  # connections were cut all along
+    if affinity:
+        assert replies == expected  # exact: no gap, no repeat, through every resume
+        assert resumes >= 2, resumes  # (a cut between two streams needs no resume)
+    else:
+        failed = [r for r in replies if isinstance(r, ResumeFailed)]
+        assert failed, replies  # the reconnect went to the other process, which does not know the session
+        assert all(r == e for r, e in zip(replies, expected, strict=True) if isinstance(r, str))
+
+
+def test_the_guides_block_is_a_valid_nginx_configuration(tmp_path: Path) -> None:
+    if NGINX is None:
+        pytest.skip("nginx is not installed (`python3 dev.py test` installs it as root)")
+    prefix = tmp_path / "check"
+    (prefix / "tmp").mkdir(parents=True)
+    (prefix / "nginx.conf").write_text(nginx_conf(prefix, _free_port(), (_free_port(), _free_port()),
+                                                  affinity=True))
+    result = subprocess.run([NGINX, "-t", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
+                             str(prefix / "error.log")], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import secrets
 import threading
 import weakref
@@ -38,7 +39,7 @@ from .protocol.session import MemorySessionStore, SessionStore
 from .security import load_authenticator, origin_allowed
 from .settings import ENV_PREFIX, Settings, parse_text, settings_error, unknown_setting
 
-__all__ = ["Accept", "Endpoint", "Refuse", "new_session_ids", "settings_from_config"]
+__all__ = ["Accept", "Endpoint", "Refuse", "health", "new_session_ids", "settings_from_config"]
 
 log = logging.getLogger("lowlat_mw")
 _gc_frozen = False  # gc.freeze() done in this process (Settings.gc_freeze)
@@ -223,6 +224,26 @@ class Endpoint:
         return [c for c in list(self.connections)
                 if not c.protocol.closed and (loop is None or getattr(c, "loop", None) is loop)]
 
+    def load(self) -> tuple[int, int]:
+        """(open connections, running streams) of this endpoint, read from any thread."""
+        for _ in range(5):  # (a connection opening on another thread may change the set while it is listed)
+            try:
+                drivers = list(self.connections)
+                break
+            except RuntimeError:
+                continue
+        else:  # pragma: no cover - five collisions in a row
+            drivers = []
+        connections = streams = 0
+        for driver in drivers:
+            if driver.protocol.closed:
+                continue
+            connections += 1
+            session = driver.protocol.session
+            if session is not None:
+                streams += session.active
+        return connections, streams
+
     @classmethod
     def on_loop(cls, loop: asyncio.AbstractEventLoop) -> list[Endpoint]:
         """Endpoints that have run connections on `loop`."""
@@ -245,3 +266,20 @@ class Endpoint:
             drivers += endpoint.open_connections(loop)
         if drivers:
             await asyncio.gather(*(d.drain(grace, reconnect_after_ms) for d in drivers), return_exceptions=True)
+
+
+def health() -> tuple[int, dict[str, Any]]:
+    """This process's health for a balancer: (HTTP status, report). 200 while it takes connections, 503 once
+    it drains (so a health check stops sending new clients before the process goes); the report's
+    ``connections`` and ``streams`` (open and running now, over every endpoint of the process) are its load,
+    for a balancer that weighs by it. The adapters serve it at the ``health_path`` setting."""
+    connections = streams = 0
+    draining = False
+    for endpoint in list(Endpoint.instances):
+        c, n = endpoint.load()
+        connections += c
+        streams += n
+        draining = draining or endpoint.draining
+    report = {"status": "draining" if draining else "ok", "connections": connections, "streams": streams,
+              "pid": os.getpid()}
+    return (503 if draining else 200), report

@@ -101,6 +101,9 @@ class Settings:
     client_path: str = ""
     """HTTP path prefix where the Starlette middleware and Flask extension serve the browser client
     (lowlat.js) and the demo page, e.g. "/lowlat" ("" = don't serve; docs/browser.md)."""
+    health_path: str = ""
+    """HTTP path where the Starlette middleware and Flask extension answer a balancer's health check: 200 and the
+    process's load as JSON, 503 once it drains ("" = don't serve; docs/scaling.md)."""
     asyncapi_path: str = ""
     """HTTP path where the Starlette middleware and Flask extension serve the endpoint's AsyncAPI 3.0 document
     (JSON), e.g. "/asyncapi.json" ("" = don't serve; docs/protocol.md)."""
@@ -173,6 +176,10 @@ class Settings:
         if self.metrics_path and (not self.metrics_path.startswith("/") or self.metrics_path == self.path):
             raise SettingsError(f"setting 'metrics_path' must start with '/' and differ from 'path', "
                                 f"got {self.metrics_path!r}")
+        if self.health_path and (not self.health_path.startswith("/") or self.health_path in (
+                self.path, self.metrics_path)):
+            raise SettingsError(f"setting 'health_path' must start with '/' and differ from 'path' and "
+                                f"'metrics_path', got {self.health_path!r}")
         if self.asyncapi_path and (not self.asyncapi_path.startswith("/") or self.asyncapi_path in (
                 self.path, self.metrics_path)):
             raise SettingsError(f"setting 'asyncapi_path' must start with '/' and differ from 'path' and "

@@ -10,13 +10,14 @@ and under ``client_path`` (the browser client and demo page), and passes everyth
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .. import static_files as static
 from ..asyncapi import asyncapi_json
-from ..endpoint import Endpoint, Refuse
+from ..endpoint import Endpoint, Refuse, health
 from ..errors import CloseCode, SettingsError
 from ..model import ModelSpec
 from ..settings import Settings
@@ -83,6 +84,12 @@ class LowLatASGI:
                 return
             if settings.asyncapi_path and scope["path"] == settings.asyncapi_path:
                 await self.serve_asyncapi(scope, send)
+                return
+            if settings.health_path and scope["path"] == settings.health_path:
+                status, report = health()
+                await send({"type": "http.response.start", "status": status,
+                            "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]})
+                await send({"type": "http.response.body", "body": json.dumps(report).encode()})
                 return
             if settings.client_path and (response := static.asgi_respond(scope, settings)) is not None:
                 await static.send_asgi(response, send)

@@ -32,6 +32,7 @@ _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 <p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>{metrics}"""
 DEFAULT_METRICS_PATH = "/metrics"
 DEFAULT_ASYNCAPI_PATH = "/asyncapi.json"
+DEFAULT_HEALTH_PATH = "/healthz"
 DEFAULT_CLIENT_PATH = "/lowlat"
 SERVE_GC_THRESHOLD = 10_000  # allocations between young collections under `serve` (Settings.gc_threshold)
 
@@ -139,6 +140,10 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
         options["gc_freeze"] = True  # the process is ours: its startup heap leaves the collector (Settings.gc_freeze)
     if "gc_threshold" not in options and f"{ENV_PREFIX}GC_THRESHOLD" not in os.environ:
         options["gc_threshold"] = SERVE_GC_THRESHOLD  # and a stream's objects die young (Settings.gc_threshold)
+    if "health_path" not in options and f"{ENV_PREFIX}HEALTH_PATH" not in os.environ:
+        loaded = Settings.load(options)
+        if DEFAULT_HEALTH_PATH not in (loaded.path, loaded.metrics_path):
+            options["health_path"] = DEFAULT_HEALTH_PATH
     if "asyncapi_path" not in options and f"{ENV_PREFIX}ASYNCAPI_PATH" not in os.environ:
         loaded = Settings.load(options)
         if DEFAULT_ASYNCAPI_PATH not in (loaded.path, loaded.metrics_path):
@@ -177,6 +182,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"lowlat-mw metrics at http://{args.host}:{args.port}{settings.metrics_path}", flush=True)
     if settings.asyncapi_path:
         print(f"lowlat-mw AsyncAPI document at http://{args.host}:{args.port}{settings.asyncapi_path}", flush=True)
+    if settings.health_path:
+        print(f"lowlat-mw health check at http://{args.host}:{args.port}{settings.health_path}", flush=True)
     stats = StatsPrinter(Metrics.for_registry(), args.stats_interval) if args.stats_interval else None
     if stats is not None:
         stats.start()

@@ -100,11 +100,13 @@ def ensure_debian(packages: list[str], commands: list[str], why: str, skip: str,
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"+ installing {names} failed ({exc}): {skip}", flush=True)
         return False
-    if result.returncode != 0 or not all(shutil.which(c) or Path("/usr/sbin", c).exists() for c in commands):
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+    tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+    if not all(shutil.which(c) or Path("/usr/sbin", c).exists() for c in commands):
         print(f"+ installing {names} failed (exit {result.returncode}): {skip}\n{tail}", flush=True)
         return False
-    print(f"+ {names} installed in {time.monotonic() - start:.0f} s", flush=True)
+    # (installed: a package script may still have failed, e.g. nginx's service start when port 80 is taken)
+    note = f" (apt-get exit {result.returncode}: {tail.splitlines()[-1] if tail else ''})" if result.returncode else ""
+    print(f"+ {names} installed in {time.monotonic() - start:.0f} s{note}", flush=True)
     return True
 
 
@@ -116,7 +118,9 @@ def ensure_chromium() -> None:
 
 
 def ensure_nginx() -> None:
-    """Debian's nginx, the balancer in front of two servers in tests/integration/test_balancer.py."""
+    """Debian's nginx, the balancer in front of two servers in tests/integration/test_balancer.py (the test runs
+    its own nginx on free loopback ports; on a machine with an init system the package also starts the
+    system's nginx on port 80, as installing it by hand would)."""
     ensure_debian(["nginx"], ["nginx"], "the balancer of tests/integration/test_balancer.py",
                   "the balancer test will be skipped", "SKIP_NGINX_INSTALL")
 
@@ -128,6 +132,9 @@ def ensure_node_packages() -> None:
     """npm install tests/node's packages (AsyncAPI schemas, TypeScript, ws) when missing or changed; with no npm,
     Debian's nodejs and npm first (root with apt-get only). Without them the tests that need them are skipped."""
     skip = "the AsyncAPI-schema and npm-package tests will be skipped"
+    if os.environ.get("SKIP_NODE_INSTALL"):
+        print(f"+ SKIP_NODE_INSTALL is set: tests/node's npm packages not installed, {skip}", flush=True)
+        return
     if not ensure_debian(["nodejs", "npm"], ["node", "npm"], "Debian's Node.js, for tests/node", skip,
                          "SKIP_NODE_INSTALL"):
         return

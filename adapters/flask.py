@@ -24,7 +24,7 @@ from wsproto.events import BytesMessage, CloseConnection, TextMessage
 from lowlat_mw import static_files as static
 from lowlat_mw.asyncapi import asyncapi_json
 from lowlat_mw.drivers.threads import ThreadDriver, facts_from_environ
-from lowlat_mw.endpoint import Endpoint, Refuse, health, settings_from_config
+from lowlat_mw.endpoint import Endpoint, Refuse, settings_from_config
 from lowlat_mw.model import ModelSpec
 from lowlat_mw.servers.serving import too_big_message, transport_limit
 
@@ -65,7 +65,7 @@ class LowLat:
         if settings.asyncapi_path:
             app.add_url_rule(settings.asyncapi_path, "lowlat_mw_asyncapi", self._asyncapi_view)
         if settings.health_path:
-            app.add_url_rule(settings.health_path, "lowlat_mw_health", _health_view)
+            app.add_url_rule(settings.health_path, "lowlat_mw_health", self._health_view)
         if settings.client_path:  # the browser client and demo page (docs/browser.md)
             prefix = settings.client_path.rstrip("/")
             app.add_url_rule(prefix + "/", "lowlat_mw_client_demo", self._client_view, methods=["GET", "HEAD"])
@@ -76,6 +76,12 @@ class LowLat:
         # werkzeug leaves the body out of HEAD responses itself
         answer = static.respond(found, "GET", request.headers.get("If-None-Match"))
         return Response(answer.body, status=answer.status, headers=list(answer.headers))
+
+    def _health_view(self) -> Response:
+        assert self.endpoint is not None
+        status, report = self.endpoint.health()
+        return Response(json.dumps(report), status=status, mimetype="application/json",
+                        headers={"Cache-Control": "no-store"})
 
     def _asyncapi_view(self) -> Response:
         scheme = "wss" if request.scheme == "https" else "ws"
@@ -165,12 +171,6 @@ class LowLat:
             driver.disconnected(code)
             _finish(ws)
         return _websocket_response(ws)
-
-
-def _health_view() -> Response:
-    status, report = health()
-    return Response(json.dumps(report), status=status, mimetype="application/json",
-                    headers={"Cache-Control": "no-store"})
 
 
 def _login_user() -> Any:

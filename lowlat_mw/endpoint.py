@@ -225,24 +225,30 @@ class Endpoint:
                 if not c.protocol.closed and (loop is None or getattr(c, "loop", None) is loop)]
 
     def load(self) -> tuple[int, int]:
-        """(open connections, running streams) of this endpoint, read from any thread."""
-        for _ in range(5):  # (a connection opening on another thread may change the set while it is listed)
-            try:
-                drivers = list(self.connections)
-                break
-            except RuntimeError:
-                continue
-        else:  # pragma: no cover - five collisions in a row
-            drivers = []
-        connections = streams = 0
+        """(open connections, running streams) of this endpoint, read from any thread. Streams are counted once
+        per session, the detached ones waiting for a resume included (their models run on)."""
+        refs = list(self.connections.data)  # (a plain set of weak references: copied atomically, any thread)
+        drivers = [d for d in (r() for r in refs) if d is not None]
+        connections = 0
+        sessions: dict[int, Any] = {}
         for driver in drivers:
             if driver.protocol.closed:
                 continue
             connections += 1
             session = driver.protocol.session
             if session is not None:
-                streams += session.active
-        return connections, streams
+                sessions[id(session)] = session
+        values = getattr(self.store, "values", None)  # (MemorySessionStore: the detached sessions' runners)
+        if values is not None:
+            for runner in values():
+                session = getattr(runner, "session", None)
+                if session is not None:
+                    sessions[id(session)] = session
+        return connections, sum(session.active for session in sessions.values())
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """This endpoint's health for a balancer: (HTTP status, report), see :func:`health`."""
+        return health([self])
 
     @classmethod
     def on_loop(cls, loop: asyncio.AbstractEventLoop) -> list[Endpoint]:
@@ -268,18 +274,19 @@ class Endpoint:
             await asyncio.gather(*(d.drain(grace, reconnect_after_ms) for d in drivers), return_exceptions=True)
 
 
-def health() -> tuple[int, dict[str, Any]]:
-    """This process's health for a balancer: (HTTP status, report). 200 while it takes connections, 503 once
-    it drains (so a health check stops sending new clients before the process goes); the report's
-    ``connections`` and ``streams`` (open and running now, over every endpoint of the process) are its load,
-    for a balancer that weighs by it. The adapters serve it at the ``health_path`` setting."""
+def health(endpoints: Iterable[Endpoint] | None = None) -> tuple[int, dict[str, Any]]:
+    """Health for a balancer, of `endpoints` (default: every endpoint of this process): (HTTP status, report).
+    200 while they take connections, 503 once they all drain (so a health check stops sending new clients
+    before the process goes); the report's ``connections`` and ``streams`` (open and running now) are the
+    load, for a balancer that weighs by it. The adapters serve their own endpoint's at ``health_path``."""
+    chosen = list(Endpoint.instances.data) if endpoints is None else None
+    members = [e for e in (r() for r in chosen) if e is not None] if chosen is not None else list(endpoints or ())
     connections = streams = 0
-    draining = False
-    for endpoint in list(Endpoint.instances):
+    for endpoint in members:
         c, n = endpoint.load()
         connections += c
         streams += n
-        draining = draining or endpoint.draining
+    draining = bool(members) and all(endpoint.draining for endpoint in members)
     report = {"status": "draining" if draining else "ok", "connections": connections, "streams": streams,
               "pid": os.getpid()}
     return (503 if draining else 200), report

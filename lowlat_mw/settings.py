@@ -177,9 +177,9 @@ class Settings:
             raise SettingsError(f"setting 'metrics_path' must start with '/' and differ from 'path', "
                                 f"got {self.metrics_path!r}")
         if self.health_path and (not self.health_path.startswith("/") or self.health_path in (
-                self.path, self.metrics_path)):
-            raise SettingsError(f"setting 'health_path' must start with '/' and differ from 'path' and "
-                                f"'metrics_path', got {self.health_path!r}")
+                self.path, self.metrics_path, self.asyncapi_path)):
+            raise SettingsError(f"setting 'health_path' must start with '/' and differ from 'path', 'metrics_path' "
+                                f"and 'asyncapi_path', got {self.health_path!r}")
         if self.asyncapi_path and (not self.asyncapi_path.startswith("/") or self.asyncapi_path in (
                 self.path, self.metrics_path)):
             raise SettingsError(f"setting 'asyncapi_path' must start with '/' and differ from 'path' and "

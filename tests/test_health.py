@@ -56,8 +56,8 @@ def test_the_report_counts_connections_and_running_streams_and_says_draining() -
                     assert await anext(aiter(s)) == "first "
                 status, report = await asyncio.to_thread(_get, f"{server.http_url}/healthz")
                 assert status == 200
-                assert report["connections"] - before["connections"] == 2
-                assert report["streams"] - before["streams"] == 3
+                assert (report["connections"], report["streams"]) == (2, 3)  # (this app's endpoint only)
+                assert app.endpoint.load() == (2, 3)
                 server_loop = app.endpoint.loops
                 assert server_loop  # (the streams ran on the server's own loop)
                 gate_loop = next(iter(server_loop))
@@ -90,8 +90,15 @@ def test_the_flask_extension_serves_it() -> None:
         server.stop()
 
 
-def test_health_aggregates_the_processs_endpoints() -> None:
-    assert health()[1]["connections"] == sum(e.load()[0] for e in list(Endpoint.instances))
+def test_health_of_several_endpoints_is_draining_only_when_all_are() -> None:
+    a = LowLatASGI(lambda req: "x", registry=CollectorRegistry()).endpoint
+    b = LowLatASGI(lambda req: "x", registry=CollectorRegistry()).endpoint
+    assert health([a, b]) == (200, {"status": "ok", "connections": 0, "streams": 0, "pid": os.getpid()})
+    a.draining = True  # one app drained, the other still serves: the process is healthy
+    assert health([a, b])[0] == 200 and a.health()[0] == 503 and b.health()[0] == 200
+    b.draining = True
+    assert health([a, b]) == (503, {"status": "draining", "connections": 0, "streams": 0, "pid": os.getpid()})
+    assert a in Endpoint.instances and health()[1].keys() == {"status", "connections", "streams", "pid"}
 
 
 @pytest.mark.timeout(120)

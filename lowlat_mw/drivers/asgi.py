@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import static_files as static
 from ..asyncapi import asyncapi_json
-from ..endpoint import Endpoint, Refuse, health
+from ..endpoint import Endpoint, Refuse
 from ..errors import CloseCode, SettingsError
 from ..model import ModelSpec
 from ..settings import Settings
@@ -86,7 +86,7 @@ class LowLatASGI:
                 await self.serve_asyncapi(scope, send)
                 return
             if settings.health_path and scope["path"] == settings.health_path:
-                status, report = health()
+                status, report = self.endpoint.health()
                 await send({"type": "http.response.start", "status": status,
                             "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]})
                 await send({"type": "http.response.body", "body": json.dumps(report).encode()})

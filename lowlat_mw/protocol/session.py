@@ -391,6 +391,10 @@ class MemorySessionStore:
         """Forget a session."""
         self._items.pop(session_id, None)
 
+    def values(self) -> list[Any]:
+        """The stored session objects (a copy: safe from any thread)."""
+        return list(self._items.values())
+
 
 def normalize_chunk(chunk: object) -> str | bytes:
     """A model's chunk as str or bytes; LocalProtocolError for anything a frame cannot carry."""

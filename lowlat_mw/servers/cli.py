@@ -124,38 +124,33 @@ class StatsPrinter:
 
 
 def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Settings from --set, --path, --metrics-path and --client-path (default /metrics and /lowlat unless
-    configured elsewhere)."""
+    """Settings from --set, --path, --metrics-path and --client-path, with serve's defaults for the HTTP paths
+    (/metrics, /healthz, /asyncapi.json, /lowlat) unless configured elsewhere."""
     options = _parse_set(args.set)
     if args.path:
         options["path"] = args.path
     if getattr(args, "drain_grace", None) is not None:
         options["drain_grace"] = args.drain_grace
-    if args.metrics_path is not None:
-        options["metrics_path"] = args.metrics_path
-    elif "metrics_path" not in options and f"{ENV_PREFIX}METRICS_PATH" not in os.environ:
-        if Settings.load(options).path != DEFAULT_METRICS_PATH:
-            options["metrics_path"] = DEFAULT_METRICS_PATH
+    _default_path(options, "metrics_path", DEFAULT_METRICS_PATH, args.metrics_path)
     if "gc_freeze" not in options and f"{ENV_PREFIX}GC_FREEZE" not in os.environ:
         options["gc_freeze"] = True  # the process is ours: its startup heap leaves the collector (Settings.gc_freeze)
     if "gc_threshold" not in options and f"{ENV_PREFIX}GC_THRESHOLD" not in os.environ:
         options["gc_threshold"] = SERVE_GC_THRESHOLD  # and a stream's objects die young (Settings.gc_threshold)
-    if "health_path" not in options and f"{ENV_PREFIX}HEALTH_PATH" not in os.environ:
-        loaded = Settings.load(options)
-        if DEFAULT_HEALTH_PATH not in (loaded.path, loaded.metrics_path):
-            options["health_path"] = DEFAULT_HEALTH_PATH
-    if "asyncapi_path" not in options and f"{ENV_PREFIX}ASYNCAPI_PATH" not in os.environ:
-        loaded = Settings.load(options)
-        if DEFAULT_ASYNCAPI_PATH not in (loaded.path, loaded.metrics_path):
-            options["asyncapi_path"] = DEFAULT_ASYNCAPI_PATH
-    client_path = getattr(args, "client_path", None)
-    if client_path is not None:
-        options["client_path"] = client_path
-    elif "client_path" not in options and f"{ENV_PREFIX}CLIENT_PATH" not in os.environ:
-        loaded = Settings.load(options)
-        if DEFAULT_CLIENT_PATH not in (loaded.path, loaded.metrics_path):
-            options["client_path"] = DEFAULT_CLIENT_PATH
+    _default_path(options, "health_path", DEFAULT_HEALTH_PATH)
+    _default_path(options, "asyncapi_path", DEFAULT_ASYNCAPI_PATH)
+    _default_path(options, "client_path", DEFAULT_CLIENT_PATH, getattr(args, "client_path", None))
     return options
+
+
+def _default_path(options: dict[str, Any], name: str, default: str, given: str | None = None) -> None:
+    """Set the HTTP path setting `name`: `given` (its command-line option) if there is one; else `default`, unless
+    --set or a LOWLAT_* variable configures it, or the WebSocket or metrics path took it."""
+    if given is not None:
+        options[name] = given
+    elif name not in options and f"{ENV_PREFIX}{name.upper()}" not in os.environ:
+        loaded = Settings.load(options)
+        if default not in (loaded.path, loaded.metrics_path):
+            options[name] = default
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -9,9 +9,9 @@ REPO = Path(__file__).resolve().parents[1]
 __all__ = ["guide_block"]
 
 
-def guide_block(guide: str, first_line: str, containing: str = "") -> str:
-    """The ```python block of docs/`guide` that starts with `first_line` (and contains `containing`)."""
-    blocks = (REPO / "docs" / guide).read_text().split("```python\n")[1:]
+def guide_block(guide: str, first_line: str, containing: str = "", lang: str = "python") -> str:
+    """The ````lang` block of docs/`guide` that starts with `first_line` (and contains `containing`)."""
+    blocks = (REPO / "docs" / guide).read_text().split(f"```{lang}\n")[1:]
     found = [b.split("```", 1)[0] for b in blocks if b.startswith(first_line + "\n") and containing in b]
-    assert len(found) == 1, f"docs/{guide} has {len(found)} python blocks starting {first_line!r}"
+    assert len(found) == 1, f"docs/{guide} has {len(found)} {lang} blocks starting {first_line!r}"
     return found[0]

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from loopback import free_port
 from prometheus_client import CollectorRegistry
 
 from lowlat_mw import connect
@@ -105,9 +105,7 @@ def test_health_of_several_endpoints_is_draining_only_when_all_are() -> None:
 def test_serve_fails_its_health_check_while_it_drains(tmp_path) -> None:
     """SIGTERM with a stream running: the health check fails at once (refused: serve stops accepting first; or
     503), while the stream still finishes."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
     with log.open("w") as out:

@@ -240,20 +240,6 @@ def running_server(name: str, framework: str, conformance_dir: Path, extra: Mapp
             pytest.fail(f"{srv.name} died during the tests (code {died})\n{srv.output()}")
 
 
-def wait_listening(proc: LoggedProcess, port: int, bound: float = 60.0) -> bool:
-    """True once `port` accepts a connection; False if `proc` exited first (raise if neither within `bound`)."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            return False
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"{proc.name} neither listened nor exited within {bound} s\n{proc.output()}")
-
-
 def wait_for_line(proc: LoggedProcess, needle: str, bound: float = 30.0) -> str:
     """The captured stderr once it contains `needle` (bounded)."""
     deadline = time.monotonic() + bound

@@ -24,10 +24,10 @@ from conformance_servers import (
     server_env,
     start_ready,
     wait_for_line,
-    wait_listening,
 )
 from conformance_support import MODES, PROTO, raw_connect
-from guide_support import guide_block  # (tests/: the guides' code blocks)
+from guide_support import guide_block
+from loopback import wait_listening  # (tests/: the guides' code blocks)
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import Backoff, ConnectionClosed
@@ -163,7 +163,7 @@ async def test_a_new_project_following_the_guide_streams_under_runserver(tmp_pat
     project = _new_project(tmp_path / "site", env, settings)
     proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-guide")
     try:
-        assert wait_listening(proc, port), proc.output()
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
         async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
             assert await client.complete("hi") == "hello from runserver"
         text = await asyncio.to_thread(wait_for_line, proc, "closed by client")  # the guide's LOGGING
@@ -179,7 +179,7 @@ async def test_without_the_guides_settings_runserver_does_what_the_guide_says(tm
     project = _new_project(tmp_path / "wsgi", env, 'INSTALLED_APPS = [*INSTALLED_APPS, "myapp"]\n')
     proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-no-daphne")
     try:
-        assert wait_listening(proc, port), proc.output()
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
         with pytest.raises(InvalidStatus) as info:
             async with asyncio.timeout(30), raw_connect(f"ws://127.0.0.1:{port}/ws", [PROTO]):
                 pass
@@ -189,7 +189,7 @@ async def test_without_the_guides_settings_runserver_does_what_the_guide_says(tm
     project = _new_project(tmp_path / "noasgi", env, 'INSTALLED_APPS = ["daphne", *INSTALLED_APPS, "myapp"]\n')
     proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-no-asgi-app")
     try:
-        assert not wait_listening(proc, port), proc.output()
+        assert not wait_listening(port, proc.alive, proc.output), proc.output()
         assert proc.proc.wait(30) != 0
         assert "ASGI_APPLICATION" in proc.output(), proc.output()
     finally:

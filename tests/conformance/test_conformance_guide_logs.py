@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conformance_servers import VENV_BIN, free_port, server_env, wait_for_line, wait_listening
+from conformance_servers import VENV_BIN, free_port, server_env, wait_for_line
 from guide_support import guide_block
+from loopback import wait_listening
 
 from lowlat_mw.client import connect
 from lowlat_mw.testing import LoggedProcess
@@ -59,7 +60,7 @@ async def test_the_guides_logging_snippet_shows_lowlat_lines(framework: str, tmp
     proc = LoggedProcess(f"guide-logs-{framework}", argv(port), logdir=conformance_dir / "logs", env=env,
                          cwd=tmp_path)
     try:
-        assert wait_listening(proc, port), proc.output()
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
         async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
             assert await client.complete("hi") == "logged"
         text = await asyncio.to_thread(wait_for_line, proc, "closed by client")
@@ -73,7 +74,7 @@ async def test_serve_shows_lowlat_lines(tmp_path: Path, conformance_dir):
     proc = LoggedProcess("serve-logs", [sys.executable, "-m", "lowlat_mw", "serve", "--port", str(port)],
                          logdir=conformance_dir / "logs", env=server_env(), cwd=tmp_path)
     try:
-        assert wait_listening(proc, port), proc.output()
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
         async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
             assert await client.complete("hi")
         text = await asyncio.to_thread(wait_for_line, proc, "lowlat-mw: connection ")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conformance_servers import base_env, server_argv, wait_for_line, wait_listening
+from conformance_servers import base_env, server_argv, wait_for_line
+from loopback import wait_listening
 
 from lowlat_mw.client import connect
 from lowlat_mw.servers.serving import SEVERAL_WORKERS
@@ -27,7 +28,7 @@ async def test_several_workers_are_warned_about(launch, conformance_dir, framewo
     srv = launch(f"workers-{framework}-{workers}", framework,
                  lambda p: server_argv(framework, p, extra=(FLAGS[framework], str(workers)), env=env), env,
                  ready=False)
-    assert wait_listening(srv, srv.port), srv.output()
+    assert wait_listening(srv.port, srv.alive, srv.output), srv.output()
     for _ in range(8):  # uvicorn's workers say it at their first connection: reach one of them (or both)
         async with asyncio.timeout(30), connect(srv.url) as client:
             assert await client.complete("x", model="agen", params={"n": 2}) == "a0;a1;"

@@ -10,13 +10,13 @@ import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from guide_support import guide_block
+from loopback import free_port, wait_listening
 
 from lowlat_mw import Backoff, ResumeFailed, connect
 from lowlat_mw.testing import FaultProxy, LoggedProcess
@@ -31,21 +31,10 @@ CUT = (600, 2500)  # each connection is cut after this many bytes from the serve
 WAIT = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def guide_nginx_block() -> str:
-    text = (ROOT / "docs" / "scaling.md").read_text()
-    [block] = [b.split("```", 1)[0] for b in text.split("```nginx\n")[1:] if "upstream lowlat" in b]
-    return block
-
-
 def nginx_conf(prefix: Path, listen: int, backends: tuple[int, int], *, affinity: bool) -> str:
     """The guide's block with this test's ports, inside the little an nginx.conf needs around it."""
-    block = guide_nginx_block().replace("listen 8000;", f"listen 127.0.0.1:{listen};")
+    block = guide_block("scaling.md", "# lowlat-mw behind nginx: two server processes, each client kept on one of them",
+                        lang="nginx").replace("listen 8000;", f"listen 127.0.0.1:{listen};")
     block = block.replace("127.0.0.1:8001", f"127.0.0.1:{backends[0]}").replace("127.0.0.1:8002",
                                                                               f"127.0.0.1:{backends[1]}")
     assert "ip_hash;" in block
@@ -58,15 +47,7 @@ def nginx_conf(prefix: Path, listen: int, backends: tuple[int, int], *, affinity
 
 
 def _wait_port(port: int, proc: LoggedProcess, bound: float = WAIT) -> None:
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        assert proc.alive(), proc.output()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"{proc.name} did not listen within {bound} s\n{proc.output()}")
+    assert wait_listening(port, proc.alive, proc.output, bound), proc.output()
 
 
 @pytest.fixture
@@ -76,7 +57,7 @@ def backends(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
     try:
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             proc = LoggedProcess(f"balanced-{i}", [sys.executable, "-m", "lowlat_mw", "serve", "--port", str(port),
                                                    "--delay", "0.005", "--log-level", "warning"],
                                  logdir=tmp_path, env=env, cwd=tmp_path)
@@ -94,7 +75,7 @@ def _start_nginx(tmp_path: Path, backends: tuple[int, int], affinity: bool) -> t
     prefix = tmp_path / ("nginx-affinity" if affinity else "nginx-round-robin")
     (prefix / "tmp").mkdir(parents=True)
     prefix.chmod(0o755)
-    port = _free_port()
+    port = free_port()
     (prefix / "nginx.conf").write_text(nginx_conf(prefix, port, backends, affinity=affinity))
     proc = LoggedProcess(prefix.name, [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
                                        str(prefix / "error.log")], logdir=tmp_path, cwd=prefix)
@@ -150,7 +131,7 @@ def test_the_guides_block_is_a_valid_nginx_configuration(tmp_path: Path) -> None
         pytest.skip("nginx is not installed (`python3 dev.py test` installs it as root)")
     prefix = tmp_path / "check"
     (prefix / "tmp").mkdir(parents=True)
-    (prefix / "nginx.conf").write_text(nginx_conf(prefix, _free_port(), (_free_port(), _free_port()),
+    (prefix / "nginx.conf").write_text(nginx_conf(prefix, free_port(), (free_port(), free_port()),
                                                   affinity=True))
     result = subprocess.run([NGINX, "-t", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
                              str(prefix / "error.log")], capture_output=True, text=True, timeout=30)

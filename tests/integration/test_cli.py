@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loopback import free_port, wait_listening
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -22,28 +24,31 @@ def _cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "lowlat_mw.servers.cli"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_listening(proc: subprocess.Popen, port: int, log: Path, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"server did not listen on {port} within {timeout} s:\n{log.read_text()}")
+    assert wait_listening(port, lambda: proc.poll() is None, log.read_text, timeout), \
+        f"server exited with {proc.returncode}:\n{log.read_text()}"
+
+
+@contextlib.contextmanager
+def _serve_model(tmp_path: Path, module: str, source: str, *options: str) -> Iterator[int]:
+    """`lowlat-mw serve module:model` on a free port for the `module` written from `source`: yields the port."""
+    (tmp_path / f"{module}.py").write_text(source)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*_cli(), "serve", f"{module}:model", "--app-dir", str(tmp_path), *options,
+                                 "--port", str(port), "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(proc, port, log)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture
 def cli_server(tmp_path):
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -92,7 +97,7 @@ def _http_get(url: str) -> tuple[int, str]:
 
 
 def _start_serve(tmp_path: Path, *extra: str) -> tuple[int, subprocess.Popen, Path, Path]:
-    port = _free_port()
+    port = free_port()
     out_log, err_log = tmp_path / "serve.out", tmp_path / "serve.err"
     with out_log.open("w") as out, err_log.open("w") as err:
         proc = subprocess.Popen(
@@ -271,21 +276,13 @@ def test_chat_bad_header_is_a_usage_error(cli_server):
 
 
 def test_chat_sends_auth_and_headers(tmp_path):
-    (tmp_path / "whoami.py").write_text(
-        "def model(req):\n"
-        "    return f\"{req.session.principal}|{req.session.headers.get('x-tag')}\"\n\n"
-        "def authenticate(handshake):\n"
-        "    if handshake.bearer != 'sesame':\n"
-        "        raise PermissionError('bad token')\n"
-        "    return 'alice'\n")
-    port = _free_port()
-    log = tmp_path / "serve.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [*_cli(), "serve", "whoami:model", "--app-dir", str(tmp_path), "--set", "authenticate=whoami:authenticate",
-             "--port", str(port), "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_listening(proc, port, log)
+    source = ("def model(req):\n"
+              "    return f\"{req.session.principal}|{req.session.headers.get('x-tag')}\"\n\n"
+              "def authenticate(handshake):\n"
+              "    if handshake.bearer != 'sesame':\n"
+              "        raise PermissionError('bad token')\n"
+              "    return 'alice'\n")
+    with _serve_model(tmp_path, "whoami", source, "--set", "authenticate=whoami:authenticate") as port:
         result = _chat(port, "--auth", "sesame", "--header", "X-Tag: blue", "hi")
         assert result.returncode == 0, result.stderr
         assert result.stdout == "alice|blue\n"
@@ -293,9 +290,6 @@ def test_chat_sends_auth_and_headers(tmp_path):
         assert result.stdout == "alice|None\n", result.stderr
         result = _chat(port, "--auth", "wrong", "--retries", "0", "hi")
         assert result.returncode == 1 and "lowlat-mw chat:" in result.stderr, result.stderr
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_chat_is_interactive_on_a_terminal(cli_server):
@@ -319,24 +313,14 @@ def test_chat_is_interactive_on_a_terminal(cli_server):
 
 
 def test_chat_keeps_the_conversation_after_a_failed_reply_and_needs_a_prompt(tmp_path):
-    (tmp_path / "picky.py").write_text(
-        "def model(req):\n"
-        "    if req.prompt == 'boom':\n"
-        "        raise ValueError('no')\n"
-        "    return 'ok:' + req.prompt\n")
-    port = _free_port()
-    log = tmp_path / "serve.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([*_cli(), "serve", "picky:model", "--app-dir", str(tmp_path), "--port", str(port),
-                                 "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_listening(proc, port, log)
+    source = ("def model(req):\n"
+              "    if req.prompt == 'boom':\n"
+              "        raise ValueError('no')\n"
+              "    return 'ok:' + req.prompt\n")
+    with _serve_model(tmp_path, "picky", source) as port:
         result = _chat(port, stdin="one\nboom\ntwo\n")
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines() == ["ok:one", "ok:two"], result.stdout
         assert result.stderr.count("lowlat-mw chat:") == 1 and "model_error" in result.stderr, result.stderr
         result = _chat(port, stdin="")
         assert result.returncode == 2 and "no prompt" in result.stderr, result.stderr
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loopback import free_port
 
 from lowlat_mw.client import connect
 from lowlat_mw.testing import LoggedProcess
@@ -23,16 +24,8 @@ INSTALL_BOUND = 300.0  # a cold pip cache on a loaded machine; warm, it is ~11 s
 TEST_ONLY = {"pytest", "selenium", "grpcio-tools", "atheris", "matplotlib", "hypothesis", "django", "flask"}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_dev_demo_installs_only_the_demo_and_serves_it(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "PYTHON"))}
     env.update(LOWLAT_DEV_VENV=str(venv), PORT=str(port))

@@ -27,6 +27,7 @@ from .direct import EXTENSION
 __all__ = ["LowLatASGI", "accept"]
 
 log = logging.getLogger("lowlat_mw")
+_JSON_NO_STORE = (("content-type", "application/json"), ("cache-control", "no-store"))
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -87,9 +88,8 @@ class LowLatASGI:
                 return
             if settings.health_path and scope["path"] == settings.health_path:
                 status, report = self.endpoint.health()
-                await send({"type": "http.response.start", "status": status,
-                            "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]})
-                await send({"type": "http.response.body", "body": json.dumps(report).encode()})
+                await static.send_asgi(static.StaticResponse(status, _JSON_NO_STORE, json.dumps(report).encode()),
+                                       send)
                 return
             if settings.client_path and (response := static.asgi_respond(scope, settings)) is not None:
                 await static.send_asgi(response, send)
@@ -112,18 +112,17 @@ class LowLatASGI:
             if message["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.failed", "message": f"lowlat-mw cannot start: {self.failed}"})
             return
-        if kind == "websocket" or self.app is None:
-            log.error("lowlat-mw cannot start: %s", self.failed)
-            if kind == "websocket":
-                await receive()  # websocket.connect
-                # (closed before accepting: the server answers the handshake with HTTP 403)
-                await send({"type": "websocket.close", "code": CloseCode.INTERNAL_ERROR})
-                return
-        if self.app is not None:
+        if kind != "websocket" and self.app is not None:
             await self.app(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": b"lowlat-mw cannot start: see the server's log\n"})
+        log.error("lowlat-mw cannot start: %s", self.failed)
+        if kind == "websocket":
+            await receive()  # websocket.connect
+            # (closed before accepting: the server answers the handshake with HTTP 403)
+            await send({"type": "websocket.close", "code": CloseCode.INTERNAL_ERROR})
+            return
+        await static.send_asgi(static.StaticResponse(500, (("content-type", "text/plain"),),
+                                                     b"lowlat-mw cannot start: see the server's log\n"), send)
 
     async def serve_asyncapi(self, scope: Scope, send: Send) -> None:
         """Answer an HTTP request with the endpoint's AsyncAPI document (JSON), its server the request's host."""
@@ -131,9 +130,8 @@ class LowLatASGI:
         scheme = "wss" if scope.get("scheme") == "https" else "ws"
         host = headers.get("host")
         body = asyncapi_json(self.endpoint.settings, f"{scheme}://{host}" if host else None)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"access-control-allow-origin", b"*")]})
-        await send({"type": "http.response.body", "body": body})
+        await static.send_asgi(static.StaticResponse(
+            200, (("content-type", "application/json"), ("access-control-allow-origin", "*")), body), send)
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket scope: admission, then the connection until the socket is gone."""

@@ -152,8 +152,8 @@ def asyncapi_json(settings: Settings, url: str | None) -> bytes:
     settings can be a cache key (an ``authenticate`` hook that is an unhashable object cannot)."""
     try:
         return _cached_json(settings, url)
-    except TypeError:
-        return json.dumps(document(settings, url=url), indent=2).encode()
+    except TypeError:  # (unhashable settings)
+        return _cached_json.__wrapped__(settings, url)
 
 
 @functools.lru_cache(maxsize=32)

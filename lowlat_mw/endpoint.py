@@ -227,8 +227,7 @@ class Endpoint:
     def load(self) -> tuple[int, int]:
         """(open connections, running streams) of this endpoint, read from any thread. Streams are counted once
         per session, the detached ones waiting for a resume included (their models run on)."""
-        refs = list(self.connections.data)  # (a plain set of weak references: copied atomically, any thread)
-        drivers = [d for d in (r() for r in refs) if d is not None]
+        drivers = _snapshot(self.connections)
         connections = 0
         sessions: dict[int, Any] = {}
         for driver in drivers:
@@ -279,8 +278,7 @@ def health(endpoints: Iterable[Endpoint] | None = None) -> tuple[int, dict[str, 
     200 while they take connections, 503 once they all drain (so a health check stops sending new clients
     before the process goes); the report's ``connections`` and ``streams`` (open and running now) are the
     load, for a balancer that weighs by it. The adapters serve their own endpoint's at ``health_path``."""
-    chosen = list(Endpoint.instances.data) if endpoints is None else None
-    members = [e for e in (r() for r in chosen) if e is not None] if chosen is not None else list(endpoints or ())
+    members = _snapshot(Endpoint.instances) if endpoints is None else list(endpoints)
     connections = streams = 0
     for endpoint in members:
         c, n = endpoint.load()
@@ -290,3 +288,9 @@ def health(endpoints: Iterable[Endpoint] | None = None) -> tuple[int, dict[str, 
     report = {"status": "draining" if draining else "ok", "connections": connections, "streams": streams,
               "pid": os.getpid()}
     return (503 if draining else 200), report
+
+
+def _snapshot(items: weakref.WeakSet[Any]) -> list[Any]:
+    """The live members of `items`, from any thread: its set of weak references is copied in one step (listing the
+    WeakSet itself fails when another thread adds to it meanwhile)."""
+    return [item for item in (ref() for ref in list(items.data)) if item is not None]

@@ -29,7 +29,7 @@ __all__ = ["StatsPrinter", "build_app", "main", "source_checkout"]
 _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 <h1>lowlat-mw is serving</h1><p>WebSocket endpoint: <code>{path}</code>
 (subprotocols <code>lowlat.v1.proto</code>, <code>lowlat.v1.json</code>).</p>
-<p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>{metrics}"""
+<p>Try: <code>lowlat-mw chat ws://HOST:PORT{path} "hello"</code></p>{links}"""
 DEFAULT_METRICS_PATH = "/metrics"
 DEFAULT_ASYNCAPI_PATH = "/asyncapi.json"
 DEFAULT_HEALTH_PATH = "/healthz"
@@ -62,14 +62,14 @@ def build_app(model: Any = None, **options: Any) -> Any:
     from ..drivers.asgi import LowLatASGI
 
     settings = Settings.load(options)
-    metrics = ""
+    links = ""
     if settings.metrics and settings.metrics_path:
         mp = settings.metrics_path
-        metrics = f'\n<p>Prometheus metrics: <a href="{mp}"><code>{mp}</code></a></p>'
+        links += f'\n<p>Prometheus metrics: <a href="{mp}"><code>{mp}</code></a></p>'
     if settings.asyncapi_path:
         ap = settings.asyncapi_path
-        metrics += f'\n<p>AsyncAPI 3.0 document: <a href="{ap}"><code>{ap}</code></a></p>'
-    text_page = _HOME_PAGE.format(path=settings.path, metrics=metrics).encode()
+        links += f'\n<p>AsyncAPI 3.0 document: <a href="{ap}"><code>{ap}</code></a></p>'
+    text_page = _HOME_PAGE.format(path=settings.path, links=links).encode()
 
     async def home(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":

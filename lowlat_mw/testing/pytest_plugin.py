@@ -93,10 +93,7 @@ class RunningServer:
 
         from ..servers.serving import uvicorn_options
 
-        options = uvicorn_options()
-        config = uvicorn.Config(self.app, lifespan="auto", log_level="warning", ws=options["ws"],
-                                http=options["http"], ws_max_size=options["ws_max_size"], ws_ping_interval=None,
-                                ws_per_message_deflate=False)
+        config = uvicorn.Config(self.app, lifespan="auto", log_level="warning", **uvicorn_options())
         server = uvicorn.Server(config)
         loop = asyncio.get_running_loop()
         self._stop = lambda: loop.call_soon_threadsafe(setattr, server, "should_exit", True)

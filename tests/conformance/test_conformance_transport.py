@@ -246,12 +246,23 @@ def record(srv: ServerProcess, case: str, outcome: str, rss: PeakRSS) -> None:
 
 
 def warm(srv: ServerProcess) -> None:
-    """One served request of the biggest size first, so one-off allocations are not counted."""
+    """One served request of the biggest size first, so one-off allocations are not counted.
+
+    It ends with a close handshake and waits for the server's end of the TCP connection, which every
+    server sends only once it has finished with the connection. Under load, a warm-up connection that
+    the server was still tearing down kept its threads busy (gunicorn's gthread: a pool thread and
+    simple-websocket's reader thread), so the measured connection got fresh ones, whose first big
+    allocations (a new malloc arena) were then counted as its growth."""
     ws = RawWS(srv.port)
     try:
         ws.hello()
         ws.sock.sendall(frame(2, request_of_size(LIMIT)))
         assert served(ws)
+        ws.sock.sendall(frame(8, struct.pack("!H", 1000)))
+        assert ws.until_closed(timeout=30) == 1000
+        ws.sock.settimeout(30)
+        while ws.sock.recv(65536):  # (the server's FIN)
+            pass
     finally:
         ws.close()
 

@@ -7,10 +7,10 @@
 Extra arguments after the command go to `lowlat-mw serve` or pytest.
 
 `test` also makes sure what some tests need is there: Debian's chromium and chromium-driver (the browser
-tests), nginx (the balancer test), nodejs and npm with tests/node's npm packages (the AsyncAPI schema,
-TypeScript). Run as root on a Debian-like system it installs the Debian packages with apt-get when missing.
-Elsewhere (or with SKIP_BROWSER_INSTALL / SKIP_NGINX_INSTALL / SKIP_NODE_INSTALL set) those tests are
-skipped, and the run says why.
+tests), nginx (the balancer test), redis-server (the tests that use Redis), nodejs and npm with tests/node's
+npm packages (the AsyncAPI schema, TypeScript). Run as root on a Debian-like system it installs the Debian
+packages with apt-get when missing. Elsewhere (or with SKIP_BROWSER_INSTALL / SKIP_NGINX_INSTALL /
+SKIP_REDIS_INSTALL / SKIP_NODE_INSTALL set) those tests are skipped, and the run says why.
 """
 
 from __future__ import annotations
@@ -125,6 +125,13 @@ def ensure_nginx() -> None:
                   "the balancer test will be skipped", "SKIP_NGINX_INSTALL")
 
 
+def ensure_redis() -> None:
+    """Debian's redis-server for the tests that use Redis (tests/redis_support.py runs its own redis-server on a
+    free loopback port; on a machine with an init system the package also starts the system's on port 6379)."""
+    ensure_debian(["redis-server"], ["redis-server"], "the Redis of tests/redis_support.py",
+                  "the tests that use Redis will be skipped (fail where CI=true)", "SKIP_REDIS_INSTALL")
+
+
 NODE_TESTS = ROOT / "tests" / "node"
 
 
@@ -169,6 +176,7 @@ def main(argv: list[str]) -> int:
     if command == "test":
         ensure_chromium()
         ensure_nginx()
+        ensure_redis()
         ensure_node_packages()
         _run(BIN / "ruff", "check", ".")
         result = subprocess.run([str(PY), "-m", "pytest", *(rest or ["-q"])], cwd=ROOT)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from redis_support import RedisServer
 
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 10.0
@@ -175,6 +176,28 @@ def make_starlette_app(model: Any, *, routes: list[Any] | None = None, **setting
 def starlette_app() -> Callable[..., Any]:
     """Fixture form of :func:`make_starlette_app`."""
     return make_starlette_app
+
+
+# ============================================================================ Redis
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One redis-server (Debian's, tests/redis_support.py) on a free loopback port for the whole run, stopped at
+    the end. Without redis-server the tests that use it are skipped (failed where CI=true)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """The URL of the session's Redis, emptied first (FLUSHALL) so that no test sees another's keys; started
+    again (same port) if an earlier test stopped it."""
+    import redis
+
+    if not redis_server.running:
+        redis_server.start()
+    with redis.Redis.from_url(redis_server.url, socket_timeout=5) as client:
+        client.flushall()
+    yield redis_server.url
 
 
 # ============================================================================ benchmarks, quick mode

@@ -25,6 +25,7 @@ from django.http import HttpRequest, HttpResponse
 from lowlat_mw import static_files as static
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.drivers.asgi import accept
+from lowlat_mw.drivers.shared import open_endpoint
 from lowlat_mw.endpoint import Endpoint, settings_from_config
 from lowlat_mw.errors import app_close_code
 from lowlat_mw.model import Models, ModelSpec
@@ -49,7 +50,7 @@ class _App:
         registry = options.pop("registry", None)
         self.options = options
         self.generation = _generation[0]
-        self.endpoint = Endpoint(models, self._settings(), registry=registry)
+        self.endpoint = open_endpoint(models, self._settings(), registry=registry)
 
     def _settings(self) -> Any:
         config = {"LOWLAT_MW": getattr(django_settings, "LOWLAT_MW", None) or {}}

@@ -23,6 +23,7 @@ from wsproto.events import BytesMessage, CloseConnection, TextMessage
 
 from lowlat_mw import static_files as static
 from lowlat_mw.asyncapi import asyncapi_json
+from lowlat_mw.drivers.shared import open_endpoint
 from lowlat_mw.drivers.threads import ThreadDriver, facts_from_environ
 from lowlat_mw.endpoint import Endpoint, Refuse, settings_from_config
 from lowlat_mw.model import ModelSpec
@@ -57,7 +58,7 @@ class LowLat:
         if self.model is None:
             raise TypeError("LowLat needs model=<callable or 'module:callable'>")
         settings = settings_from_config(app.config, self.options, where="app.config")
-        self.endpoint = Endpoint(self.model, settings, registry=self.registry)
+        self.endpoint = open_endpoint(self.model, settings, registry=self.registry)
         app.extensions["lowlat_mw"] = self
         app.add_url_rule(settings.path, "lowlat_mw", self._view, websocket=True)
         if settings.metrics_path:

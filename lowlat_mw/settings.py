@@ -23,7 +23,7 @@ SUBPROTOCOL_JSON = "lowlat.v1.json"
 KNOWN_CODECS = ("zstd", "lz4", "snappy")
 MiB = 1024 * 1024
 # LOWLAT_* variables that are read elsewhere (the demo model, dev.py) and are not settings.
-NOT_SETTINGS = frozenset({"LOWLAT_DEMO_DELAY", "LOWLAT_DEV_VENV", "LOWLAT_MODEL"})
+NOT_SETTINGS = frozenset({"LOWLAT_DEMO_DELAY", "LOWLAT_DEV_VENV", "LOWLAT_MODEL", "LOWLAT_SERVE_WORKER"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +52,10 @@ class Settings:
     """Seconds a dropped connection's session (its streams and replay buffer) waits to be resumed."""
     resume_buffer_size: int = MiB
     """Bytes of sent-but-unacknowledged output kept per session for replay after a drop."""
+    session_store: str = ""
+    """Where sessions are shared so a client can resume on another process or machine: a Redis URL
+    (``redis://host:6379/0``, ``rediss://``, ``unix://``), checked when the app starts; "" or "memory": this
+    process only (docs/scaling.md)."""
     flow_window: int = 256 * 1024
     """Most bytes of unacknowledged output per session for clients that send Acks (models pause beyond)."""
     slow_consumer_timeout: float = 30.0
@@ -171,6 +175,10 @@ class Settings:
         for sp in self.subprotocols:
             if sp not in (SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON):
                 raise SettingsError(f"setting 'subprotocols' has unknown subprotocol {sp!r}")
+        if self.session_store not in ("", "memory") and not self.session_store.startswith(
+                ("redis://", "rediss://", "unix://")):
+            raise SettingsError(f"setting 'session_store' must be \"memory\" or a Redis URL (redis://, rediss://, "
+                                f"unix://), got {self.session_store!r}")
         if not self.path.startswith("/"):
             raise SettingsError(f"setting 'path' must start with '/', got {self.path!r}")
         if self.metrics_path and (not self.metrics_path.startswith("/") or self.metrics_path == self.path):

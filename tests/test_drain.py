@@ -56,13 +56,14 @@ async def test_drain_lets_short_streams_finish_and_closes_everything_with_4002()
 
 async def test_drain_on_shutdown_calls_back_after_the_drain_or_says_there_is_nothing() -> None:
     called: list[str] = []
-    assert drain_on_shutdown(lambda: called.append("nothing")) is False  # no connection of ours here
+    assert drain_on_shutdown(lambda: called.append("nothing")) is None  # no connection of ours here
     endpoint = endpoint_for(ticks, drain_grace=5.0)
     assert called == [] and not endpoint.draining
     peer = Peer.admitted(endpoint)
     await peer.hello_and_request(n=4, delay=0.02)
-    assert drain_on_shutdown(lambda: called.append("first")) is True
-    assert drain_on_shutdown(lambda: called.append("second")) is True  # joins the same drain
+    first = drain_on_shutdown(lambda: called.append("first"))
+    assert first is not None
+    assert drain_on_shutdown(lambda: called.append("second")) is first  # joins the same drain
     await wait_for(lambda: len(called) == 2)
     assert called == ["first", "second"]
     assert peer.texts() == ["0;", "1;", "2;", "3;"] and peer.closed == CloseCode.DRAINING  # finished, not cut

@@ -26,7 +26,7 @@ import math
 import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -44,6 +44,7 @@ from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
 from . import eager
 from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
+from .shared import PROCESS_ID, SharedSessions, principal_key, shared_sessions
 from .timers import AsyncScheduler, cpu_clock
 
 __all__ = ["ConnectionDriver", "ModelRunner", "drain_all", "drain_on_shutdown", "run_authenticator"]
@@ -115,6 +116,10 @@ class ModelRunner:
         self.monotonic = driver.monotonic
         self.clock = driver.clock
         endpoint.store.put(session.session_id, self)
+        # With a shared session store (Redis): the session's output is written there too, behind the socket.
+        self.shared = shared = shared_sessions(endpoint) if self.settings.session_store else None
+        if shared is not None:
+            shared.share(session, session.principal)
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self, driver: ConnectionDriver) -> None:
@@ -194,6 +199,49 @@ class ModelRunner:
         task, finished = eager.start(asyncio.get_running_loop(), self._run(request, fn, label, kind, timer))
         if not finished:  # (a stream that ended in that step popped itself already)
             self.tasks[request.stream_id] = task
+        if self.shared is not None:  # (its start, and what its first step produced)
+            self.shared.touch(self.session)
+
+    def follow(self, stream_id: int, source: AsyncIterator[Any]) -> None:
+        """Relay a stream another process runs (a session resumed from the shared store): `source` yields its
+        chunks, then its End or Error, which this session sends as if its own model had produced them."""
+        self.tasks[stream_id] = asyncio.get_running_loop().create_task(self._follow(stream_id, source))
+
+    async def _follow(self, sid: int, source: AsyncIterator[Any]) -> None:
+        terminal: ev.End | ev.Error | None = None
+        try:
+            async for item in source:
+                if isinstance(item, ev.End | ev.Error):
+                    terminal = item
+                    break
+                driver = self.driver
+                if driver is not None:
+                    await driver.chunk(sid, item, None)
+                else:
+                    self._keep(sid, item, None)
+                session = self.session
+                if session.buffered >= session.pause_at:  # the client's flow window applies here
+                    await self._paused(None)
+        except asyncio.CancelledError:  # a Cancel from the client (the other process's model runs on)
+            if self.destroyed:
+                raise
+        except Exception:  # a bug of ours: the stream ends with an Error, as a failing model's
+            log.exception("relaying stream %s of %s failed", sid, self.session.session_id,
+                          extra={"session_id": self.session.session_id, "stream_id": sid})
+            terminal = ev.Error(stream_id=sid, code=ErrorCode.INTERNAL, message="internal error")
+        finally:
+            await source.aclose()  # type: ignore[attr-defined]
+            self.tasks.pop(sid, None)
+        if self.destroyed:
+            return
+        ending: tuple[Any, ...] = (terminal,) if terminal is not None else ("cancelled",)
+        driver = self.driver
+        if driver is not None:
+            await driver.end_stream(sid, ending, None, None, None)
+        elif terminal is not None:
+            self.session.finish(sid, self.monotonic(), error=terminal)
+        else:
+            self.session.finish(sid, self.monotonic(), reason="cancelled")
 
     def cancel(self, stream_id: int) -> None:
         """Stop the model of `stream_id` (it ends with End("cancelled"))."""
@@ -235,12 +283,15 @@ class ModelRunner:
                 if self.settings.merge_deltas:
                     await self._pump_merged(sid, agen, timer)
                 else:  # (_emit, written out: once per token)
+                    shared = self.shared
                     async for chunk in agen:
                         driver = self.driver
                         if driver is not None:
                             await driver.chunk(sid, chunk, timer)
                         else:
                             self._keep(sid, chunk, timer)
+                        if shared is not None:
+                            shared.touch(session)
                         if session.buffered >= session.pause_at:  # (Session.blocked)
                             await self._paused(timer)
             finally:
@@ -279,6 +330,8 @@ class ModelRunner:
                             else session.fail(sid, now, *ending))
                 if span is not None:
                     tracing.end_stream(span, terminal, timer)
+            if self.shared is not None and not self.destroyed:
+                self.shared.touch(session)
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """One chunk out: through the attached connection, else into the session for the resume."""
@@ -288,6 +341,8 @@ class ModelRunner:
         else:
             self._keep(sid, chunk, timer)
         session = self.session
+        if self.shared is not None:
+            self.shared.touch(session)
         if session.buffered >= session.pause_at:  # (Session.blocked)
             await self._paused(timer)
 
@@ -710,7 +765,9 @@ class ConnectionDriver:
         The machine records and frames the End or Error, the stream's span ends with it, and it goes out."""
         proto = self.protocol
         now = self.monotonic()
-        if len(ending) == 1:
+        if len(ending) == 1 and type(ending[0]) is not str:  # a followed stream's own End or Error
+            actions = proto.finish_stream(sid, now, error=ending[0])
+        elif len(ending) == 1:
             actions = proto.finish_stream(sid, now, reason=ending[0], timings_ms=timings_ms)
         else:
             error = ev.Error(stream_id=sid, code=ending[0], message=ending[1])
@@ -766,7 +823,16 @@ class ConnectionDriver:
     async def _resume(self, action: ResumeSession) -> None:
         found = self.endpoint.store.get(action.session_id)
         runner = found if isinstance(found, ModelRunner) and not found.destroyed else None
-        actions = self.protocol.resume(runner.session if runner is not None else None, self.monotonic())
+        shared = shared_sessions(self.endpoint)
+        remote: tuple[Session, dict[int, str], Any] | None = None
+        if shared is not None and (runner is None or await shared.owner(action.session_id) not in (None, PROCESS_ID)):
+            # Not here, or it moved to another process since: the shared store's copy is the one to resume.
+            remote = await self._remote_session(shared, action)
+            runner = None
+        session = runner.session if runner is not None else remote[0] if remote is not None else None
+        actions = self.protocol.resume(session, self.monotonic())
+        if remote is not None and self.protocol.session is remote[0]:
+            runner = ModelRunner(remote[0], self)  # (this process holds the session from now on)
         resumed = runner is not None and self.protocol.session is runner.session
         if self.metrics is not None:
             self.metrics.inc("resumes", "resumed" if resumed else "failed")
@@ -784,10 +850,38 @@ class ConnectionDriver:
         # Welcome and the replay go out before any await lets a model task run: the live Deltas
         # it now sends through this connection must follow them (never a Delta before Welcome).
         await self._act(actions)
+        if resumed and remote is not None:
+            self._follow_remote(remote, shared)  # type: ignore[arg-type]
         if old is not None and old is not self:
             await old.close(CloseCode.GOING_AWAY, "session resumed on another connection")
         if self.runner is not None:
             self.runner.window_changed()
+
+    async def _remote_session(self, shared: SharedSessions,
+                              action: ResumeSession) -> tuple[Session, dict[int, str], Any] | None:
+        """The session `action` resumes, from the shared store (None: not there, or not this client's)."""
+        found = await shared.load(action.session_id, action.token)
+        if found is None or found.principal != principal_key(self.protocol.principal):
+            return None
+        session, follow = found.to_session(self.settings, action.token, self.monotonic())
+        session.principal = self.protocol.principal
+        return session, follow, found.last_id
+
+    def _follow_remote(self, remote: tuple[Session, dict[int, str], Any], shared: SharedSessions) -> None:
+        """After a resume from the shared store: relay the streams still running in another process, and end
+        (unsent) those the client no longer wants."""
+        session, follow, last_id = remote
+        runner = self.runner
+        assert runner is not None
+        now = self.monotonic()
+        for sid, writer in follow.items():
+            st = session.streams.get(sid)
+            if st is None or st.terminal is not None:
+                continue
+            if st.cancelling:
+                session.finish(sid, now, reason="cancelled")
+                continue
+            runner.follow(sid, shared.follow(session.session_id, sid, last_id, st.seq, writer))
 
     # ------------------------------------------------------------------ output
     async def _acquire(self) -> None:
@@ -1038,6 +1132,14 @@ class ConnectionDriver:
         setting), then close with 4002."""
         await self._act(self.protocol.drain(reconnect_after_ms))
         deadline = self.monotonic() + (self.settings.drain_grace if grace is None else grace)
+        runner = self.runner
+        if runner is not None and runner.shared is not None and runner.tasks:
+            # Shared sessions: the client moves to another process now and resumes there, which relays these
+            # streams from the shared store while they go on here, detached, until they end or the grace is over.
+            await self.close(CloseCode.DRAINING, "server shutting down")
+            while runner.tasks and self.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return
         # Wait on the model tasks, not the session's running count: a task ends only after its
         # End/Error went out, so the 4002 close never overtakes a stream's last message.
         while self.runner is not None and self.runner.tasks and self.monotonic() < deadline:
@@ -1097,12 +1199,14 @@ def _drain_task(loop: asyncio.AbstractEventLoop, grace: float | None, reconnect_
     return task
 
 
-def drain_on_shutdown(then: Callable[[], Any]) -> bool:
+def drain_on_shutdown(then: Callable[[], Any]) -> asyncio.Task[None] | None:
     """For a server's synchronous per-connection shutdown hook, on the loop: start (or join) the drain
-    of this loop's connections and call `then` once it is over. False (and `then` not called) when
-    there is nothing of ours to drain on this loop."""
+    of this loop's connections and call `then` once it is over; the drain's task (which the server should
+    wait for before it exits: with shared sessions, streams go on after their connections closed). None
+    (and `then` not called) when there is nothing of ours to drain on this loop."""
     loop = asyncio.get_running_loop()
     if loop not in _DRAINS and not any(e.open_connections(loop) for e in Endpoint.on_loop(loop)):
-        return False
-    _drain_task(loop, None, 0).add_done_callback(lambda _task: then())
-    return True
+        return None
+    task = _drain_task(loop, None, 0)
+    task.add_done_callback(lambda _task: then())
+    return task

@@ -23,6 +23,7 @@ from ..model import ModelSpec
 from ..settings import Settings
 from .aio import ConnectionDriver
 from .direct import EXTENSION
+from .shared import open_endpoint
 
 __all__ = ["LowLatASGI", "accept"]
 
@@ -53,7 +54,7 @@ class LowLatASGI:
         """Why this app could not be built, when that was found while the server runs (see below)."""
         try:
             settings = settings.replace(**options) if settings is not None else Settings.load(options)
-            self.endpoint = Endpoint(model, settings, registry=registry)
+            self.endpoint = open_endpoint(model, settings, registry=registry)
         except Exception as exc:
             if not (self.defer_build_errors and _serving()):
                 raise

@@ -82,6 +82,10 @@ _SPECS = (
     _Spec("errors", "counter", "Error messages sent to clients, by error code.", ("code",)),
     _Spec("resumes", "counter", "Hellos that asked to resume a session, by outcome (resumed, failed).",
           ("outcome",)),
+    _Spec("session_store_errors", "counter",
+          "Failed operations on the shared session store (Redis: setting session_store), by operation (write, "
+          "read, alive). While it fails, sessions go on in their own process without resume in another.",
+          ("operation",)),
     _Spec("frames_received", "counter", "WebSocket messages received.", ("subprotocol",)),
     _Spec("received_bytes", "counter", "Bytes received in WebSocket messages.", ("subprotocol",)),
     _Spec("frames_sent", "counter", "WebSocket messages sent, by compression used.", ("subprotocol", "compression")),

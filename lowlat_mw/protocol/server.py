@@ -373,9 +373,11 @@ class ServerProtocol(Protocol):
         return out
 
     def finish_stream(self, stream_id: int, now: float, *, reason: str = "stop",
-                      timings_ms: Mapping[str, float] | None = None, error: ev.Error | None = None) -> list[Any]:
+                      timings_ms: Mapping[str, float] | None = None,
+                      error: ev.Error | ev.End | None = None) -> list[Any]:
         """The model of `stream_id` finished (reason "stop") or was cancelled ("cancelled"): its End; or it
-        failed: `error`, its Error. Recorded in the session (for a resume) and framed while the socket is open."""
+        failed: `error`, its Error (or a followed stream's End, as made elsewhere). Recorded in the session (for
+        a resume) and framed while the socket is open."""
         session = self.session
         if session is None:
             return []
@@ -385,7 +387,7 @@ class ServerProtocol(Protocol):
         self.reaper.last_activity = now  # (IdleReaper.touch)
         if not session.active and self._idle_moves:
             self.deadline_moved = True  # idle from now: the reaper's (or the lifetime's) deadline may be sooner
-        return [SendFrame(self._frame(event), error)]
+        return [SendFrame(self._frame(event), event if type(event) is ev.Error else None)]
 
     def fail_stream(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
         """The model of `stream_id` failed: end the stream with an Error (see :meth:`finish_stream`)."""

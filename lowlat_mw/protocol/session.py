@@ -84,6 +84,12 @@ class Session:
         # finished streams holding Deltas (finish order), then running ones (in the order they began holding).
         self._spill: dict[int, StreamState] = {}
         self._holders: dict[int, StreamState] = {}
+        # Shared sessions (a session store across processes): what this session produced since the driver last
+        # took it, oldest first: (stream_id, 0, None) for a stream that started, (stream_id, seq, piece) per Delta,
+        # (stream_id, -1, End or Error) for its end. None: not shared. Streams in `followed` are another
+        # process's, relayed here: they are not recorded again.
+        self.journal: list[tuple[int, int, Any]] | None = None
+        self.followed: set[int] = set()
 
     # ------------------------------------------------------------------ identity
 
@@ -107,10 +113,20 @@ class Session:
         return flow
 
     def _update_pause(self) -> None:
-        if self.flow_window:
+        if not self.attached and self.journal is not None:
+            # Shared and detached: the output goes to the shared store, and the client may resume on another
+            # process, which applies its flow window there (its Acks never come here): the models go on.
+            self.pause_at = math.inf
+        elif self.flow_window:
             self.pause_at = self.flow_window
         else:
             self.pause_at = math.inf if self.attached else self.settings.resume_buffer_size
+
+    def start_journal(self) -> None:
+        """Journal this session from now on (a shared session store takes what it produces; see `journal`)."""
+        if self.journal is None:
+            self.journal = []
+            self._update_pause()
 
     @property
     def blocked(self) -> bool:
@@ -147,6 +163,9 @@ class Session:
         self._awaited.discard(sid)
         self.streams[sid] = StreamState(stream_id=sid, started_at=now)
         self.active += 1
+        if self.journal is not None:
+            self.followed.discard(sid)
+            self.journal.append((sid, 0, None))
         return None
 
     def record(self, stream_id: int, piece: str | bytes, now: float) -> int | None:
@@ -167,6 +186,9 @@ class Session:
         self.buffered += cost
         if self.buffered > self.settings.resume_buffer_size:
             self._enforce_buffer_limit(st)
+        journal = self.journal
+        if journal is not None and stream_id not in self.followed:
+            journal.append((stream_id, seq, piece))
         return seq
 
     def keep(self, stream_id: int, chunk: object, now: float) -> None:
@@ -186,8 +208,8 @@ class Session:
         other running streams', then `current`'s. O(1) per Delta dropped: only streams holding Deltas are
         visited, from the two drop-order maps, and a stream leaves its map when its buffer empties."""
         limit = self.settings.resume_buffer_size
-        if self.buffered <= limit or not self.attached:
-            return  # while detached nothing is dropped: `blocked` pauses the models instead
+        if self.buffered <= limit or not (self.attached or self.journal is not None):
+            return  # while detached nothing is dropped: `blocked` pauses the models instead (unless shared)
         spill, holders = self._spill, self._holders
         while self.buffered > limit:
             if spill:
@@ -215,8 +237,9 @@ class Session:
         (self._holders if st.terminal is None else self._spill).pop(st.stream_id, None)
 
     def finish(self, stream_id: int, now: float, *, reason: str = "stop", timings_ms: Mapping[str, float] | None = None,
-               error: ev.Error | None = None) -> ev.End | ev.Error | None:
-        """The stream's model finished or was cancelled (`reason`): its End; or it failed: `error`, its Error.
+               error: ev.Error | ev.End | None = None) -> ev.End | ev.Error | None:
+        """The stream's model finished or was cancelled (`reason`): its End; or it failed: `error`, its Error
+        (or a ready-made End: a followed stream's, as the process that ran it made it).
 
         None when the stream is not running. The stream is remembered among the newest finished ones.
         """
@@ -236,6 +259,9 @@ class Session:
         self.active -= 1
         if self._holders.pop(stream_id, None) is not None:  # its Deltas are now the first to drop
             self._spill[stream_id] = st
+        journal = self.journal
+        if journal is not None and stream_id not in self.followed:
+            journal.append((stream_id, -1, st.terminal))
         finished = self._finished
         finished.append(stream_id)
         while len(finished) > MAX_FINISHED:
@@ -256,6 +282,7 @@ class Session:
             self._spill.pop(sid, None)
             if st.terminal is None:
                 self.active -= 1
+        self.followed.discard(sid)
         try:
             self._finished.remove(sid)
         except ValueError:
@@ -288,6 +315,32 @@ class Session:
                     self.buffered -= popleft()
             if not pieces:
                 self._emptied(st)
+
+    def restore(self, stream_id: int, first_seq: int, pieces: list[str | bytes], terminal: ev.End | ev.Error | None,
+                now: float, *, followed: bool = False) -> None:
+        """Take over a stream from a shared store: its kept Deltas, seqs `first_seq` .. (Deltas below
+        `first_seq` are gone: a resume below fails), and its End or Error if it has ended. `followed`: it is
+        still running in another process, whose output this session relays (and does not journal again)."""
+        self._forget(stream_id)
+        st = StreamState(stream_id=stream_id, started_at=now, seq=first_seq - 1 + len(pieces),
+                         lost_through=first_seq - 1, terminal=terminal)
+        for piece in pieces:
+            cost = encoded_len(piece) + DELTA_OVERHEAD
+            st.pieces.append(piece)
+            st.costs.append(cost)
+            st.out_bytes += cost - DELTA_OVERHEAD
+            self.buffered += cost
+        self.streams[stream_id] = st
+        if terminal is None:
+            self.active += 1
+            if pieces:
+                self._holders[stream_id] = st
+        else:
+            if pieces:
+                self._spill[stream_id] = st
+            self._finished.append(stream_id)
+        if followed:
+            self.followed.add(stream_id)
 
     # ------------------------------------------------------------------ connection changes
     def detach(self, now: float) -> None:

@@ -3,6 +3,7 @@
     lowlat-mw serve                         # the built-in demo model on 127.0.0.1:8000/ws
     lowlat-mw serve mypkg.models:generate --port 9000 --set idle_timeout=60
     lowlat-mw serve --stats-interval 10        # and a one-line latency summary on stderr every 10 s
+    lowlat-mw serve --workers 4 --set session_store=redis://127.0.0.1:6379/0   # 4 processes sharing sessions
     lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
 
 ``serve`` shows the demo page at / (a browser client streaming from the model; its files are
@@ -35,6 +36,7 @@ DEFAULT_ASYNCAPI_PATH = "/asyncapi.json"
 DEFAULT_HEALTH_PATH = "/healthz"
 DEFAULT_CLIENT_PATH = "/lowlat"
 SERVE_GC_THRESHOLD = 10_000  # allocations between young collections under `serve` (Settings.gc_threshold)
+WORKER_ENV = "LOWLAT_SERVE_WORKER"  # what `serve --workers` hands each worker process (see worker_app)
 
 
 def _parse_set(pairs: list[str]) -> dict[str, Any]:
@@ -160,15 +162,32 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["LOWLAT_DEMO_DELAY"] = str(args.delay)
     if args.stats_interval < 0:
         raise SettingsError(f"--stats-interval must be >= 0 seconds, got {args.stats_interval!r}")
-    settings = Settings.load(_serve_options(args))
+    options = _serve_options(args)
+    settings = Settings.load(options)
     if args.stats_interval and not settings.metrics:
         raise SettingsError("--stats-interval needs metrics (remove --set metrics=false)")
+    if args.workers < 1:
+        raise SettingsError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        if not settings.session_store:
+            raise SettingsError(
+                f"--workers {args.workers} needs sessions shared between the workers, or a reconnect that lands on "
+                "another worker cannot resume its streams: --set session_store=redis://HOST:6379/0 (docs/scaling.md; "
+                "--set session_store=memory to run them without)")
+        if args.stats_interval:
+            raise SettingsError("--stats-interval prints one process's metrics: use it with one worker")
     # Like uvicorn: the model's module is looked for in --app-dir (default: the current folder) first. build_app
-    # imports it (the Endpoint resolves its models), so a wrong path stops here with its reason.
+    # imports it (the Endpoint resolves its models), so a wrong path stops here with its reason; with several
+    # workers each builds its own (worker_app) after this check.
     app_dir = os.path.abspath(args.app_dir)
     if args.model is not None and app_dir not in sys.path:
         sys.path.insert(0, app_dir)
-    app = build_app(args.model, settings=settings)
+    app: Any = build_app(args.model, settings=settings)
+    extra: dict[str, Any] = {}
+    if args.workers > 1:
+        os.environ[WORKER_ENV] = json.dumps({"model": args.model, "options": options, "app_dir": app_dir})
+        app = f"{__name__}:worker_app"
+        extra = {"workers": args.workers, "factory": True}
     print(f"lowlat-mw serving {args.model or 'the demo model'} on ws://{args.host}:{args.port}{settings.path}",
           flush=True)
     if settings.client_path:
@@ -184,11 +203,19 @@ def _serve(args: argparse.Namespace) -> int:
         stats.start()
     try:
         run(app, settings=settings, host=args.host, port=args.port, log_level=args.log_level,
-            log_config=log_config(args.log_level), ws=args.ws, lifespan="off")
+            log_config=log_config(args.log_level), ws=args.ws, lifespan="off", **extra)
     finally:
         if stats is not None:
             stats.stop()
     return 0
+
+
+def worker_app() -> Any:
+    """The app of one ``serve --workers`` process (uvicorn's factory): the model and settings the command was given."""
+    spec = json.loads(os.environ[WORKER_ENV])
+    if spec["model"] is not None and spec["app_dir"] not in sys.path:
+        sys.path.insert(0, spec["app_dir"])
+    return build_app(spec["model"], **spec["options"])
 
 
 def _headers(values: list[str]) -> dict[str, str]:
@@ -319,6 +346,9 @@ def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
                        help="a setting (see docs/settings.md), e.g. --set idle_timeout=60")
     serve.add_argument("--ws", default="websockets-sansio", help="uvicorn WebSocket implementation")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="server processes sharing the port (more than 1 needs the session_store setting: "
+                            "sessions shared through Redis, docs/scaling.md)")
     serve.add_argument("--drain-grace", type=float, default=None,
                        help="seconds running streams may finish on shutdown before clients are moved "
                             "(the drain_grace setting, default 30)")

@@ -75,7 +75,17 @@ class ThreadWorker(_ThreadWorker):
         if not self._lowlat_draining:
             self._lowlat_draining = True
             grace = max(0.0, min(self._lowlat_drain_grace, self.cfg.graceful_timeout - 1))
-            threading.Thread(target=drain_all_sync, args=(grace,), name="lowlat-mw-drain", daemon=True).start()
+            self._lowlat_drain = threading.Thread(target=drain_all_sync, args=(grace,), name="lowlat-mw-drain",
+                                                  daemon=True)
+            self._lowlat_drain.start()
+
+    def run(self) -> None:
+        super().run()
+        # gthread returns once its connections are closed; with shared sessions the drain closes them first and
+        # lets their streams run on (within the grace): the worker waits for it before it exits.
+        drain = getattr(self, "_lowlat_drain", None)
+        if drain is not None:
+            drain.join(self._lowlat_drain_grace + 5)
 
     def enqueue_req(self, conn: Any) -> None:
         if not getattr(conn, "_lowlat_seen", False):  # a new connection (not a kept-alive or deferred one)

@@ -172,19 +172,16 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
     connection's ``drain_grace`` setting)."""
     import uvicorn
 
-    from ..drivers.aio import drain_all
-
-    class DrainingServer(uvicorn.Server):
-        # The --ws shims drain on their own; this covers any other `ws` too, through the same mechanism
-        # (the shims' per-connection shutdown then finds the drain over).
-        async def shutdown(self, sockets: Any = None) -> None:
-            for server in self.servers:
-                server.close()  # stop accepting first
-            await drain_all(drain_grace)
-            await super().shutdown(sockets)
+    from .uvicorn import DrainingServer
 
     config = uvicorn.Config(app, **run_options(settings, **uvicorn_kwargs))
-    DrainingServer(config).run()
+    server = DrainingServer(config, drain_grace)
+    if config.workers > 1:  # as uvicorn.run does: one socket, a worker process per uvicorn.Server, where the
+        from uvicorn.supervisors import Multiprocess  # --ws shims drain on shutdown
+
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
+    else:
+        server.run()
 
 
 SEVERAL_WORKERS = (
@@ -197,10 +194,15 @@ _warned_workers = False
 
 def several_workers(workers: int, how: str) -> bool:
     """Warn once per process (True when it did) that `workers` > 1 server processes (started as `how` says) do not
-    share sessions, so resume fails across them (docs: each guide's "Several workers")."""
+    share sessions, so resume fails across them (docs: each guide's "Several workers"); not where an endpoint of
+    the process shares its sessions (the session_store setting)."""
     global _warned_workers
     if workers <= 1 or _warned_workers:
         return False
+    from ..endpoint import Endpoint
+
+    if any(e.settings.session_store not in ("", "memory") for e in list(Endpoint.instances)):
+        return False  # sessions shared through Redis: any worker resumes them
     _warned_workers = True
     logging.getLogger("lowlat_mw").warning(SEVERAL_WORKERS, workers, how)
     return True

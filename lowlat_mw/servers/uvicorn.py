@@ -28,20 +28,37 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 
-from lowlat_mw.drivers.aio import drain_on_shutdown
+from lowlat_mw.drivers.aio import drain_all, drain_on_shutdown
 from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment, several_workers, too_big_message
 from lowlat_mw.settings import Settings
 
-__all__ = ["H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
+__all__ = ["DrainingServer", "H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol"]
 
 _timeout: list[float] = []
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain in its shutdown (what :func:`lowlat_mw.servers.serving.run` runs). The --ws shims
+    drain on their own; this covers any other `ws` too, through the same mechanism (the shims' per-connection
+    shutdown then finds the drain over). At module level: ``serve --workers`` hands it to each worker process."""
+
+    def __init__(self, config: uvicorn.Config, drain_grace: float | None = None) -> None:
+        super().__init__(config)
+        self.drain_grace = drain_grace
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        for server in self.servers:
+            server.close()  # stop accepting first
+        await drain_all(self.drain_grace)
+        await super().shutdown(sockets)
 
 
 def _handshake_timeout() -> float:
@@ -147,8 +164,16 @@ class _DrainOnShutdown:
 
     def shutdown(self) -> None:
         parent = super().shutdown  # type: ignore[misc]
-        if not drain_on_shutdown(lambda: None if self.transport.is_closing() else parent()):
+        drain = drain_on_shutdown(lambda: None if self.transport.is_closing() else parent())
+        if drain is None:
             parent()
+            return
+        # uvicorn exits once its connections are closed, but waits for its background tasks: with shared sessions
+        # the drain closes connections first and lets their streams run on, so it is one of them.
+        tasks = self.tasks  # type: ignore[attr-defined]  # (the server state's)
+        if drain not in tasks and not drain.done():
+            tasks.add(drain)
+            drain.add_done_callback(tasks.discard)
 
 
 class _Direct:

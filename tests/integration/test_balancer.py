@@ -51,10 +51,13 @@ def _wait_port(port: int, proc: LoggedProcess, bound: float = WAIT) -> None:
 
 
 @pytest.fixture
-def backends(tmp_path: Path):
-    """Two `lowlat-mw serve` processes (the demo model, 5 ms between tokens), each on its own port."""
+def backends(tmp_path: Path, request: pytest.FixtureRequest):
+    """Two `lowlat-mw serve` processes (the demo model, 5 ms between tokens), each on its own port; sharing
+    sessions through Redis where the test is parametrized with "redis"."""
     procs, ports = [], []
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
+    if "redis" in getattr(request, "param", ""):
+        env["LOWLAT_SESSION_STORE"] = request.getfixturevalue("redis_url")
     try:
         for i in range(2):
             port = free_port()
@@ -102,8 +105,13 @@ async def _run_streams(url: str) -> tuple[list[str | BaseException], int]:
 
 
 @pytest.mark.skipif(NGINX is None, reason="nginx is not installed (`python3 dev.py test` installs it as root)")
-@pytest.mark.parametrize("affinity", [True, False], ids=["ip_hash", "round-robin"])
-async def test_streams_resume_through_nginx_only_with_affinity(tmp_path: Path, backends, affinity: bool) -> None:
+@pytest.mark.parametrize(("backends", "affinity"), [("memory", True), ("memory", False), ("redis", False)],
+                         ids=["ip_hash", "round-robin", "round-robin-redis"], indirect=["backends"])
+async def test_streams_resume_through_nginx_with_affinity_or_shared_sessions(tmp_path: Path, backends,
+                                                                             affinity: bool, request) -> None:
+    """With affinity, or with sessions shared through Redis, every stream arrives exact through its resumes;
+    with neither, the reconnects that land on the other process fail to resume."""
+    shared = "redis" in request.node.callspec.id
     nginx, port = _start_nginx(tmp_path, backends, affinity)
     try:
         expected = [await _reference(backends[0], f"stream {i} through the balancer") for i in range(STREAMS)]
@@ -114,10 +122,10 @@ async def test_streams_resume_through_nginx_only_with_affinity(tmp_path: Path, b
             cuts = proxy.cuts
     finally:
         nginx.stop()
-    print(f"balancer {'ip_hash' if affinity else 'round-robin'}: {cuts} cuts, {resumes} resumes, "
+    print(f"balancer {request.node.callspec.id}: {cuts} cuts, {resumes} resumes, "
           f"{sum(isinstance(r, ResumeFailed) for r in replies)} of {STREAMS} streams failed to resume")
     assert cuts >= 3, cuts  # connections were cut all along
-    if affinity:
+    if affinity or shared:
         assert replies == expected  # exact: no gap, no repeat, through every resume
         assert resumes >= 2, resumes  # (a cut between two streams needs no resume)
     else:

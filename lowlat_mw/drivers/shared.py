@@ -1,0 +1,449 @@
+"""Sessions shared across processes through Redis (setting ``session_store = "redis://..."``).
+
+Each process still runs its own sessions in memory (``Endpoint.store``); what Redis adds is a copy
+that any process can resume from. A session's output is written behind the socket: the protocol
+machine notes each stream start, Delta and End in the session's journal (``Session.journal``), and
+once per loop turn every session with something new is written in one pipelined round trip, one
+Redis Stream entry per session (never on a Delta's critical path). Keys, each expiring
+``resume_window`` after its last write:
+
+- ``lowlat:s:<session id>``: a hash: the resume token's SHA-256, who authenticated, and which
+  process holds the connection now;
+- ``lowlat:d:<session id>``: a Redis Stream of entries ``{o: writer process, b: records}``, where
+  records are packed (kind, stream id, seq, payload) tuples (:func:`pack`);
+- ``lowlat:p:<process id>``: "this process is alive", refreshed every second, gone 5 s after the
+  process is.
+
+A client that resumes on a process that does not hold its session (or no longer holds it: the session
+moved) gets it from Redis: finished streams replayed, streams still running elsewhere followed live
+until their End (:meth:`SharedSessions.follow`). A stream whose process died ends, after what that
+process wrote, with ``Error{resume_failed, retryable}``: the client has every Delta up to there, with no
+gap and no duplicate, and knows the rest is lost. docs/scaling.md has the whole story.
+
+While Redis is unreachable, sessions work as before in their own process; the failure is logged once
+(and counted in ``lowlat_session_store_errors_total``), and writes resume when it is back. A session
+whose writes failed cannot be resumed elsewhere from before the failure (its streams fail with
+``resume_failed``: a gap is never replayed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import struct
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..endpoint import Endpoint
+from ..errors import ErrorCode, SettingsError
+from ..protocol import events as ev
+from ..protocol.session import Session
+from ..settings import Settings
+
+__all__ = ["PROCESS_ID", "RemoteSession", "SharedSessions", "check_store_url", "open_endpoint", "pack",
+           "principal_key", "shared_sessions", "unpack"]
+
+log = logging.getLogger("lowlat_mw")
+
+PROCESS_ID = uuid.uuid4().hex[:16]
+"""This process, as the shared store knows it (who writes an entry, who is alive)."""
+
+ALIVE_TTL_MS = 5000      # a process's liveness key outlives its last refresh by this much
+ALIVE_EVERY = 1.0        # seconds between refreshes
+FOLLOW_BLOCK_MS = 1000   # a follower's blocking read; after one with nothing new, it checks the writer is alive
+MAX_ENTRIES = 100_000    # entries kept per session stream (approximate trim; an entry is one loop turn's output)
+TIMEOUT = 5.0            # seconds for a Redis command or connection
+
+_DELTA_TEXT, _DELTA_BYTES, _START, _END, _ERROR = range(5)
+_HEAD = struct.Struct(">BIII")  # kind, stream id, seq, payload length
+
+
+# ================================================================================ records
+def pack(records: Iterable[tuple[int, int, Any]]) -> bytes:
+    """A journal's records ((stream, 0, None) start, (stream, seq, piece) Delta, (stream, -1, End|Error)) as bytes."""
+    out: list[bytes] = []
+    head = _HEAD.pack
+    for sid, seq, item in records:
+        if seq > 0:
+            if type(item) is str:
+                data = item.encode("utf-8", "surrogatepass")
+                out.append(head(_DELTA_TEXT, sid, seq, len(data)))
+            else:
+                data = item
+                out.append(head(_DELTA_BYTES, sid, seq, len(data)))
+            out.append(data)
+        elif seq == 0:
+            out.append(head(_START, sid, 0, 0))
+        elif isinstance(item, ev.End):
+            data = json.dumps({"last_seq": item.last_seq, "finish_reason": item.finish_reason,
+                               "timings_ms": dict(item.timings_ms), "usage": dict(item.usage)}).encode()
+            out.append(head(_END, sid, 0, len(data)))
+            out.append(data)
+        else:
+            data = json.dumps({"code": int(item.code), "message": item.message, "retryable": item.retryable}).encode()
+            out.append(head(_ERROR, sid, 0, len(data)))
+            out.append(data)
+    return b"".join(out)
+
+
+def unpack(data: bytes) -> list[tuple[int, int, Any]]:
+    """The records :func:`pack` made, as (stream, seq, piece) / (stream, 0, None) / (stream, -1, End|Error)."""
+    records: list[tuple[int, int, Any]] = []
+    pos, end, size = 0, len(data), _HEAD.size
+    while pos < end:
+        kind, sid, seq, n = _HEAD.unpack_from(data, pos)
+        pos += size
+        payload = data[pos:pos + n]
+        pos += n
+        if kind == _DELTA_TEXT:
+            records.append((sid, seq, payload.decode("utf-8", "surrogatepass")))
+        elif kind == _DELTA_BYTES:
+            records.append((sid, seq, bytes(payload)))
+        elif kind == _START:
+            records.append((sid, 0, None))
+        elif kind == _END:
+            f = json.loads(payload)
+            records.append((sid, -1, ev.End(stream_id=sid, last_seq=f["last_seq"], finish_reason=f["finish_reason"],
+                                            timings_ms=f["timings_ms"], usage=f["usage"])))
+        elif kind == _ERROR:
+            f = json.loads(payload)
+            records.append((sid, -1, ev.Error(stream_id=sid, code=ErrorCode(f["code"]), message=f["message"],
+                                              retryable=f["retryable"])))
+    return records
+
+
+def principal_key(principal: object) -> str:
+    """Who authenticated, as a string every process derives alike ("" for nobody).
+
+    Text and numbers as they are; a user object by its class and primary key (Django's ``pk``,
+    Flask-Login's ``get_id()``, an ``id``). Anything else cannot be compared across processes: a key that
+    matches nothing, so such a session is resumed only in its own process."""
+    if principal is None:
+        return ""
+    if isinstance(principal, str | int | float | bool):
+        return f"{type(principal).__name__}:{principal}"
+    kind = f"{type(principal).__module__}.{type(principal).__qualname__}"
+    for name in ("pk", "id"):
+        value = getattr(principal, name, None)
+        if isinstance(value, str | int) and not callable(value):
+            return f"{kind}:{value}"
+    get_id = getattr(principal, "get_id", None)
+    if callable(get_id):
+        try:
+            return f"{kind}:{get_id()}"
+        except Exception:  # an anonymous user's get_id may raise
+            pass
+    return f"{kind}@{PROCESS_ID}:{id(principal)}"
+
+
+def token_digest(token: str) -> str:
+    """What the store keeps of a resume token: its SHA-256 (a leaked store does not hand out tokens)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_store_url(url: str) -> None:
+    """SettingsError unless `url` is a Redis URL that answers a PING (at start-up: a wrong URL stops the app)."""
+    try:
+        import redis
+    except ImportError:
+        raise SettingsError("session_store: a Redis store needs the redis package: "
+                            "pip install 'lowlat-mw[redis]'") from None
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
+    except ValueError as exc:
+        raise SettingsError(f"session_store: not a Redis URL: {url!r} ({exc})") from None
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise SettingsError(f"session_store: cannot reach Redis at {_safe(url)}: {exc}") from None
+    finally:
+        client.close()
+
+
+def _safe(url: str) -> str:
+    """`url` without its password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+def open_endpoint(model: Any, settings: Settings, *, registry: Any = None) -> Endpoint:
+    """An :class:`~lowlat_mw.endpoint.Endpoint`, its shared session store checked first (what every adapter builds
+    its app with: a wrong ``session_store`` stops the app when it is built or starts, not at the first resume)."""
+    if settings.session_store not in ("", "memory"):
+        check_store_url(settings.session_store)
+    return Endpoint(model, settings, registry=registry)
+
+
+def shared_sessions(endpoint: Endpoint) -> SharedSessions | None:
+    """The running loop's shared session store of `endpoint` (Redis), or None where sessions stay in this process."""
+    settings = endpoint.settings
+    url = settings.session_store
+    if not url or url == "memory":
+        return None
+    return SharedSessions.for_loop(url, settings, endpoint.metrics)
+
+
+# ================================================================================ loading
+@dataclass
+class RemoteStream:
+    """One stream as the shared store has it."""
+
+    first_seq: int = 1
+    pieces: list[str | bytes] = field(default_factory=list)
+    terminal: ev.End | ev.Error | None = None
+    writer: str = ""
+    broken: bool = False  # a seq is missing (a failed write): nothing past the gap can be replayed
+
+
+@dataclass
+class RemoteSession:
+    """A session as the shared store has it: enough to resume it in this process."""
+
+    session_id: str
+    token_digest: str
+    principal: str
+    owner: str
+    streams: dict[int, RemoteStream]
+    last_id: bytes | str  # the last entry read: a follower reads on from here
+
+    def apply(self, writer: str, records: Iterable[tuple[int, int, Any]]) -> None:
+        """Fold one entry's records into the streams."""
+        streams = self.streams
+        for sid, seq, item in records:
+            if seq == 0:  # (re)started: a stream id a client reuses begins again
+                streams[sid] = RemoteStream(writer=writer)
+                continue
+            st = streams.get(sid)
+            if st is None:  # its start was trimmed away: what is left begins at this seq
+                st = streams[sid] = RemoteStream(first_seq=seq if seq > 0 else 1, writer=writer)
+            st.writer = writer
+            if seq < 0:
+                st.terminal = item
+            elif not st.broken and st.terminal is None:
+                last = st.first_seq - 1 + len(st.pieces)
+                if seq == last + 1:
+                    st.pieces.append(item)
+                elif seq > last + 1:
+                    st.broken = True
+
+    def to_session(self, settings: Settings, token: str, now: float) -> tuple[Session, dict[int, str]]:
+        """A local :class:`Session` with these streams, and the running ones to follow (stream -> writer)."""
+        session = Session(settings, now=now, session_id=self.session_id, secret=token.partition(".")[2])
+        follow: dict[int, str] = {}
+        for sid, st in self.streams.items():
+            terminal = st.terminal
+            if st.broken and terminal is None:
+                terminal = ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
+                                    message=f"stream {sid}: its output after seq "
+                                            f"{st.first_seq - 1 + len(st.pieces)} was not saved")
+            running = terminal is None
+            session.restore(sid, st.first_seq, st.pieces, terminal, now, followed=running)
+            if running:
+                follow[sid] = st.writer
+        return session, follow
+
+
+# ================================================================================ the store
+class SharedSessions:
+    """One event loop's connection to the shared store (Redis): the journal writer and the resume reader."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SharedSessions]] = (
+        weakref.WeakKeyDictionary())
+
+    def __init__(self, url: str, settings: Settings, loop: asyncio.AbstractEventLoop, metrics: Any = None) -> None:
+        import redis.asyncio as aioredis
+
+        self.url = url
+        self.settings = settings
+        self.loop = loop
+        self.metrics = metrics
+        self.ttl = max(1, round(settings.resume_window + 1))
+        self.redis = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
+                                             health_check_interval=30)
+        self._dirty: dict[str, Session] = {}  # sessions with journal records not yet written
+        self._meta: dict[str, dict[str, str]] = {}  # session hash fields not yet written
+        self._scheduled = False
+        self._writing: asyncio.Task[None] | None = None
+        self._down = False  # the last write failed (logged once, until one succeeds)
+        self._alive: asyncio.Task[None] | None = None
+
+    @classmethod
+    def for_loop(cls, url: str, settings: Settings, metrics: Any = None) -> SharedSessions:
+        """The running loop's store for `url` (made on first use)."""
+        loop = asyncio.get_running_loop()
+        stores = cls._by_loop.setdefault(loop, {})
+        found = stores.get(url)
+        if found is None:
+            found = stores[url] = cls(url, settings, loop, metrics)
+        return found
+
+    # ------------------------------------------------------------------ writing
+    def share(self, session: Session, principal: object) -> None:
+        """Journal `session` from now on (its streams, Deltas and Ends go to the store) and record who owns it."""
+        session.start_journal()
+        self._meta[session.session_id] = {"token": token_digest(session.resume_token),
+                                          "principal": principal_key(principal), "owner": PROCESS_ID}
+        self.touch(session)
+
+    def touch(self, session: Session) -> None:
+        """`session` may have new journal records: write them (with everything else new) after this loop turn."""
+        self._dirty[session.session_id] = session
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush)
+        if self._alive is None:
+            self._alive = self.loop.create_task(self._keep_alive())
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._writing is not None:  # one write in flight at a time: what comes meanwhile goes in the next
+            return
+        dirty, self._dirty = self._dirty, {}
+        meta, self._meta = self._meta, {}
+        pipe = self.redis.pipeline(transaction=False)
+        ttl = self.ttl
+        commands = 0
+        for sid, fields in meta.items():
+            key = f"lowlat:s:{sid}"
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, ttl)
+            commands += 1
+        for sid, session in dirty.items():
+            journal = session.journal
+            if not journal:
+                continue
+            session.journal = []
+            key = f"lowlat:d:{sid}"
+            pipe.xadd(key, {"o": PROCESS_ID, "b": pack(journal)}, maxlen=MAX_ENTRIES, approximate=True)
+            pipe.expire(key, ttl)
+            pipe.expire(f"lowlat:s:{sid}", ttl)
+            commands += 1
+        if commands:
+            self._writing = self.loop.create_task(self._write(pipe))
+
+    async def _write(self, pipe: Any) -> None:
+        try:
+            await pipe.execute()
+        except Exception as exc:  # Redis down, a timeout: sessions go on in this process
+            self._failed("write", exc)
+        else:
+            if self._down:
+                self._down = False
+                log.warning("session store %s reachable again: sessions are shared again", _safe(self.url))
+        finally:
+            self._writing = None
+            if self._dirty or self._meta:
+                self._flush()
+
+    def _failed(self, operation: str, exc: BaseException) -> None:
+        if self.metrics is not None:
+            self.metrics.inc("session_store_errors", operation)
+        if not self._down:
+            self._down = True
+            log.warning("session store %s unreachable (%s): sessions go on in this process, without resume in "
+                        "another one, until it is back", _safe(self.url), exc)
+
+    async def _keep_alive(self) -> None:
+        """Say this process is alive (followers of its streams elsewhere check it) while the loop runs."""
+        key = f"lowlat:p:{PROCESS_ID}"
+        while True:
+            try:
+                await self.redis.set(key, "1", px=ALIVE_TTL_MS)
+            except Exception as exc:
+                self._failed("alive", exc)
+            await asyncio.sleep(ALIVE_EVERY)
+
+    # ------------------------------------------------------------------ resuming
+    async def owner(self, session_id: str) -> str | None:
+        """The process that holds `session_id`'s connection, as the store says (None: unknown, or unreachable)."""
+        try:
+            owner = await self.redis.hget(f"lowlat:s:{session_id}", "owner")
+        except Exception as exc:
+            self._failed("read", exc)
+            return None
+        return owner.decode() if owner is not None else None
+
+    async def load(self, session_id: str, token: str) -> RemoteSession | None:
+        """`session_id` from the store, if it is there and `token` is its resume token (else None)."""
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(f"lowlat:s:{session_id}")
+            pipe.xrange(f"lowlat:d:{session_id}")
+            meta, entries = await pipe.execute()
+        except Exception as exc:
+            self._failed("read", exc)
+            return None
+        digest = meta.get(b"token", b"").decode()
+        if not digest or not hmac.compare_digest(digest, token_digest(token)):
+            return None
+        remote = RemoteSession(session_id, digest, meta.get(b"principal", b"").decode(),
+                               meta.get(b"owner", b"").decode(), {}, entries[-1][0] if entries else b"0-0")
+        for _, fields in entries:
+            remote.apply(fields[b"o"].decode(), unpack(fields[b"b"]))
+        return remote
+
+    async def follow(self, session_id: str, stream_id: int, after: bytes | str, seq: int,
+                     writer: str) -> AsyncIterator[Any]:
+        """The chunks of a stream another process is running, after `seq`, read from entry `after` on; then
+        its End or Error. If that process stops (or Redis goes) first: an Error resume_failed (retryable)."""
+        key = f"lowlat:d:{session_id}"
+        last = after
+
+        def lost(why: str) -> ev.Error:
+            return ev.Error(stream_id=stream_id, code=ErrorCode.RESUME_FAILED, retryable=True,
+                            message=f"stream {stream_id} lost after seq {seq}: {why}")
+
+        while True:
+            try:
+                found = await self.redis.xread({key: last}, count=256, block=FOLLOW_BLOCK_MS)
+            except Exception as exc:
+                self._failed("read", exc)
+                yield lost("the session store is unreachable")
+                return
+            if not found:
+                try:
+                    alive = await self.redis.exists(f"lowlat:p:{writer}")
+                except Exception as exc:
+                    self._failed("read", exc)
+                    yield lost("the session store is unreachable")
+                    return
+                if not alive:
+                    yield lost("the process running it stopped")
+                    return
+                continue
+            for entry_id, fields in found[0][1]:
+                last = entry_id
+                for sid, s, item in unpack(fields[b"b"]):
+                    if sid != stream_id:
+                        continue
+                    writer = fields[b"o"].decode()
+                    if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
+                        yield lost("its end was not saved")
+                        return
+                    if s < 0:
+                        yield item
+                        return
+                    if s == seq + 1:
+                        seq = s
+                        yield item
+                    elif s > seq + 1:
+                        yield lost("part of its output was not saved")
+                        return
+
+    async def aclose(self) -> None:
+        """Write what is left and close the connection (tests; a process that ends just stops)."""
+        if self._alive is not None:
+            self._alive.cancel()
+        if self._dirty or self._meta:
+            self._flush()
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
+        await self.redis.aclose()

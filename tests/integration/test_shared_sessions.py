@@ -1,0 +1,262 @@
+"""Sessions shared through Redis (setting ``session_store``), across two real `lowlat-mw serve` processes and a real
+redis-server (tests/redis_support.py): a client on process A whose connection drops reconnects (through a proxy
+that now forwards to process B) and resumes there. A stream A is still running is followed live to its End; one
+whose process was killed arrives up to what A had saved and ends with ResumeFailed, never with a gap or a repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from loopback import free_port, wait_listening
+
+from lowlat_mw import Backoff, ResumeFailed, connect
+from lowlat_mw.errors import SettingsError
+from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
+from lowlat_mw.settings import Settings
+from lowlat_mw.testing import FaultProxy, LoggedProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+TOKENS = 500
+WAIT = 60.0
+MODEL = '''
+import asyncio
+
+
+async def count(req):
+    """TOKENS numbered tokens, `gap` seconds apart."""
+    gap = float(req.params.get("gap", 0.004))
+    pad = "." * int(req.params.get("pad", 0))
+    for i in range(int(req.params.get("n", 500))):
+        yield f"{i}{pad} "
+        await asyncio.sleep(gap)
+'''
+EXPECTED = [f"{i} " for i in range(TOKENS)]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def argv(server: str, port: int) -> list[str]:
+    """How each server runs the counting model: `lowlat-mw serve`, or a framework's example app as its guide says
+    (the example serves LOWLAT_MODEL)."""
+    if server == "serve":
+        return [str(BIN / "lowlat-mw"), "serve", "counting:count", "--port", str(port), "--log-level", "warning"]
+    if server == "starlette":
+        return [str(BIN / "uvicorn"), "examples.starlette_app:app", "--host", "127.0.0.1", "--port", str(port),
+                "--log-level", "warning", *uvicorn_args(Settings())]
+    if server == "flask":
+        return [str(BIN / "gunicorn"), *gunicorn_args(Settings()), "--threads", "64", "-b", f"127.0.0.1:{port}",
+                "examples.flask_app:app"]
+    if server == "django":
+        return [sys.executable, "-m", "lowlat_mw.servers.daphne", "-b", "127.0.0.1", "-p", str(port),
+                *daphne_args(Settings()), "examples.django_project.asgi:application"]
+    raise ValueError(server)
+
+
+class Servers:
+    """Two server processes (A and B) of the counting model sharing `redis_url`, and a proxy in front of A."""
+
+    def __init__(self, tmp_path: Path, redis_url: str, kinds: tuple[str, str] = ("serve", "serve")) -> None:
+        (tmp_path / "counting.py").write_text(MODEL)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
+        env.update(LOWLAT_SESSION_STORE=redis_url, LOWLAT_MODEL="counting:count", PYTHONPATH=f"{tmp_path}:{ROOT}",
+                   GUNICORN_CMD_ARGS="--no-control-socket")
+        self.procs: list[LoggedProcess] = []
+        self.ports: list[int] = []
+        for name, kind in zip(("a", "b"), kinds, strict=True):
+            port = free_port()
+            self.procs.append(LoggedProcess(f"shared-{name}-{kind}", argv(kind, port), logdir=tmp_path, env=env,
+                                            cwd=tmp_path))
+            self.ports.append(port)
+        for proc, port in zip(self.procs, self.ports, strict=True):
+            assert wait_listening(port, proc.alive, proc.output, WAIT), proc.output()
+        self.proxy = FaultProxy(("127.0.0.1", self.ports[0]))
+
+    def to_b(self) -> None:
+        """New connections go to B; the open ones are cut (the client reconnects, and lands on B)."""
+        self.proxy.target = ("127.0.0.1", self.ports[1])
+        self.proxy.cut_all()
+
+    def close(self) -> None:
+        self.proxy.close()
+        for proc in self.procs:
+            proc.stop()
+
+
+@pytest.fixture
+def servers(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest):
+    """A and B: `lowlat-mw serve` both, or the pair the test is parametrized with ("starlette-flask", ...)."""
+    s = Servers(tmp_path, redis_url, tuple(getattr(request, "param", "serve-serve").split("-")))  # type: ignore[arg-type]
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+async def _read(stream, received: list[str], until: int | None = None) -> None:
+    async for chunk in stream:
+        received.append(chunk)
+        if until is not None and len(received) >= until:
+            return
+
+
+PAIRS = pytest.mark.parametrize("servers", ["serve-serve", "starlette-flask", "flask-starlette", "starlette-django",
+                                             "django-starlette"], indirect=True)
+
+
+@PAIRS
+async def test_a_stream_running_on_a_is_followed_on_b_after_the_client_moves(servers: Servers) -> None:
+    received: list[str] = []
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                               backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        stream = client.stream("count", params={"n": TOKENS})
+        await _read(stream, received, until=100)
+        servers.to_b()  # A goes on generating; B relays what A writes to Redis
+        await _read(stream, received)
+        assert client.resumes == 1
+        assert received == EXPECTED  # exact: no gap, no repeat
+        assert await client.complete("after", params={"n": 3, "gap": 0}) == "0 1 2 "  # B runs new streams itself
+    for proc in servers.procs:
+        assert "Traceback" not in proc.output(), proc.output()
+
+
+async def test_a_stream_longer_than_the_clients_flow_window_is_followed_to_its_end(servers: Servers) -> None:
+    """400 KB against the client's 256 KiB flow window: its Acks go to B now, so A must not wait for them."""
+    n, pad = 400, 1000
+    received: list[str] = []
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                               backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        stream = client.stream("count", params={"n": n, "pad": pad, "gap": 0.001})
+        await _read(stream, received, until=20)
+        servers.to_b()
+        await _read(stream, received)
+    assert received == [f"{i}{'.' * pad} " for i in range(n)]
+
+
+@PAIRS
+async def test_a_stream_whose_process_is_killed_ends_with_resume_failed_after_what_was_saved(
+        servers: Servers) -> None:
+    received: list[str] = []
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                               backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        stream = client.stream("count", params={"n": TOKENS})
+        await _read(stream, received, until=100)
+        os.killpg(servers.procs[0].proc.pid, signal.SIGKILL)  # (LoggedProcess runs it in its own group)
+        servers.to_b()
+        with pytest.raises(ResumeFailed, match="process running it stopped"):
+            await _read(stream, received)
+        assert 100 <= len(received) < TOKENS
+        assert received == EXPECTED[:len(received)]  # a prefix: no gap, no repeat
+        assert await client.complete("after", params={"n": 3, "gap": 0}) == "0 1 2 "
+
+
+@PAIRS
+async def test_a_stream_on_a_draining_process_goes_on_there_and_arrives_whole_through_b(servers: Servers) -> None:
+    """SIGTERM to A: GoAway and 4002 at once, the client resumes on B, A's model runs on (drain_grace) and B relays
+    it to its End."""
+    received: list[str] = []
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                               backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        stream = client.stream("count", params={"n": TOKENS})
+        await _read(stream, received, until=100)
+        servers.proxy.target = ("127.0.0.1", servers.ports[1])  # the balancer's part: new connections go to B
+        os.kill(servers.procs[0].proc.pid, signal.SIGTERM)
+        await _read(stream, received)
+        assert received == EXPECTED
+        assert client.resumes == 1
+    assert servers.procs[0].proc.wait(WAIT) is not None  # A exited once its stream had ended
+
+
+async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_once_it_is_back(
+        servers: Servers, redis_server) -> None:
+    redis_server.stop()
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws") as client:
+        assert await client.complete("without redis", params={"n": 20, "gap": 0}) == "".join(EXPECTED[:20])
+    redis_server.start()
+    await asyncio.sleep(1.5)  # (A's next write finds Redis back)
+    received: list[str] = []
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                               backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        stream = client.stream("count", params={"n": TOKENS})
+        await _read(stream, received, until=100)
+        servers.to_b()
+        await _read(stream, received)
+        assert received == EXPECTED
+    log = servers.procs[0].output()
+    assert log.count("unreachable") == 1 and "reachable again" in log, log
+    assert "Traceback" not in log, log
+
+
+def test_a_store_that_does_not_answer_stops_the_app_when_it_is_built() -> None:
+    from lowlat_mw.drivers.asgi import LowLatASGI
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with pytest.raises(SettingsError, match=r"cannot reach Redis at redis://127\.0\.0\.1"):
+        LowLatASGI(lambda req: "x", session_store=url)
+    with pytest.raises(SettingsError, match="session_store"):
+        Settings(session_store="http://127.0.0.1:6379")
+
+
+def test_the_session_is_in_redis_with_a_digest_of_its_token(servers: Servers, redis_url: str) -> None:
+    async def run() -> str:
+        async with connect(f"ws://127.0.0.1:{servers.ports[0]}/ws") as client:
+            await client.complete("x", params={"n": 3, "gap": 0})
+            return client.welcome.resume_token
+
+    token = asyncio.run(run())
+    sid = token.partition(".")[0]
+    client = redis.Redis.from_url(redis_url)
+    for _ in range(200):  # written behind the socket: soon after the reply, not before it
+        meta = client.hgetall(f"lowlat:s:{sid}")
+        if meta:
+            break
+        time.sleep(0.05)
+    assert meta[b"token"] != token.encode() and len(meta[b"token"]) == 64
+    assert token.partition(".")[2].encode() not in b"".join(meta.values())
+
+
+async def test_serve_with_two_workers_resumes_every_stream_on_either_worker(tmp_path: Path, redis_url: str) -> None:
+    """`lowlat-mw serve --workers 2` with the Redis store: one port, the kernel picks the worker of each connection,
+    so a reconnect lands on either; every stream arrives exact through connections cut at random."""
+    (tmp_path / "counting.py").write_text(MODEL)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
+    proc = LoggedProcess("workers", [str(BIN / "lowlat-mw"), "serve", "counting:count", "--port", str(port),
+                                     "--workers", "2", "--set", f"session_store={redis_url}"],
+                         logdir=tmp_path, env=env, cwd=tmp_path)
+    try:
+        assert wait_listening(port, proc.alive, proc.output, WAIT), proc.output()
+        n, expected = 300, "".join(EXPECTED[:300])
+        with FaultProxy(("127.0.0.1", port), seed=18) as proxy:
+            proxy.cut_randomly(1500, 5000)
+            async with asyncio.timeout(WAIT * 2), connect(f"ws://127.0.0.1:{proxy.port}/ws",
+                                                           backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+                replies = [await client.complete(f"stream {i}", params={"n": n, "gap": 0.001}) for i in range(6)]
+                resumes = client.resumes
+        assert replies == [expected] * 6
+        assert resumes >= 3, resumes
+        workers = {line.split("[", 1)[1].split("]", 1)[0] for line in proc.output().splitlines()
+                   if "Started server process" in line}
+        assert len(workers) == 2, proc.output()
+        assert "each with its own in-process sessions" not in proc.output()  # no several-workers warning
+    finally:
+        proc.stop()
+
+
+def test_serve_refuses_several_workers_without_shared_sessions(tmp_path: Path) -> None:
+    result = subprocess.run([str(BIN / "lowlat-mw"), "serve", "--workers", "2", "--port", str(free_port())],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")})
+    assert result.returncode != 0
+    assert "--workers 2 needs sessions shared between the workers" in result.stderr, result.stderr

@@ -1,0 +1,73 @@
+"""The shared session store's pure parts (lowlat_mw/drivers/shared.py): the journal records a session produces,
+their packing, and a session rebuilt from them, with no gap and no repeat (tests/integration/test_shared_sessions.py
+runs it across real processes and a real Redis)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from lowlat_mw.drivers.shared import RemoteSession, pack, principal_key, unpack
+from lowlat_mw.errors import ErrorCode
+from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol.session import Session
+from lowlat_mw.settings import Settings
+
+
+def _session() -> Session:
+    session = Session(Settings(), now=0.0, session_id="s1", secret="secret")
+    session.start_journal()
+    return session
+
+
+def test_a_journaled_session_notes_starts_deltas_and_ends_and_packs_them_losslessly() -> None:
+    session = _session()
+    session.start(ev.Request(stream_id=1, model="m", text="hi"), 0.0)
+    session.record(1, "héllo", 0.1)
+    session.record(1, b"\x00\xff", 0.2)
+    session.record(1, "\ud800x", 0.25)  # (an unpaired surrogate survives the trip: the frame is what refuses it)
+    end = session.finish(1, 0.3, reason="stop")
+    error = ev.Error(stream_id=2, code=ErrorCode.MODEL_ERROR, message="boom", retryable=True)
+    records = [*session.journal, (2, 0, None), (2, -1, error)]
+    assert records[:4] == [(1, 0, None), (1, 1, "héllo"), (1, 2, b"\x00\xff"), (1, 3, "\ud800x")]
+    assert unpack(pack(records)) == [*records[:4], (1, -1, end), (2, 0, None), (2, -1, error)]
+
+
+def test_followed_streams_are_not_journaled_again() -> None:
+    session = _session()
+    session.restore(3, 1, ["a", "b"], None, 0.0, followed=True)
+    session.journal.clear()
+    session.record(3, "c", 0.1)
+    session.finish(3, 0.2, error=ev.End(stream_id=3, last_seq=3))
+    assert session.journal == []
+    assert session.streams[3].terminal == ev.End(stream_id=3, last_seq=3)
+
+
+def test_a_rebuilt_session_replays_exactly_and_fails_below_what_was_kept() -> None:
+    remote = RemoteSession("s1", "digest", "", "owner", {}, b"0-0")
+    remote.apply("A", [(1, 0, None), (1, 1, "a"), (1, 2, "b")])
+    remote.apply("A", [(1, 2, "b"), (1, 3, "c"), (1, -1, ev.End(stream_id=1, last_seq=3))])  # a repeat: skipped
+    remote.apply("A", [(2, 5, "x"), (2, 6, "y")])  # its start and first Deltas trimmed away: begins at 5
+    remote.apply("B", [(4, 0, None), (4, 1, "p"), (4, 3, "r")])  # seq 2 never saved: broken
+    session, follow = remote.to_session(Settings(), "s1.secret", 0.0)
+    assert follow == {2: "A"}  # running elsewhere: followed
+    events, _ = session.replay({1: 1, 2: 5, 4: 0})
+    assert events[:3] == [ev.Delta.of(1, 2, "b"), ev.Delta.of(1, 3, "c"), ev.End(stream_id=1, last_seq=3)]
+    assert events[3] == ev.Delta.of(2, 6, "y")
+    assert events[4] == ev.Delta.of(4, 1, "p")  # what came before the gap, then the stream's Error
+    assert isinstance(events[5], ev.Error) and events[5].code is ErrorCode.RESUME_FAILED and events[5].retryable
+    events, _ = session.replay({2: 3})  # below the first kept Delta
+    assert events[0].code is ErrorCode.RESUME_FAILED  # type: ignore[union-attr]
+
+
+def test_principals_compare_across_processes_by_identity_not_by_object() -> None:
+    assert principal_key(None) == ""
+    assert principal_key("alice") == principal_key("alice") != principal_key("bob")
+    assert principal_key(7) != principal_key("7")
+    user = type("User", (), {})
+    a, b = user(), user()
+    a.pk = b.pk = 42
+    assert principal_key(a) == principal_key(b)
+    login = SimpleNamespace(get_id=lambda: "u1")
+    assert principal_key(login).endswith(":u1")
+    opaque = object()
+    assert principal_key(opaque) != principal_key(object())  # unknown kinds resume only in their own process

@@ -71,3 +71,32 @@ def test_principals_compare_across_processes_by_identity_not_by_object() -> None
     assert principal_key(login).endswith(":u1")
     opaque = object()
     assert principal_key(opaque) != principal_key(object())  # unknown kinds resume only in their own process
+
+
+def test_a_gap_is_never_replayed_even_when_the_stream_ended() -> None:
+    remote = RemoteSession("s1", "digest", "", "owner", {}, b"0-0")
+    remote.apply("A", [(1, 0, None), (1, 1, "a"), (1, 3, "c"), (1, -1, ev.End(stream_id=1, last_seq=3))])
+    remote.apply("A", [(2, -1, ev.End(stream_id=2, last_seq=9))])  # its start and Deltas trimmed away
+    session, follow = remote.to_session(Settings(), "s1.secret", 0.0)
+    assert follow == {}
+    events, _ = session.replay({1: 0, 2: 2})
+    assert events[0] == ev.Delta.of(1, 1, "a")
+    assert events[1].code is ErrorCode.RESUME_FAILED  # type: ignore[union-attr]  # not End(3) after a gap
+    assert events[2].code is ErrorCode.RESUME_FAILED  # type: ignore[union-attr]  # seqs 3..9 are gone
+    session, _ = remote.to_session(Settings(), "s1.secret", 0.0)
+    events, _ = session.replay({2: 9})  # a client that had everything gets the End
+    assert events == [ev.End(stream_id=2, last_seq=9)]
+
+
+def test_a_stream_id_reused_after_its_relay_ended_gets_only_its_new_runs_output() -> None:
+    """B ended a stream it relayed (its client cancelled it) while A's model ran on; the client then reused the id
+    on B: A's later records belong to the old run and are ignored."""
+    remote = RemoteSession("s1", "digest", "", "owner", {}, b"0-0")
+    remote.apply("A", [(1, 0, None), (1, 1, "old1"), (1, 2, "old2")])
+    remote.apply("B", [(1, -1, ev.End(stream_id=1, last_seq=2, finish_reason="cancelled"))])
+    remote.apply("A", [(1, 3, "old3"), (1, -1, ev.End(stream_id=1, last_seq=3))])  # the old run goes on
+    assert remote.streams[1].terminal.finish_reason == "cancelled"  # type: ignore[union-attr]
+    remote.apply("B", [(1, 0, None), (1, 1, "new1")])
+    remote.apply("A", [(1, 4, "old4")])
+    remote.apply("B", [(1, 2, "new2")])
+    assert remote.streams[1].pieces == ["new1", "new2"] and remote.streams[1].terminal is None

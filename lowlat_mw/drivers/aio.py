@@ -44,7 +44,7 @@ from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
 from . import eager
 from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
-from .shared import PROCESS_ID, SharedSessions, principal_key, shared_sessions
+from .shared import SharedSessions, principal_key, process_id, shared_sessions
 from .timers import AsyncScheduler, cpu_clock
 
 __all__ = ["ConnectionDriver", "ModelRunner", "drain_all", "drain_on_shutdown", "run_authenticator"]
@@ -144,10 +144,25 @@ class ModelRunner:
         if self.destroyed or self.driver is not None:
             return math.inf
         if now >= self.session.expires_at():
+            if self.shared is not None and self.tasks:
+                # Its client may have resumed on another process, which follows these streams: ask the store.
+                self._expiry = asyncio.get_running_loop().create_task(self._expire_shared())  # (kept: a reference)
+                return now + self.settings.resume_window
             log.info("session %s expired", self.session.session_id, extra={"session_id": self.session.session_id})
             self.destroy()
             return math.inf
         return self.session.expires_at()
+
+    async def _expire_shared(self) -> None:
+        """A shared session's resume window ended here with models running: if its client resumed on another
+        process (the store says who holds it now), they run on for it (checked again a window later); else the
+        session is given up."""
+        owner = await self.shared.owner(self.session.session_id)  # type: ignore[union-attr]
+        if self.destroyed or self.driver is not None:
+            return
+        if owner is None or owner == process_id():
+            log.info("session %s expired", self.session.session_id, extra={"session_id": self.session.session_id})
+            self.destroy()
 
     def destroy(self) -> None:
         """Stop every model and forget the session."""
@@ -158,6 +173,16 @@ class ModelRunner:
         if self._detached:
             self._set_detached(False)
             self.scheduler.cancel(self)
+        shared = self.shared
+        if shared is not None:  # streams followed elsewhere must end there too, not wait for Deltas that never come
+            session = self.session
+            now = self.monotonic()
+            for sid, st in list(session.streams.items()):
+                if st.terminal is None and sid not in session.followed:
+                    session.fail(sid, now, ErrorCode.RESUME_FAILED, f"stream {sid} stopped: its session ended on the "
+                                 "process running it", retryable=True)
+            shared.touch(session)
+            shared.release(session)
         store = self.endpoint.store
         if store.get(self.session.session_id) is self:
             store.remove(self.session.session_id)
@@ -825,9 +850,13 @@ class ConnectionDriver:
         runner = found if isinstance(found, ModelRunner) and not found.destroyed else None
         shared = shared_sessions(self.endpoint)
         remote: tuple[Session, dict[int, str], Any] | None = None
-        if shared is not None and (runner is None or await shared.owner(action.session_id) not in (None, PROCESS_ID)):
+        if shared is not None and (runner is None or await shared.owner(action.session_id) not in (None, process_id())):
             # Not here, or it moved to another process since: the shared store's copy is the one to resume.
             remote = await self._remote_session(shared, action)
+            runner = None
+        if self.protocol.state is not ConnState.ADMITTING:  # it closed (a timeout, the client) while the store answered
+            return
+        if runner is not None and runner.destroyed:
             runner = None
         session = runner.session if runner is not None else remote[0] if remote is not None else None
         actions = self.protocol.resume(session, self.monotonic())
@@ -1133,12 +1162,15 @@ class ConnectionDriver:
         await self._act(self.protocol.drain(reconnect_after_ms))
         deadline = self.monotonic() + (self.settings.drain_grace if grace is None else grace)
         runner = self.runner
-        if runner is not None and runner.shared is not None and runner.tasks:
+        shared = runner.shared if runner is not None else None
+        if runner is not None and shared is not None and not shared.down and runner.tasks:
             # Shared sessions: the client moves to another process now and resumes there, which relays these
             # streams from the shared store while they go on here, detached, until they end or the grace is over.
             await self.close(CloseCode.DRAINING, "server shutting down")
             while runner.tasks and self.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            runner.destroy()  # (what is still running ends in the store too, for its follower)
+            await shared.flushed()
             return
         # Wait on the model tasks, not the session's running count: a task ends only after its
         # End/Error went out, so the 4002 close never overtakes a stream's last message.

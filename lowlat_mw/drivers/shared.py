@@ -29,10 +29,12 @@ whose writes failed cannot be resumed elsewhere from before the failure (its str
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
 import logging
+import os
 import struct
 import uuid
 import weakref
@@ -46,19 +48,30 @@ from ..protocol import events as ev
 from ..protocol.session import Session
 from ..settings import Settings
 
-__all__ = ["PROCESS_ID", "RemoteSession", "SharedSessions", "check_store_url", "open_endpoint", "pack",
-           "principal_key", "shared_sessions", "unpack"]
+__all__ = ["RemoteSession", "SharedSessions", "check_store_url", "open_endpoint", "pack", "principal_key",
+           "process_id", "shared_sessions", "unpack"]
 
 log = logging.getLogger("lowlat_mw")
 
-PROCESS_ID = uuid.uuid4().hex[:16]
-"""This process, as the shared store knows it (who writes an entry, who is alive)."""
+_process_id = [uuid.uuid4().hex[:16]]
+
+
+def process_id() -> str:
+    """This process, as the shared store knows it (who writes an entry, who is alive): drawn again in a forked
+    child (gunicorn's workers fork from a master that imported this module)."""
+    return _process_id[0]
+
+
+os.register_at_fork(after_in_child=lambda: _process_id.__setitem__(0, uuid.uuid4().hex[:16]))
 
 ALIVE_TTL_MS = 5000      # a process's liveness key outlives its last refresh by this much
 ALIVE_EVERY = 1.0        # seconds between refreshes
 FOLLOW_BLOCK_MS = 1000   # a follower's blocking read; after one with nothing new, it checks the writer is alive
 MAX_ENTRIES = 100_000    # entries kept per session stream (approximate trim; an entry is one loop turn's output)
 TIMEOUT = 5.0            # seconds for a Redis command or connection
+READ_TIMEOUT = 1.0       # seconds a resume waits for the store before it goes on without it
+RETRY_AFTER = 1.0        # seconds between write attempts while the store fails
+JOURNAL_MAX = 65_536     # records a session may hold while a write is in flight; past it its Deltas are dropped
 
 _DELTA_TEXT, _DELTA_BYTES, _START, _END, _ERROR = range(5)
 _HEAD = struct.Struct(">BIII")  # kind, stream id, seq, payload length
@@ -139,7 +152,7 @@ def principal_key(principal: object) -> str:
             return f"{kind}:{get_id()}"
         except Exception:  # an anonymous user's get_id may raise
             pass
-    return f"{kind}@{PROCESS_ID}:{id(principal)}"
+    return f"{kind}@{process_id()}:{id(principal)}"
 
 
 def token_digest(token: str) -> str:
@@ -191,6 +204,11 @@ def shared_sessions(endpoint: Endpoint) -> SharedSessions | None:
     return SharedSessions.for_loop(url, settings, endpoint.metrics)
 
 
+def _ends_only(journal: list[tuple[int, int, Any]]) -> list[tuple[int, int, Any]]:
+    """The starts and ends of a journal (its Deltas dropped: the gap they leave is seen, never replayed)."""
+    return [record for record in journal if record[1] <= 0]
+
+
 # ================================================================================ loading
 @dataclass
 class RemoteStream:
@@ -215,7 +233,11 @@ class RemoteSession:
     last_id: bytes | str  # the last entry read: a follower reads on from here
 
     def apply(self, writer: str, records: Iterable[tuple[int, int, Any]]) -> None:
-        """Fold one entry's records into the streams."""
+        """Fold one entry's records into the streams.
+
+        A stream's run is what followed its start: its Deltas count only from the process that started it (a
+        process that relayed it, or ended it for its client, writes no Delta of it), and its first End or Error
+        from any process ends it (a model that ran on after its client's process ended the stream is ignored)."""
         streams = self.streams
         for sid, seq, item in records:
             if seq == 0:  # (re)started: a stream id a client reuses begins again
@@ -223,11 +245,13 @@ class RemoteSession:
                 continue
             st = streams.get(sid)
             if st is None:  # its start was trimmed away: what is left begins at this seq
-                st = streams[sid] = RemoteStream(first_seq=seq if seq > 0 else 1, writer=writer)
-            st.writer = writer
+                first = seq if seq > 0 else item.last_seq + 1 if isinstance(item, ev.End) else 1
+                st = streams[sid] = RemoteStream(first_seq=first, writer=writer)
+            if st.terminal is not None:
+                continue
             if seq < 0:
                 st.terminal = item
-            elif not st.broken and st.terminal is None:
+            elif writer == st.writer and not st.broken:
                 last = st.first_seq - 1 + len(st.pieces)
                 if seq == last + 1:
                     st.pieces.append(item)
@@ -240,7 +264,7 @@ class RemoteSession:
         follow: dict[int, str] = {}
         for sid, st in self.streams.items():
             terminal = st.terminal
-            if st.broken and terminal is None:
+            if st.broken:  # (ended or not: what follows the gap is never replayed)
                 terminal = ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
                                     message=f"stream {sid}: its output after seq "
                                             f"{st.first_seq - 1 + len(st.pieces)} was not saved")
@@ -270,9 +294,12 @@ class SharedSessions:
                                              health_check_interval=30)
         self._dirty: dict[str, Session] = {}  # sessions with journal records not yet written
         self._meta: dict[str, dict[str, str]] = {}  # session hash fields not yet written
+        self._held: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()  # shared from here
         self._scheduled = False
         self._writing: asyncio.Task[None] | None = None
-        self._down = False  # the last write failed (logged once, until one succeeds)
+        self.down = False
+        """The store failed and has not answered since (logged once per outage)."""
+        self._retry_at = 0.0
         self._alive: asyncio.Task[None] | None = None
 
     @classmethod
@@ -290,12 +317,16 @@ class SharedSessions:
         """Journal `session` from now on (its streams, Deltas and Ends go to the store) and record who owns it."""
         session.start_journal()
         self._meta[session.session_id] = {"token": token_digest(session.resume_token),
-                                          "principal": principal_key(principal), "owner": PROCESS_ID}
+                                          "principal": principal_key(principal), "owner": process_id()}
+        self._held[session.session_id] = session
         self.touch(session)
 
     def touch(self, session: Session) -> None:
         """`session` may have new journal records: write them (with everything else new) after this loop turn."""
         self._dirty[session.session_id] = session
+        journal = session.journal
+        if journal is not None and len(journal) > JOURNAL_MAX:  # the store is slow: a gap rather than no bound
+            session.journal = _ends_only(journal)
         if not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._flush)
@@ -306,8 +337,14 @@ class SharedSessions:
         self._scheduled = False
         if self._writing is not None:  # one write in flight at a time: what comes meanwhile goes in the next
             return
+        wait = self._retry_at - self.loop.time()
+        if wait > 0:  # the store failed a moment ago: try again a little later, not every loop turn
+            self._scheduled = True
+            self.loop.call_later(wait, self._flush)
+            return
         dirty, self._dirty = self._dirty, {}
         meta, self._meta = self._meta, {}
+        batch: list[tuple[Session, list[tuple[int, int, Any]]]] = []
         pipe = self.redis.pipeline(transaction=False)
         ttl = self.ttl
         commands = 0
@@ -321,51 +358,99 @@ class SharedSessions:
             if not journal:
                 continue
             session.journal = []
+            batch.append((session, journal))
             key = f"lowlat:d:{sid}"
-            pipe.xadd(key, {"o": PROCESS_ID, "b": pack(journal)}, maxlen=MAX_ENTRIES, approximate=True)
+            pipe.xadd(key, {"o": process_id(), "b": pack(journal)}, maxlen=MAX_ENTRIES, approximate=True)
             pipe.expire(key, ttl)
             pipe.expire(f"lowlat:s:{sid}", ttl)
             commands += 1
         if commands:
-            self._writing = self.loop.create_task(self._write(pipe))
+            self._writing = self.loop.create_task(self._write(pipe, meta, batch))
 
-    async def _write(self, pipe: Any) -> None:
+    async def _write(self, pipe: Any, meta: dict[str, dict[str, str]],
+                     batch: list[tuple[Session, list[tuple[int, int, Any]]]]) -> None:
         try:
             await pipe.execute()
         except Exception as exc:  # Redis down, a timeout: sessions go on in this process
             self._failed("write", exc)
+            self._retry_at = self.loop.time() + RETRY_AFTER
+            # Written again later: the sessions' hashes, and their streams' starts and ends (a stream whose Deltas
+            # were lost then shows a gap, and fails a resume elsewhere, instead of never ending there).
+            for sid, fields in meta.items():
+                self._meta.setdefault(sid, fields)
+            for session, journal in batch:
+                kept = _ends_only(journal)
+                if kept and session.journal is not None:
+                    session.journal[:0] = kept
+                    self._dirty[session.session_id] = session
         else:
-            if self._down:
-                self._down = False
-                log.warning("session store %s reachable again: sessions are shared again", _safe(self.url))
+            self._ok()
         finally:
             self._writing = None
-            if self._dirty or self._meta:
+            if (self._dirty or self._meta) and not self._scheduled:
                 self._flush()
+
+    def _ok(self) -> None:
+        if self.down:
+            self.down = False
+            log.warning("session store %s reachable again: sessions are shared again", _safe(self.url))
 
     def _failed(self, operation: str, exc: BaseException) -> None:
         if self.metrics is not None:
             self.metrics.inc("session_store_errors", operation)
-        if not self._down:
-            self._down = True
+        if not self.down:
+            self.down = True
             log.warning("session store %s unreachable (%s): sessions go on in this process, without resume in "
                         "another one, until it is back", _safe(self.url), exc)
 
     async def _keep_alive(self) -> None:
-        """Say this process is alive (followers of its streams elsewhere check it) while the loop runs."""
-        key = f"lowlat:p:{PROCESS_ID}"
+        """Say this process is alive (followers of its streams elsewhere check it) while the loop runs, and keep
+        the keys of the sessions it holds from expiring (a quiet session would lose them after `ttl`)."""
+        key = f"lowlat:p:{process_id()}"
+        refresh_every = max(1, round(self.ttl / (3 * ALIVE_EVERY)))
+        beat = 0
         while True:
             try:
-                await self.redis.set(key, "1", px=ALIVE_TTL_MS)
+                beat += 1
+                if beat % refresh_every == 0 and self._held:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for sid in list(self._held.keys()):
+                        pipe.expire(f"lowlat:s:{sid}", self.ttl)
+                        pipe.expire(f"lowlat:d:{sid}", self.ttl)
+                    pipe.set(key, "1", px=ALIVE_TTL_MS)
+                    await pipe.execute()
+                else:
+                    await self.redis.set(key, "1", px=ALIVE_TTL_MS)
+                self._ok()
             except Exception as exc:
                 self._failed("alive", exc)
             await asyncio.sleep(ALIVE_EVERY)
 
+    def release(self, session: Session) -> None:
+        """This process no longer holds `session` (destroyed): its keys expire on their own."""
+        self._held.pop(session.session_id, None)
+
+    async def flushed(self, timeout: float = TIMEOUT) -> None:
+        """Wait (up to `timeout`) until everything journaled so far has been written (or failed): a draining
+        process calls it before it exits."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self._writing is not None or self._dirty or self._meta:
+                    if self._writing is not None:
+                        await asyncio.wait([self._writing])
+                    elif not self._scheduled:
+                        self._flush()
+                    else:
+                        await asyncio.sleep(0.01)
+
     # ------------------------------------------------------------------ resuming
     async def owner(self, session_id: str) -> str | None:
         """The process that holds `session_id`'s connection, as the store says (None: unknown, or unreachable)."""
+        if self.down:
+            return None
         try:
-            owner = await self.redis.hget(f"lowlat:s:{session_id}", "owner")
+            async with asyncio.timeout(READ_TIMEOUT):
+                owner = await self.redis.hget(f"lowlat:s:{session_id}", "owner")
         except Exception as exc:
             self._failed("read", exc)
             return None
@@ -374,10 +459,11 @@ class SharedSessions:
     async def load(self, session_id: str, token: str) -> RemoteSession | None:
         """`session_id` from the store, if it is there and `token` is its resume token (else None)."""
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hgetall(f"lowlat:s:{session_id}")
-            pipe.xrange(f"lowlat:d:{session_id}")
-            meta, entries = await pipe.execute()
+            async with asyncio.timeout(READ_TIMEOUT):
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.hgetall(f"lowlat:s:{session_id}")
+                pipe.xrange(f"lowlat:d:{session_id}")
+                meta, entries = await pipe.execute()
         except Exception as exc:
             self._failed("read", exc)
             return None
@@ -424,13 +510,14 @@ class SharedSessions:
                 for sid, s, item in unpack(fields[b"b"]):
                     if sid != stream_id:
                         continue
-                    writer = fields[b"o"].decode()
                     if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
                         yield lost("its end was not saved")
                         return
-                    if s < 0:
+                    if s < 0:  # (as RemoteSession.apply: the first End or Error, from any process)
                         yield item
                         return
+                    if fields[b"o"].decode() != writer:  # only the process running it writes its Deltas
+                        continue
                     if s == seq + 1:
                         seq = s
                         yield item

@@ -26,6 +26,7 @@ from . import events as ev
 __all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState", "encoded_len",
            "normalize_chunk", "split_chunk"]
 
+_NOTHING_FOLLOWED: frozenset[int] = frozenset()
 DELTA_OVERHEAD = 64  # bytes charged per buffered Delta on top of its chunk (object overhead)
 MAX_FINISHED = 64    # finished streams remembered per session for resume, newest kept
 
@@ -89,7 +90,7 @@ class Session:
         # (stream_id, -1, End or Error) for its end. None: not shared. Streams in `followed` are another
         # process's, relayed here: they are not recorded again.
         self.journal: list[tuple[int, int, Any]] | None = None
-        self.followed: set[int] = set()
+        self.followed: set[int] | frozenset[int] = _NOTHING_FOLLOWED  # (a set of its own once there is one)
 
     # ------------------------------------------------------------------ identity
 
@@ -164,7 +165,8 @@ class Session:
         self.streams[sid] = StreamState(stream_id=sid, started_at=now)
         self.active += 1
         if self.journal is not None:
-            self.followed.discard(sid)
+            if sid in self.followed:
+                self.followed.discard(sid)  # type: ignore[union-attr]
             self.journal.append((sid, 0, None))
         return None
 
@@ -282,7 +284,8 @@ class Session:
             self._spill.pop(sid, None)
             if st.terminal is None:
                 self.active -= 1
-        self.followed.discard(sid)
+        if sid in self.followed:
+            self.followed.discard(sid)  # type: ignore[union-attr]
         try:
             self._finished.remove(sid)
         except ValueError:
@@ -340,6 +343,8 @@ class Session:
                 self._spill[stream_id] = st
             self._finished.append(stream_id)
         if followed:
+            if type(self.followed) is not set:
+                self.followed = set()
             self.followed.add(stream_id)
 
     # ------------------------------------------------------------------ connection changes

@@ -67,11 +67,12 @@ def argv(server: str, port: int) -> list[str]:
 class Servers:
     """Two server processes (A and B) of the counting model sharing `redis_url`, and a proxy in front of A."""
 
-    def __init__(self, tmp_path: Path, redis_url: str, kinds: tuple[str, str] = ("serve", "serve")) -> None:
+    def __init__(self, tmp_path: Path, redis_url: str, kinds: tuple[str, str] = ("serve", "serve"),
+                 settings: dict[str, str] | None = None) -> None:
         (tmp_path / "counting.py").write_text(MODEL)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
         env.update(LOWLAT_SESSION_STORE=redis_url, LOWLAT_MODEL="counting:count", PYTHONPATH=f"{tmp_path}:{ROOT}",
-                   GUNICORN_CMD_ARGS="--no-control-socket")
+                   GUNICORN_CMD_ARGS="--no-control-socket", **(settings or {}))
         self.procs: list[LoggedProcess] = []
         self.ports: list[int] = []
         for name, kind in zip(("a", "b"), kinds, strict=True):
@@ -178,13 +179,48 @@ async def test_a_stream_on_a_draining_process_goes_on_there_and_arrives_whole_th
     assert servers.procs[0].proc.wait(WAIT) is not None  # A exited once its stream had ended
 
 
+async def test_a_followed_stream_outlives_the_resume_window_of_the_process_running_it(tmp_path: Path,
+                                                                                      redis_url: str) -> None:
+    """resume_window 2 s, a 5 s stream moved to B early: A's session expires there, but the store says B holds it
+    now, so A's model runs on to its End, which B relays."""
+    servers = Servers(tmp_path, redis_url, settings={"LOWLAT_RESUME_WINDOW": "2"})
+    try:
+        received: list[str] = []
+        async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                                   backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+            stream = client.stream("count", params={"n": TOKENS, "gap": 0.01})
+            await _read(stream, received, until=20)
+            servers.to_b()
+            await _read(stream, received)
+        assert received == EXPECTED
+    finally:
+        servers.close()
+
+
+async def test_a_cancelled_followed_stream_ends_at_once(servers: Servers) -> None:
+    received: list[str] = []
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                               backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        stream = client.stream("count", params={"n": TOKENS, "gap": 0.01})
+        await _read(stream, received, until=20)
+        servers.to_b()
+        await _read(stream, received, until=40)  # (relayed by B now)
+        await stream.cancel()
+        await _read(stream, received)  # ends quietly, long before A's model would
+        assert 40 <= len(received) < TOKENS and received == EXPECTED[:len(received)]
+        assert await client.complete("after", params={"n": 3, "gap": 0}) == "0 1 2 "
+
+
 async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_once_it_is_back(
         servers: Servers, redis_server) -> None:
     redis_server.stop()
     async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws") as client:
         assert await client.complete("without redis", params={"n": 20, "gap": 0}) == "".join(EXPECTED[:20])
     redis_server.start()
-    await asyncio.sleep(1.5)  # (A's next write finds Redis back)
+    for _ in range(int(WAIT * 10)):  # A's keep-alive (every second) finds Redis back and says so
+        if "reachable again" in servers.procs[0].output():
+            break
+        await asyncio.sleep(0.1)
     received: list[str] = []
     async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
                                                backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
@@ -226,15 +262,22 @@ def test_the_session_is_in_redis_with_a_digest_of_its_token(servers: Servers, re
     assert token.partition(".")[2].encode() not in b"".join(meta.values())
 
 
-async def test_serve_with_two_workers_resumes_every_stream_on_either_worker(tmp_path: Path, redis_url: str) -> None:
-    """`lowlat-mw serve --workers 2` with the Redis store: one port, the kernel picks the worker of each connection,
-    so a reconnect lands on either; every stream arrives exact through connections cut at random."""
+@pytest.mark.parametrize("server", ["serve", "gunicorn"])
+async def test_two_workers_resume_every_stream_on_either_worker(tmp_path: Path, redis_url: str, server: str) -> None:
+    """`lowlat-mw serve --workers 2` with the Redis store, and gunicorn -w 2 (the Flask example, its workers forked
+    from one master: each must be a process of its own to the store): one port, the kernel picks the worker of
+    each connection, so a reconnect lands on either; every stream arrives exact through connections cut at random."""
     (tmp_path / "counting.py").write_text(MODEL)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
-    proc = LoggedProcess("workers", [str(BIN / "lowlat-mw"), "serve", "counting:count", "--port", str(port),
-                                     "--workers", "2", "--set", f"session_store={redis_url}"],
-                         logdir=tmp_path, env=env, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
+    if server == "serve":
+        command = [str(BIN / "lowlat-mw"), "serve", "counting:count", "--port", str(port), "--workers", "2", "--set",
+                   f"session_store={redis_url}"]
+    else:
+        command = [*argv("flask", port), "-w", "2", "--log-level", "info"]
+        env.update(LOWLAT_SESSION_STORE=redis_url, LOWLAT_MODEL="counting:count", PYTHONPATH=f"{tmp_path}:{ROOT}",
+                   GUNICORN_CMD_ARGS="--no-control-socket")
+    proc = LoggedProcess("workers", command, logdir=tmp_path, env=env, cwd=tmp_path)
     try:
         assert wait_listening(port, proc.alive, proc.output, WAIT), proc.output()
         n, expected = 300, "".join(EXPECTED[:300])
@@ -246,9 +289,8 @@ async def test_serve_with_two_workers_resumes_every_stream_on_either_worker(tmp_
                 resumes = client.resumes
         assert replies == [expected] * 6
         assert resumes >= 3, resumes
-        workers = {line.split("[", 1)[1].split("]", 1)[0] for line in proc.output().splitlines()
-                   if "Started server process" in line}
-        assert len(workers) == 2, proc.output()
+        started = "Started server process" if server == "serve" else "Booting worker with pid"
+        assert proc.output().count(started) == 2, proc.output()
         assert "each with its own in-process sessions" not in proc.output()  # no several-workers warning
     finally:
         proc.stop()

@@ -1,0 +1,195 @@
+"""Shared suite: what sharing sessions through Redis (setting ``session_store``) costs a server.
+
+Two `lowlat-mw serve` processes of the benchmark models (``benchmarks._bare_models``): one with the default
+in-process session store, one with ``session_store`` pointing at a redis-server of the suite's own (Debian's
+package; free loopback port, no persistence). In each round, in an order rotated per round, each server gets:
+
+stream      one connection, one stream of N tokens (``tokens``, no delay) read by the raw client: the server's
+            CPU time over the stream / its Deltas (per-request work included), and the redis-server's CPU per
+            Delta for the Redis server's round;
+round trip  one connection, R requests one after another (``echo``, one Delta each): Request sent to first
+            Delta, p50 and p99 over every round.
+
+Ratios are Redis / memory, per round, median over rounds (issue 18: server CPU per Delta at most 1.3x, time
+to first Delta unchanged within noise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from ._bare_common import (
+    Child,
+    RawClient,
+    free_port,
+    kept_on_failure,
+    log_dir,
+    process_cpu,
+    python_argv,
+    python_env,
+    wait_http_ready,
+)
+from .core import SuiteResult, log, machine_facts, markdown_table, median, paired_ratios, quantiles, rotated, suite
+
+NAME = "shared"
+HEADING = "Shared sessions: the Redis session store's cost"
+CPU_TARGET = 1.3  # issue 18: server CPU per Delta with the Redis store at most 1.3x the memory store's
+SIZES = {"tiny": (2, 200, 20), "quick": (2, 1000, 100), "full": (8, 20000, 1000)}  # rounds, tokens, round trips
+SERVERS = ("memory", "redis")
+LABELS = {"memory": "in-process session store (default)", "redis": "`session_store` = Redis (redis-server on loopback)"}
+
+
+def _redis_server(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    port = free_port()
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            redis.Redis(port=port, socket_timeout=1).ping()
+            return proc, port
+        except redis.RedisError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.05)
+
+
+async def _stream(port: int, tokens: int) -> int:
+    client = RawClient(f"ws://127.0.0.1:{port}/ws", "proto")
+    await client.open()
+    try:
+        await client.send_request(client.request("tokens", params={"n": tokens}))
+        deltas = 0
+        while await client.next_kind() == "delta":
+            deltas += 1
+        await client.ack(True)
+        return deltas
+    finally:
+        await client.close()
+
+
+async def _round_trips(port: int, n: int) -> list[float]:
+    client = RawClient(f"ws://127.0.0.1:{port}/ws", "proto")
+    await client.open()
+    try:
+        frame = client.request("echo", text="hello")
+        out = []
+        for _ in range(n):
+            start = time.perf_counter()
+            await client.send_request(frame)
+            assert await client.next_kind() == "delta"
+            out.append(time.perf_counter() - start)
+            assert await client.next_kind() == "end"
+            await client.ack(True)
+        return out
+    finally:
+        await client.close()
+
+
+TRIED = """How often to write. The store's cost is mostly redis-py's, about 50 µs of CPU per pipelined write
+whatever it carries, so it is paid per write, not per Delta. Measured with this suite, full size, one run each
+(2026-12-02): a write per event-loop turn with something new, 1.23x per Delta and 1.55x per round trip (+67 µs);
+a write every 2 ms at most, 1.26x and 1.35x (+55 µs: sequential round trips of ~150 µs still wrote every ~13);
+every 10 ms (the store's `WRITE_EVERY`, what the table shows), 1.09x and 1.20x per Delta in two runs and
++19 to +22 µs per round trip. What it costs: a killed process loses up to 10 ms more output (its streams end
+with `resume_failed` that much earlier, never with a gap), and a process that follows another's stream sees
+its Deltas up to 10 ms late. hiredis (redis-py's C reply parser) made no measurable difference here (four
+small replies per write); it is in the `redis` extra as redis-py recommends."""
+
+
+@suite(NAME, HEADING)
+def run(mode: str) -> SuiteResult:
+    rounds, tokens, trips = SIZES[mode]
+    if shutil.which("redis-server") is None and not Path("/usr/bin/redis-server").exists():
+        text = "Not run: redis-server is not installed (`python3 dev.py test` installs it)."
+        return SuiteResult(NAME, HEADING, text, text)
+    folder = log_dir(NAME)
+    with kept_on_failure(folder):
+        return asyncio.run(_run(mode, folder, rounds, tokens, trips))
+
+
+async def _run(mode: str, folder: Path, rounds: int, tokens: int, trips: int) -> SuiteResult:
+    redis_proc, redis_port = _redis_server(folder)
+    children: dict[str, Child] = {}
+    try:
+        for name in SERVERS:
+            port = free_port()
+            extra = {"LOWLAT_SESSION_STORE": f"redis://127.0.0.1:{redis_port}/0"} if name == "redis" else {}
+            extra["LOWLAT_RATE_LIMIT"] = "0"
+            children[name] = Child(name, python_argv("-m", "lowlat_mw", "serve", "benchmarks._bare_models:MODELS",
+                                                      "--port", str(port), "--log-level", "warning"),
+                                   env=python_env(extra), port=port, logdir=folder)
+        for child in children.values():
+            await wait_http_ready(child, "/healthz")
+            await _stream(child.port, min(tokens, 2000))  # warm-up: imports, the Redis connection, caches
+            await _round_trips(child.port, 20)
+        cpu: dict[str, list[float]] = {n: [] for n in SERVERS}
+        redis_cpu: list[float] = []
+        ttfd: dict[str, list[float]] = {n: [] for n in SERVERS}
+        ttfd_p50: dict[str, list[float]] = {n: [] for n in SERVERS}
+        trip_cpu: dict[str, list[float]] = {n: [] for n in SERVERS}
+        for r in range(rounds):
+            for name in rotated(SERVERS, r):
+                child = children[name]
+                before, rbefore = child.cpu_seconds(), process_cpu(redis_proc.pid)
+                deltas = await _stream(child.port, tokens)
+                cpu[name].append((child.cpu_seconds() - before) / deltas * 1e6)
+                if name == "redis":
+                    redis_cpu.append((process_cpu(redis_proc.pid) - rbefore) / deltas * 1e6)
+                before = child.cpu_seconds()
+                times = await _round_trips(child.port, trips)
+                trip_cpu[name].append((child.cpu_seconds() - before) / trips * 1e6)
+                ttfd[name] += times
+                ttfd_p50[name].append(median(times))
+            log(f"   round {r + 1}/{rounds}: CPU/delta memory {cpu['memory'][-1]:.2f} us, "
+                f"redis {cpu['redis'][-1]:.2f} us")
+    finally:
+        for child in children.values():
+            child.stop()
+        redis_proc.terminate()
+        redis_proc.wait(10)
+    cpu_ratio = median(paired_ratios(cpu["redis"], cpu["memory"]))
+    p50_ratio = median(paired_ratios(ttfd_p50["redis"], ttfd_p50["memory"]))
+    trip_ratio = median(paired_ratios(trip_cpu["redis"], trip_cpu["memory"]))
+    rows = []
+    for name in SERVERS:
+        p50, p99 = quantiles(ttfd[name], (0.5, 0.99))
+        rows.append([LABELS[name], f"{median(cpu[name]):.2f}",
+                     f"{median(redis_cpu):.2f}" if name == "redis" else "",
+                     f"{p50 * 1e6:.0f}", f"{p99 * 1e6:.0f}", f"{median(trip_cpu[name]):.0f}"])
+    table = markdown_table(["Server", "server CPU µs/delta (median of rounds)", "redis-server CPU µs/delta",
+                            "round trip to first Delta p50 µs", "p99 µs", "server CPU µs per round trip"], rows,
+                           "lrrrrr")
+    verdict = "met" if cpu_ratio <= CPU_TARGET else "missed"
+    body = f"""{machine_facts(mode)}
+
+Reproduce: `.venv/bin/python -m benchmarks --suite {NAME}`. {rounds} rounds; in each, each server (order rotated)
+streams {tokens:,} tokens on one connection to the raw client, then answers {trips:,} one-Delta requests one
+after another (`lowlat-mw serve`, lowlat-mw's uvicorn protocol, `benchmarks._bare_models`; the Redis server's
+session_store is a redis-server of the suite's own on loopback). The Redis store writes each session's output
+behind the socket, one pipelined round trip every 10 ms (docs/scaling.md).
+
+{table}
+
+Redis / memory, median of the rounds' ratios: server CPU per Delta **{cpu_ratio:.2f}x**; round trip to the first
+Delta p50 **{p50_ratio:.2f}x**; server CPU per round trip (a one-Delta stream: its start, Delta and End written
+to Redis in one more round trip) **{trip_ratio:.2f}x**.
+
+**Verdict** (issue 18: with the Redis store, server CPU per Delta at most {CPU_TARGET}x the memory store's, time to
+first Delta unchanged within noise): CPU **{verdict}** ({cpu_ratio:.2f}x); time to first Delta {p50_ratio:.2f}x.
+
+{TRIED}"""
+    numbers = {name: {"cpu_us_per_delta": median(cpu[name]), "ttfd_p50_us": median(ttfd_p50[name]) * 1e6}
+               for name in SERVERS}
+    for name in SERVERS:
+        numbers[name]["cpu_us_per_round_trip"] = median(trip_cpu[name])
+    numbers["ratio"] = {"cpu": cpu_ratio, "ttfd_p50": p50_ratio, "round_trip_cpu": trip_ratio}
+    return SuiteResult(NAME, HEADING, body, body, numbers)

@@ -145,7 +145,8 @@ async def test_a_stream_longer_than_the_clients_flow_window_is_followed_to_its_e
     assert received == [f"{i}{'.' * pad} " for i in range(n)]
 
 
-@PAIRS
+@pytest.mark.parametrize("servers", ["starlette-flask", "flask-starlette", "starlette-django", "django-starlette"],
+                         indirect=True)  # (each waits the 5 s after which a silent process counts as dead)
 async def test_a_stream_whose_process_is_killed_ends_with_resume_failed_after_what_was_saved(
         servers: Servers) -> None:
     received: list[str] = []
@@ -181,18 +182,18 @@ async def test_a_stream_on_a_draining_process_goes_on_there_and_arrives_whole_th
 
 async def test_a_followed_stream_outlives_the_resume_window_of_the_process_running_it(tmp_path: Path,
                                                                                       redis_url: str) -> None:
-    """resume_window 2 s, a 5 s stream moved to B early: A's session expires there, but the store says B holds it
+    """resume_window 1 s, a 2.5 s stream moved to B early: A's session expires there, but the store says B holds it
     now, so A's model runs on to its End, which B relays."""
-    servers = Servers(tmp_path, redis_url, settings={"LOWLAT_RESUME_WINDOW": "2"})
+    servers = Servers(tmp_path, redis_url, settings={"LOWLAT_RESUME_WINDOW": "1"})
     try:
         received: list[str] = []
         async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
                                                    backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
-            stream = client.stream("count", params={"n": TOKENS, "gap": 0.01})
+            stream = client.stream("count", params={"n": 250, "gap": 0.01})
             await _read(stream, received, until=20)
             servers.to_b()
             await _read(stream, received)
-        assert received == EXPECTED
+        assert received == EXPECTED[:250]
     finally:
         servers.close()
 

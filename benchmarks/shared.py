@@ -17,6 +17,7 @@ to first Delta unchanged within noise).
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import subprocess
 import time
@@ -38,8 +39,12 @@ from .core import SuiteResult, log, machine_facts, markdown_table, median, paire
 NAME = "shared"
 HEADING = "Shared sessions: the Redis session store's cost"
 CPU_TARGET = 1.3  # issue 18: server CPU per Delta with the Redis store at most 1.3x the memory store's
-SIZES = {"tiny": (2, 200, 20), "quick": (2, 1000, 100), "full": (8, 20000, 1000)}  # rounds, tokens, round trips
+SIZES = {"tiny": (2, 200, 20), "quick": (1, 1000, 100), "full": (8, 20000, 1000)}  # rounds, tokens, round trips
 SERVERS = ("memory", "redis")
+# The workers part: connections, rounds, tokens per stream (20 ms apart: issue 15's paced workload).
+WORKERS_SIZES = {"tiny": (20, 1, 5), "quick": (40, 1, 10), "full": (1000, 4, 100)}
+WORKER_COUNTS = (1, 2)
+CLIENT_PROCS = 4  # (as the scale suite)
 LABELS = {"memory": "in-process session store (default)", "redis": "`session_store` = Redis (redis-server on loopback)"}
 
 
@@ -98,11 +103,90 @@ TRIED = """How often to write. The store's cost is mostly redis-py's, about 50 �
 whatever it carries, so it is paid per write, not per Delta. Measured with this suite, full size, one run each
 (2026-12-02): a write per event-loop turn with something new, 1.23x per Delta and 1.55x per round trip (+67 µs);
 a write every 2 ms at most, 1.26x and 1.35x (+55 µs: sequential round trips of ~150 µs still wrote every ~13);
-every 10 ms (the store's `WRITE_EVERY`, what the table shows), 1.09x and 1.20x per Delta in two runs and
-+19 to +22 µs per round trip. What it costs: a killed process loses up to 10 ms more output (its streams end
-with `resume_failed` that much earlier, never with a gap), and a process that follows another's stream sees
-its Deltas up to 10 ms late. hiredis (redis-py's C reply parser) made no measurable difference here (four
-small replies per write); it is in the `redis` extra as redis-py recommends."""
+every 10 ms (the store's `WRITE_EVERY`), 1.09x, 1.20x and 1.35x per Delta in three runs (this machine's
+rounds spread widely) and +19 to +47 µs per round trip; then the journal without a tuple per record (three
+flat items: nothing more for the garbage collector to track per Delta), what the table shows. What it
+costs: a killed process loses up to 10 ms more output (its streams end with `resume_failed` that much
+earlier, never with a gap), and a process that follows another's stream sees its Deltas up to 10 ms late.
+hiredis (redis-py's C reply parser) made no measurable difference here (four small replies per write); it is
+in the `redis` extra as redis-py recommends."""
+
+
+async def _workers(mode: str, folder: Path, redis_port: int) -> tuple[str, dict[str, dict[str, float]]]:
+    """`serve --workers 1` and `--workers 2` (both with the Redis store), each holding `n` connections from the
+    scale suite's client processes; in each round each server's connections all send one paced request at once."""
+    from ._scale_procs import ClientProc
+
+    n, rounds, tokens = WORKERS_SIZES[mode]
+    servers: dict[int, Child] = {}
+    clients: list[ClientProc] = []
+    try:
+        for w in WORKER_COUNTS:
+            port = free_port()
+            servers[w] = Child(f"workers-{w}", python_argv(
+                "-m", "lowlat_mw", "serve", "benchmarks._scale_server:scale_model", "--port", str(port),
+                "--workers", str(w), "--log-level", "warning", "--set", f"session_store=redis://127.0.0.1:{redis_port}/0",
+                "--set", "max_connections=0", "--set", "max_connections_per_client=0", "--set", "rate_limit=0"),
+                env=python_env(), port=port, logdir=folder)
+        for child in servers.values():
+            await wait_http_ready(child, "/healthz")
+        clients = [await ClientProc.start() for _ in range(CLIENT_PROCS)]
+        for w, child in servers.items():
+            shares = [n // CLIENT_PROCS + (1 if i < n % CLIENT_PROCS else 0) for i in range(CLIENT_PROCS)]
+            answers = await asyncio.gather(*(c.call({"cmd": "open", "group": f"w{w}", "port": child.port, "n": k,
+                                                     "lowlat": True, "concurrency": 32, "timeout": 60}, 120 + n / 50)
+                                             for c, k in zip(clients, shares, strict=True) if k))
+            opened = sum(a["opened"] for a in answers)
+            if opened != n:
+                raise RuntimeError(f"workers {w}: opened {opened} of {n} connections: {answers[0].get('errors')}")
+        ttfd: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
+        bursts: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
+        p99s: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
+        cpu: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
+        errors = {w: 0 for w in WORKER_COUNTS}
+        for r in range(rounds):
+            for w in (WORKER_COUNTS if r % 2 == 0 else WORKER_COUNTS[::-1]):
+                before = servers[w].cpu_seconds()
+                answers = await asyncio.gather(*(c.call({"cmd": "stream", "group": f"w{w}", "tokens": tokens,
+                                                         "yield": True, "delay": 0.02, "timeout": 120}, 180)
+                                                 for c in clients))
+                times = [t for a in answers for t in a["ttfd_ms"]]
+                deltas = sum(a["deltas"] for a in answers)
+                cpu[w].append((servers[w].cpu_seconds() - before) / max(1, deltas) * 1e6)
+                errors[w] += sum(a["errors"] for a in answers) + (n - len(times))
+                ttfd[w] += times
+                p99s[w].append(quantiles(times, (0.99,))[0] if times else math.nan)
+                bursts[w].append((max(a["last_end"] for a in answers) - min(a["first_send"] for a in answers)) * 1000)
+            log(f"   workers round {r + 1}/{rounds}: TTFD p99 1 worker {p99s[1][-1]:.0f} ms, "
+                f"2 workers {p99s[2][-1]:.0f} ms")
+    finally:
+        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        for child in servers.values():
+            child.stop()
+    rows = []
+    numbers: dict[str, dict[str, float]] = {}
+    for w in WORKER_COUNTS:
+        p50, p99 = quantiles(ttfd[w], (0.5, 0.99))
+        rows.append([f"`lowlat-mw serve --workers {w}`", f"{n * rounds:,}", f"{p50:.1f}", f"{p99:.1f}",
+                     f"{median(bursts[w]):.0f}", f"{median(cpu[w]):.1f}", str(errors[w])])
+        numbers[f"workers{w}"] = {"ttfd_p50_ms": p50, "ttfd_p99_ms": p99, "burst_ms": median(bursts[w]),
+                                  "errors": float(errors[w])}
+    p99_ratio = median(paired_ratios(p99s[2], p99s[1]))
+    burst_ratio = median(paired_ratios(bursts[2], bursts[1]))
+    table = markdown_table(["Server (Redis store)", "requests", "TTFD p50 ms", "TTFD p99 ms", "burst ms (median)",
+                            "server CPU µs/delta (all workers)", "errors"], rows, "lrrrrrr")
+    text = f"""**Workers.** {n:,} connections from {CLIENT_PROCS} client processes (the scale suite's) to each of
+`lowlat-mw serve --workers 1` and `--workers 2`, both with the Redis store (one port; the kernel picks the
+worker of each connection); in each of {rounds} round(s), in alternating order, every connection of one server
+sends one request at once: {tokens} tokens 20 ms apart (issue 15's paced workload). TTFD: request sent to its
+first Delta as the client process sees it; burst: first request sent to last End received. The machine has 2
+CPUs for the servers and the client processes together.
+
+{table}
+
+Two workers / one, median of the rounds' ratios: TTFD p99 **{p99_ratio:.2f}x**, burst time **{burst_ratio:.2f}x**."""
+    numbers["workers_ratio"] = {"ttfd_p99": p99_ratio, "burst": burst_ratio}
+    return text, numbers
 
 
 @suite(NAME, HEADING)
@@ -151,6 +235,10 @@ async def _run(mode: str, folder: Path, rounds: int, tokens: int, trips: int) ->
                 ttfd_p50[name].append(median(times))
             log(f"   round {r + 1}/{rounds}: CPU/delta memory {cpu['memory'][-1]:.2f} us, "
                 f"redis {cpu['redis'][-1]:.2f} us")
+        for child in children.values():
+            child.stop()
+        children = {}
+        workers_text, workers_rows = await _workers(mode, folder, redis_port)
     finally:
         for child in children.values():
             child.stop()
@@ -186,10 +274,13 @@ to Redis in one more round trip) **{trip_ratio:.2f}x**.
 **Verdict** (issue 18: with the Redis store, server CPU per Delta at most {CPU_TARGET}x the memory store's, time to
 first Delta unchanged within noise): CPU **{verdict}** ({cpu_ratio:.2f}x); time to first Delta {p50_ratio:.2f}x.
 
-{TRIED}"""
+{TRIED}
+
+{workers_text}"""
     numbers = {name: {"cpu_us_per_delta": median(cpu[name]), "ttfd_p50_us": median(ttfd_p50[name]) * 1e6}
                for name in SERVERS}
     for name in SERVERS:
         numbers[name]["cpu_us_per_round_trip"] = median(trip_cpu[name])
     numbers["ratio"] = {"cpu": cpu_ratio, "ttfd_p50": p50_ratio, "round_trip_cpu": trip_ratio}
+    numbers.update(workers_rows)
     return SuiteResult(NAME, HEADING, body, body, numbers)

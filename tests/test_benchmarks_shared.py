@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the reposi
 
 from redis_support import require_redis_server  # noqa: E402
 
-from benchmarks.shared import HEADING, LABELS, SERVERS  # noqa: E402
+from benchmarks.shared import HEADING, LABELS, SERVERS, WORKER_COUNTS  # noqa: E402
 
 
 @pytest.mark.integration
@@ -24,9 +24,13 @@ from benchmarks.shared import HEADING, LABELS, SERVERS  # noqa: E402
 def test_shared_suite_quick_measures_both_stores(quick_bench: Any) -> None:
     require_redis_server()
     result = quick_bench.results["shared"]
-    assert set(result.rows) == {*SERVERS, "ratio"}
+    workers = {f"workers{w}" for w in WORKER_COUNTS}
+    assert set(result.rows) == {*SERVERS, "ratio", *workers, "workers_ratio"}
     for name, row in result.rows.items():
-        assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in row.values()), (name, row)
+        assert all(isinstance(v, float) and math.isfinite(v) for v in row.values()), (name, row)
+        assert all(v > 0 for k, v in row.items() if k != "errors"), (name, row)
+    for name in workers:
+        assert result.rows[name]["errors"] == 0, result.rows[name]  # every paced request of every connection
     section = quick_bench.section(HEADING)
     assert all(LABELS[name] in section for name in SERVERS)
-    assert "**Verdict** (issue 18" in section
+    assert "**Verdict** (issue 18" in section and "**Workers.**" in section

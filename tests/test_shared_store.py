@@ -27,9 +27,10 @@ def test_a_journaled_session_notes_starts_deltas_and_ends_and_packs_them_lossles
     session.record(1, "\ud800x", 0.25)  # (an unpaired surrogate survives the trip: the frame is what refuses it)
     end = session.finish(1, 0.3, reason="stop")
     error = ev.Error(stream_id=2, code=ErrorCode.MODEL_ERROR, message="boom", retryable=True)
-    records = [*session.journal, (2, 0, None), (2, -1, error)]
-    assert records[:4] == [(1, 0, None), (1, 1, "héllo"), (1, 2, b"\x00\xff"), (1, 3, "\ud800x")]
-    assert unpack(pack(records)) == [*records[:4], (1, -1, end), (2, 0, None), (2, -1, error)]
+    journal = [*session.journal, 2, 0, None, 2, -1, error]
+    assert journal[:12] == [1, 0, None, 1, 1, "héllo", 1, 2, b"\x00\xff", 1, 3, "\ud800x"]
+    assert unpack(pack(journal)) == [(1, 0, None), (1, 1, "héllo"), (1, 2, b"\x00\xff"), (1, 3, "\ud800x"),
+                                     (1, -1, end), (2, 0, None), (2, -1, error)]
 
 
 def test_followed_streams_are_not_journaled_again() -> None:

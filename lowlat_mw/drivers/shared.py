@@ -81,11 +81,13 @@ _HEAD = struct.Struct(">BIII")  # kind, stream id, seq, payload length
 
 
 # ================================================================================ records
-def pack(records: Iterable[tuple[int, int, Any]]) -> bytes:
-    """A journal's records ((stream, 0, None) start, (stream, seq, piece) Delta, (stream, -1, End|Error)) as bytes."""
+def pack(journal: list[Any]) -> bytes:
+    """A session's journal (flat: stream, 0, None for a start; stream, seq, piece per Delta; stream, -1, End or Error
+    for an end; see ``Session.journal``) as bytes."""
     out: list[bytes] = []
     head = _HEAD.pack
-    for sid, seq, item in records:
+    it = iter(journal)
+    for sid, seq, item in zip(it, it, it, strict=True):
         if seq > 0:
             if type(item) is str:
                 data = item.encode("utf-8", "surrogatepass")
@@ -207,9 +209,13 @@ def shared_sessions(endpoint: Endpoint) -> SharedSessions | None:
     return SharedSessions.for_loop(url, settings, endpoint.metrics)
 
 
-def _ends_only(journal: list[tuple[int, int, Any]]) -> list[tuple[int, int, Any]]:
+def _ends_only(journal: list[Any]) -> list[Any]:
     """The starts and ends of a journal (its Deltas dropped: the gap they leave is seen, never replayed)."""
-    return [record for record in journal if record[1] <= 0]
+    kept: list[Any] = []
+    for i in range(0, len(journal), 3):
+        if journal[i + 1] <= 0:
+            kept += journal[i:i + 3]
+    return kept
 
 
 # ================================================================================ loading
@@ -328,7 +334,7 @@ class SharedSessions:
         """`session` may have new journal records: write them (with everything else new) after this loop turn."""
         self._dirty[session.session_id] = session
         journal = session.journal
-        if journal is not None and len(journal) > JOURNAL_MAX:  # the store is slow: a gap rather than no bound
+        if journal is not None and len(journal) > 3 * JOURNAL_MAX:  # the store is slow: a gap rather than no bound
             session.journal = _ends_only(journal)
         if not self._scheduled:
             self._scheduled = True
@@ -347,7 +353,7 @@ class SharedSessions:
             return
         dirty, self._dirty = self._dirty, {}
         meta, self._meta = self._meta, {}
-        batch: list[tuple[Session, list[tuple[int, int, Any]]]] = []
+        batch: list[tuple[Session, list[Any]]] = []
         pipe = self.redis.pipeline(transaction=False)
         ttl = self.ttl
         commands = 0
@@ -371,7 +377,7 @@ class SharedSessions:
             self._writing = self.loop.create_task(self._write(pipe, meta, batch))
 
     async def _write(self, pipe: Any, meta: dict[str, dict[str, str]],
-                     batch: list[tuple[Session, list[tuple[int, int, Any]]]]) -> None:
+                     batch: list[tuple[Session, list[Any]]]) -> None:
         try:
             await pipe.execute()
         except Exception as exc:  # Redis down, a timeout: sessions go on in this process

@@ -86,10 +86,11 @@ class Session:
         self._spill: dict[int, StreamState] = {}
         self._holders: dict[int, StreamState] = {}
         # Shared sessions (a session store across processes): what this session produced since the driver last
-        # took it, oldest first: (stream_id, 0, None) for a stream that started, (stream_id, seq, piece) per Delta,
-        # (stream_id, -1, End or Error) for its end. None: not shared. Streams in `followed` are another
-        # process's, relayed here: they are not recorded again.
-        self.journal: list[tuple[int, int, Any]] | None = None
+        # took it, oldest first, three items per record, flat (no tuple per Delta for the collector to track):
+        # stream_id, 0, None for a stream that started; stream_id, seq, piece per Delta; stream_id, -1, End or
+        # Error for its end. None: not shared. Streams in `followed` are another process's, relayed here: they
+        # are not recorded again.
+        self.journal: list[Any] | None = None
         self.followed: set[int] | frozenset[int] = _NOTHING_FOLLOWED  # (a set of its own once there is one)
 
     # ------------------------------------------------------------------ identity
@@ -167,7 +168,7 @@ class Session:
         if self.journal is not None:
             if sid in self.followed:
                 self.followed.discard(sid)  # type: ignore[union-attr]
-            self.journal.append((sid, 0, None))
+            self.journal += (sid, 0, None)
         return None
 
     def record(self, stream_id: int, piece: str | bytes, now: float) -> int | None:
@@ -190,7 +191,9 @@ class Session:
             self._enforce_buffer_limit(st)
         journal = self.journal
         if journal is not None and stream_id not in self.followed:
-            journal.append((stream_id, seq, piece))
+            journal.append(stream_id)
+            journal.append(seq)
+            journal.append(piece)
         return seq
 
     def keep(self, stream_id: int, chunk: object, now: float) -> None:
@@ -263,7 +266,7 @@ class Session:
             self._spill[stream_id] = st
         journal = self.journal
         if journal is not None and stream_id not in self.followed:
-            journal.append((stream_id, -1, st.terminal))
+            journal += (stream_id, -1, st.terminal)
         finished = self._finished
         finished.append(stream_id)
         while len(finished) > MAX_FINISHED:

@@ -2,7 +2,8 @@
 
 ``tokens`` streams ``params["n"]`` copies of :data:`TOKEN` with no delay (it yields to the event
 loop every 64 tokens, as the bare stream endpoint does, so other connections are served);
-``echo`` returns the request's text as one chunk (one Delta, then the End).
+``echo`` returns the request's text as one chunk (one Delta, then the End); ``count`` streams numbered
+tokens at a pace (the shared suite's failover part checks each reply for gaps and repeats).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["MODELS", "TOKEN", "YIELD_EVERY", "echo", "tokens"]
+__all__ = ["MODELS", "TOKEN", "YIELD_EVERY", "count", "echo", "tokens"]
 
 TOKEN = " token"  # one small model token: what the bare stream endpoint sends per frame too
 YIELD_EVERY = 64
@@ -31,4 +32,13 @@ async def echo(req: Any) -> str:
     return req.text or ""
 
 
-MODELS = {"tokens": tokens, "echo": echo}
+async def count(req: Any) -> AsyncIterator[str]:
+    """`params["n"]` numbered tokens ("0 ", "1 ", ...), `params["gap"]` seconds apart: a reply whose every
+    Delta is known, to check one for gaps and repeats."""
+    gap = float(req.params.get("gap", 0.0))
+    for i in range(int(req.params.get("n", 1))):
+        yield f"{i} "
+        await asyncio.sleep(gap)
+
+
+MODELS = {"tokens": tokens, "echo": echo, "count": count}

@@ -45,6 +45,10 @@ SERVERS = ("memory", "redis")
 WORKERS_SIZES = {"tiny": (20, 1, 5), "quick": (40, 1, 10), "full": (1000, 4, 100)}
 WORKER_COUNTS = (1, 2)
 CLIENT_PROCS = 4  # (as the scale suite)
+# The failover part: streams (one per connection), Deltas per stream, seconds between Deltas.
+FAILOVER_SIZES = {"tiny": (4, 40, 0.005), "quick": (10, 100, 0.004), "full": (100, 500, 0.004)}
+FAILOVER_PAIRS = (("starlette", "flask"), ("flask", "starlette"), ("starlette", "django"), ("django", "starlette"))
+FAILOVER_EVENTS = ("kill", "drain")
 LABELS = {"memory": "in-process session store (default)", "redis": "`session_store` = Redis (redis-server on loopback)"}
 
 
@@ -189,6 +193,102 @@ Two workers / one, median of the rounds' ratios: TTFD p99 **{p99_ratio:.2f}x**, 
     return text, numbers
 
 
+async def _failover(mode: str, folder: Path, redis_port: int) -> tuple[str, dict[str, dict[str, float]]]:
+    """Issue 18's acceptance run: each pair of servers (A, B) sharing Redis, each event (A killed or drained)."""
+    import random
+
+    streams, deltas, gap = FAILOVER_SIZES[mode]
+    rng = random.Random(18)
+    rows, numbers = [], {}
+    for a, b in FAILOVER_PAIRS:
+        for event in FAILOVER_EVENTS:
+            counts, took = await _failover_run(a, b, event, folder, redis_port, streams, deltas, gap,
+                                               0.2 + rng.random())
+            label = f"{a} -> {b}, A {'killed (SIGKILL)' if event == 'kill' else 'drained (SIGTERM)'}"
+            rows.append([label, str(streams), str(counts["exact"]), str(counts["prefix"]), str(counts["bad"]),
+                         f"{took:.1f}"])
+            numbers[f"failover {a}-{b} {event}"] = {k: float(v) for k, v in counts.items()}
+            log(f"   failover {label}: {counts}")
+    table = markdown_table(["A -> B, event", "streams", "whole and exact", "exact prefix, then ResumeFailed",
+                            "anything else", "seconds"], rows, "lrrrrr")
+    text = f"""**Failover** (issue 18's acceptance run). For each pair of servers A and B (the framework examples as
+their guides run them, sharing Redis) and each event, {streams} clients each stream {deltas} numbered Deltas
+({gap * 1000:g} ms apart) from A through a proxy, starting staggered over a second; at a random moment in that
+second A is killed (SIGKILL) or drained (SIGTERM) while the proxy sends new connections to B and cuts the open
+ones (what a balancer does when a process goes). Every reply is checked Delta by Delta: whole and exact, or (A
+killed) an exact prefix and then `ResumeFailed` for the part A had not written; "anything else" (a gap, a
+repeat, another error) must be 0. The proxy stands in for nginx here; tests/integration/test_balancer.py runs
+the same resumes behind nginx itself.
+
+{table}"""
+    return text, numbers
+
+
+async def _failover_run(a: str, b: str, event: str, folder: Path, redis_port: int, streams: int, deltas: int,
+                        gap: float, hit_after: float) -> tuple[dict[str, int], float]:
+    """One pair, one event: how many replies were whole and exact, an exact prefix then ResumeFailed, or else."""
+    import os
+    import signal
+
+    from lowlat_mw import Backoff, ResumeFailed, connect
+    from lowlat_mw.testing import FaultProxy
+
+    from ._frameworks_servers import server_env
+    from .soak import server_argv
+
+    expected = [f"{i} " for i in range(deltas)]
+    env = server_env(folder, {"LOWLAT_MODEL": "benchmarks._bare_models:MODELS",
+                              "LOWLAT_SESSION_STORE": f"redis://127.0.0.1:{redis_port}/0"})
+    pair: dict[str, Child] = {}
+    counts = {"exact": 0, "prefix": 0, "bad": 0}
+    try:
+        for role, server in (("a", a), ("b", b)):
+            port = free_port()
+            pair[role] = Child(f"failover-{a}-{b}-{event}-{role}", server_argv(server, port), env=env, port=port,
+                               logdir=folder)
+        for child in pair.values():
+            await wait_http_ready(child, "/health")
+        with FaultProxy(("127.0.0.1", pair["a"].port)) as proxy:
+
+            async def one(i: int) -> None:
+                await asyncio.sleep(i / streams)  # staggered over a second: the event hits each at another point
+                got: list[str] = []
+                try:
+                    async with connect(f"ws://127.0.0.1:{proxy.port}/ws",
+                                       backoff=Backoff(base=0.05, cap=0.5, retries=20)) as client:
+                        async for chunk in client.stream("count", model="count", params={"n": deltas, "gap": gap}):
+                            got.append(chunk)
+                    if got != expected:
+                        log(f"   failover {a}->{b} {event}: stream {i}: {len(got)} Deltas, not the {deltas} expected")
+                    counts["exact" if got == expected else "bad"] += 1
+                except ResumeFailed as exc:
+                    ok = event == "kill" and got == expected[:len(got)]
+                    if not ok:
+                        log(f"   failover {a}->{b} {event}: stream {i}: after {len(got)} Deltas: {exc}")
+                    counts["prefix" if ok else "bad"] += 1
+                except Exception as exc:  # counted: any other failure is a defect
+                    log(f"   failover {a}->{b} {event}: stream {i}: {exc!r}")
+                    counts["bad"] += 1
+
+            async def hit() -> None:
+                await asyncio.sleep(hit_after)
+                proxy.target = ("127.0.0.1", pair["b"].port)  # the balancer's part
+                if event == "kill":  # the whole process group: gunicorn's master and its worker at once
+                    os.killpg(pair["a"].proc.pid, signal.SIGKILL)
+                else:  # the server itself (gunicorn's master passes it on to its worker)
+                    os.kill(pair["a"].proc.pid, signal.SIGTERM)
+                proxy.cut_all()
+
+            started = time.monotonic()
+            async with asyncio.timeout(180):
+                await asyncio.gather(hit(), *(one(i) for i in range(streams)))
+            took = time.monotonic() - started
+    finally:
+        for child in pair.values():
+            child.stop()
+    return counts, took
+
+
 @suite(NAME, HEADING)
 def run(mode: str) -> SuiteResult:
     rounds, tokens, trips = SIZES[mode]
@@ -239,6 +339,7 @@ async def _run(mode: str, folder: Path, rounds: int, tokens: int, trips: int) ->
             child.stop()
         children = {}
         workers_text, workers_rows = await _workers(mode, folder, redis_port)
+        failover_text, failover_rows = await _failover(mode, folder, redis_port)
     finally:
         for child in children.values():
             child.stop()
@@ -276,11 +377,14 @@ first Delta unchanged within noise): CPU **{verdict}** ({cpu_ratio:.2f}x); time 
 
 {TRIED}
 
-{workers_text}"""
+{workers_text}
+
+{failover_text}"""
     numbers = {name: {"cpu_us_per_delta": median(cpu[name]), "ttfd_p50_us": median(ttfd_p50[name]) * 1e6}
                for name in SERVERS}
     for name in SERVERS:
         numbers[name]["cpu_us_per_round_trip"] = median(trip_cpu[name])
     numbers["ratio"] = {"cpu": cpu_ratio, "ttfd_p50": p50_ratio, "round_trip_cpu": trip_ratio}
     numbers.update(workers_rows)
+    numbers.update(failover_rows)
     return SuiteResult(NAME, HEADING, body, body, numbers)

@@ -90,14 +90,22 @@ def test_a_gap_is_never_replayed_even_when_the_stream_ended() -> None:
 
 
 def test_a_stream_id_reused_after_its_relay_ended_gets_only_its_new_runs_output() -> None:
-    """B ended a stream it relayed (its client cancelled it) while A's model ran on; the client then reused the id
-    on B: A's later records belong to the old run and are ignored."""
+    """B relayed A's stream and ended it for its client (a Cancel: not passed on to A, whose model runs on); the
+    client then reused the id on B: the records of A's older run, End included, are ignored."""
     remote = RemoteSession("s1", "digest", "", "owner", {}, b"0-0")
     remote.apply("A", [(1, 0, None), (1, 1, "old1"), (1, 2, "old2")])
-    remote.apply("B", [(1, -1, ev.End(stream_id=1, last_seq=2, finish_reason="cancelled"))])
-    remote.apply("A", [(1, 3, "old3"), (1, -1, ev.End(stream_id=1, last_seq=3))])  # the old run goes on
-    assert remote.streams[1].terminal.finish_reason == "cancelled"  # type: ignore[union-attr]
     remote.apply("B", [(1, 0, None), (1, 1, "new1")])
-    remote.apply("A", [(1, 4, "old4")])
+    remote.apply("A", [(1, 3, "old3"), (1, -1, ev.End(stream_id=1, last_seq=40))])
     remote.apply("B", [(1, 2, "new2")])
     assert remote.streams[1].pieces == ["new1", "new2"] and remote.streams[1].terminal is None
+
+
+def test_an_end_right_after_lost_deltas_is_not_taken_for_a_whole_stream() -> None:
+    """A failed write keeps a stream's start and End but drops its Deltas: the End's last_seq shows the gap."""
+    remote = RemoteSession("s1", "digest", "", "owner", {}, b"0-0")
+    remote.apply("A", [(1, 0, None), (1, 1, "a")])
+    remote.apply("A", [(1, -1, ev.End(stream_id=1, last_seq=3))])  # Deltas 2 and 3 were in the failed write
+    session, _ = remote.to_session(Settings(), "s1.secret", 0.0)
+    events, _ = session.replay({1: 0})
+    assert events[0] == ev.Delta.of(1, 1, "a")
+    assert events[1].code is ErrorCode.RESUME_FAILED  # type: ignore[union-attr]

@@ -89,6 +89,10 @@ async def run_authenticator(hook: Callable[[Handshake], Any], handshake: Handsha
     return principal, ""
 
 
+RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared store does not have (yet): it writes
+# every 10 ms (shared.WRITE_EVERY), so a session whose first Request came just before the drop may be on its way
+
+
 # ================================================================================ the model runner
 class ModelRunner:
     """A client session's models: one task per stream, their output handed to the attached connection.
@@ -144,8 +148,9 @@ class ModelRunner:
         if self.destroyed or self.driver is not None:
             return math.inf
         if now >= self.session.expires_at():
-            if self.shared is not None and self.tasks:
+            if self.shared is not None and self.models_running():
                 # Its client may have resumed on another process, which follows these streams: ask the store.
+                # (Relays of other processes' streams alone keep nothing: nobody reads them here any more.)
                 self._expiry = asyncio.get_running_loop().create_task(self._expire_shared())  # (kept: a reference)
                 return now + self.settings.resume_window
             log.info("session %s expired", self.session.session_id, extra={"session_id": self.session.session_id})
@@ -153,15 +158,26 @@ class ModelRunner:
             return math.inf
         return self.session.expires_at()
 
+    def models_running(self) -> bool:
+        """Whether a model of this session runs here (relays of other processes' streams aside)."""
+        followed = self.session.followed
+        return any(sid not in followed for sid in self.tasks)
+
     async def _expire_shared(self) -> None:
         """A shared session's resume window ended here with models running: if its client resumed on another
-        process (the store says who holds it now), they run on for it (checked again a window later); else the
-        session is given up."""
-        owner = await self.shared.owner(self.session.session_id)  # type: ignore[union-attr]
-        if self.destroyed or self.driver is not None:
+        process that is alive (the store says who holds it now), they run on for it (checked again a window
+        later); if nobody holds it, the session is given up; if the store cannot say, it is asked again later."""
+        shared = self.shared
+        assert shared is not None
+        sid = self.session.session_id
+        owner = await shared.owner(sid)
+        if owner is not None and owner not in ("", process_id()):
+            alive = await shared.alive(owner)
+            owner = None if alive is None else owner if alive else ""
+        if self.destroyed or self.driver is not None or owner is None:
             return
-        if owner is None or owner == process_id():
-            log.info("session %s expired", self.session.session_id, extra={"session_id": self.session.session_id})
+        if owner == "" or (owner == process_id() and self.endpoint.store.get(sid) is self):
+            log.info("session %s expired", sid, extra={"session_id": sid})
             self.destroy()
 
     def destroy(self) -> None:
@@ -685,6 +701,12 @@ class ConnectionDriver:
         proto = self.protocol
         if not self._welcomed and proto.state is ConnState.OPEN:  # the Welcome went out: log it, time the handshake
             self._welcomed = True
+            if self.settings.session_store and not proto.resumed and proto.session is not None:
+                # Shared sessions: in the store from the start, so a client whose first Request was lost in a drop
+                # resumes elsewhere into a known session, which asks it to send the Request again (protocol 14.2).
+                shared = shared_sessions(self.endpoint)
+                if shared is not None:
+                    shared.share(proto.session, proto.session.principal, hold=False)
             if self.info.session_id != proto.session_id:
                 self.info = dataclasses.replace(self.info, session_id=proto.session_id)
             log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or "json",
@@ -850,10 +872,12 @@ class ConnectionDriver:
         runner = found if isinstance(found, ModelRunner) and not found.destroyed else None
         shared = shared_sessions(self.endpoint)
         remote: tuple[Session, dict[int, str], Any] | None = None
-        if shared is not None and (runner is None or await shared.owner(action.session_id) not in (None, process_id())):
+        if shared is not None and (runner is None
+                                   or await shared.owner(action.session_id) not in (None, "", process_id())):
             # Not here, or it moved to another process since: the shared store's copy is the one to resume.
             remote = await self._remote_session(shared, action)
-            runner = None
+            if remote is not None:
+                runner = None  # (else: the store could not give it; the one here, if any, is resumed)
         if self.protocol.state is not ConnState.ADMITTING:  # it closed (a timeout, the client) while the store answered
             return
         if runner is not None and runner.destroyed:
@@ -890,6 +914,11 @@ class ConnectionDriver:
                               action: ResumeSession) -> tuple[Session, dict[int, str], Any] | None:
         """The session `action` resumes, from the shared store (None: not there, or not this client's)."""
         found = await shared.load(action.session_id, action.token)
+        for delay in RELOAD_AFTER:  # written behind the socket: a session a moment old may not be there yet
+            if found is not None or shared.down:
+                break
+            await asyncio.sleep(delay)
+            found = await shared.load(action.session_id, action.token)
         if found is None or found.principal != principal_key(self.protocol.principal):
             return None
         session, follow = found.to_session(self.settings, action.token, self.monotonic())
@@ -1163,13 +1192,14 @@ class ConnectionDriver:
         deadline = self.monotonic() + (self.settings.drain_grace if grace is None else grace)
         runner = self.runner
         shared = runner.shared if runner is not None else None
-        if runner is not None and shared is not None and not shared.down and runner.tasks:
+        if runner is not None and shared is not None and not shared.down and runner.models_running():
             # Shared sessions: the client moves to another process now and resumes there, which relays these
             # streams from the shared store while they go on here, detached, until they end or the grace is over.
             await self.close(CloseCode.DRAINING, "server shutting down")
-            while runner.tasks and self.monotonic() < deadline:
+            while runner.models_running() and self.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            runner.destroy()  # (what is still running ends in the store too, for its follower)
+            if runner.driver is None:  # (unless a resume took it here meanwhile)
+                runner.destroy()  # what is still running ends in the store too, for its follower
             await shared.flushed()
             return
         # Wait on the model tasks, not the session's running count: a task ends only after its
@@ -1227,8 +1257,31 @@ def _drain_task(loop: asyncio.AbstractEventLoop, grace: float | None, reconnect_
         endpoints = Endpoint.on_loop(loop)
         if endpoints:
             log.info("draining %d connection(s) for shutdown", sum(len(e.open_connections(loop)) for e in endpoints))
-        task = _DRAINS[loop] = loop.create_task(Endpoint.drain_each(endpoints, grace, reconnect_after_ms, loop=loop))
+        task = _DRAINS[loop] = loop.create_task(_drain_endpoints(endpoints, grace, reconnect_after_ms, loop))
     return task
+
+
+async def _drain_endpoints(endpoints: list[Endpoint], grace: float | None, reconnect_after_ms: int,
+                           loop: asyncio.AbstractEventLoop) -> None:
+    """Drain the endpoints' connections on `loop`; then, with shared sessions, let the models of sessions whose
+    client already left this process run on until the grace is over (their client may follow them from another
+    process), end what still runs in the store, and write the last of it before the process goes."""
+    started = time.monotonic()
+    await Endpoint.drain_each(endpoints, grace, reconnect_after_ms, loop=loop)
+    runners = [runner for endpoint in endpoints for runner in getattr(endpoint.store, "values", list)()
+               if isinstance(runner, ModelRunner) and runner.shared is not None and not runner.destroyed
+               and runner.driver is None and any(t.get_loop() is loop for t in runner.tasks.values())]
+    if not runners:
+        return
+    deadline = started + (grace if grace is not None else max(r.settings.drain_grace for r in runners))
+    while any(r.models_running() for r in runners) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    stores = {id(r.shared): r.shared for r in runners}
+    for runner in runners:
+        if runner.driver is None:  # (unless a resume took it meanwhile)
+            runner.destroy()
+    for shared in stores.values():
+        await shared.flushed()  # type: ignore[union-attr]
 
 
 def drain_on_shutdown(then: Callable[[], Any]) -> asyncio.Task[None] | None:

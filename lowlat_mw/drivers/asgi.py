@@ -21,7 +21,7 @@ from ..endpoint import Endpoint, Refuse
 from ..errors import CloseCode, SettingsError
 from ..model import ModelSpec
 from ..settings import Settings
-from .aio import ConnectionDriver
+from .aio import ConnectionDriver, drain_all
 from .direct import EXTENSION
 from .shared import open_endpoint
 
@@ -100,6 +100,18 @@ class LowLatASGI:
                             "headers": [(b"content-type", b"text/plain"), (b"upgrade", b"websocket")]})
                 await send({"type": "http.response.body", "body": b"WebSocket endpoint (lowlat-mw)\n"})
                 return
+        elif kind == "lifespan" and app is not None and settings.session_store:
+            # Shared sessions: a server whose connections were all gone by the time it shut down (uvicorn drains on
+            # each connection's shutdown) still lets the models of clients that left run on within drain_grace, for
+            # the process that relays them to their client now, and writes their last output.
+            async def receive_then_drain() -> Message:
+                message = await receive()
+                if message["type"] == "lifespan.shutdown":
+                    await drain_all()
+                return message
+
+            await app(scope, receive_then_drain, send)
+            return
         if app is not None:
             await app(scope, receive, send)
 

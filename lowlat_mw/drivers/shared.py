@@ -244,9 +244,9 @@ class RemoteSession:
     def apply(self, writer: str, records: Iterable[tuple[int, int, Any]]) -> None:
         """Fold one entry's records into the streams.
 
-        A stream's run is what followed its start: its Deltas count only from the process that started it (a
-        process that relayed it, or ended it for its client, writes no Delta of it), and its first End or Error
-        from any process ends it (a model that ran on after its client's process ended the stream is ignored)."""
+        A stream's run is what followed its start: its Deltas, End and Error count only from the process that
+        started it (a process that relays it writes nothing of it; records of an older run of a reused stream
+        id are ignored). An End past the last Delta kept means Deltas were lost: the stream is broken."""
         streams = self.streams
         for sid, seq, item in records:
             if seq == 0:  # (re)started: a stream id a client reuses begins again
@@ -256,11 +256,13 @@ class RemoteSession:
             if st is None:  # its start was trimmed away: what is left begins at this seq
                 first = seq if seq > 0 else item.last_seq + 1 if isinstance(item, ev.End) else 1
                 st = streams[sid] = RemoteStream(first_seq=first, writer=writer)
-            if st.terminal is not None:
+            if st.terminal is not None or writer != st.writer:
                 continue
             if seq < 0:
                 st.terminal = item
-            elif writer == st.writer and not st.broken:
+                if isinstance(item, ev.End) and item.last_seq != st.first_seq - 1 + len(st.pieces):
+                    st.broken = True
+            elif not st.broken:
                 last = st.first_seq - 1 + len(st.pieces)
                 if seq == last + 1:
                     st.pieces.append(item)
@@ -301,7 +303,7 @@ class SharedSessions:
         self.ttl = max(1, round(settings.resume_window + 1))
         self.redis = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
                                              health_check_interval=30)
-        self._dirty: dict[str, Session] = {}  # sessions with journal records not yet written
+        self._dirty: dict[int, Session] = {}  # sessions with journal records not yet written, by id()
         self._meta: dict[str, dict[str, str]] = {}  # session hash fields not yet written
         self._held: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()  # shared from here
         self._scheduled = False
@@ -322,17 +324,20 @@ class SharedSessions:
         return found
 
     # ------------------------------------------------------------------ writing
-    def share(self, session: Session, principal: object) -> None:
-        """Journal `session` from now on (its streams, Deltas and Ends go to the store) and record who owns it."""
+    def share(self, session: Session, principal: object, *, hold: bool = True) -> None:
+        """Journal `session` from now on (its streams, Deltas and Ends go to the store) and record who owns it.
+        `hold`: keep its keys from expiring while this process holds it (a session with streams; one that never
+        streams is known for `ttl` after its Welcome, long enough for a resume of a Request lost in a drop)."""
         session.start_journal()
         self._meta[session.session_id] = {"token": token_digest(session.resume_token),
                                           "principal": principal_key(principal), "owner": process_id()}
-        self._held[session.session_id] = session
+        if hold:
+            self._held[session.session_id] = session
         self.touch(session)
 
     def touch(self, session: Session) -> None:
         """`session` may have new journal records: write them (with everything else new) after this loop turn."""
-        self._dirty[session.session_id] = session
+        self._dirty[id(session)] = session
         journal = session.journal
         if journal is not None and len(journal) > 3 * JOURNAL_MAX:  # the store is slow: a gap rather than no bound
             session.journal = _ends_only(journal)
@@ -362,7 +367,8 @@ class SharedSessions:
             pipe.hset(key, mapping=fields)
             pipe.expire(key, ttl)
             commands += 1
-        for sid, session in dirty.items():
+        for session in dirty.values():
+            sid = session.session_id
             journal = session.journal
             if not journal:
                 continue
@@ -389,9 +395,9 @@ class SharedSessions:
                 self._meta.setdefault(sid, fields)
             for session, journal in batch:
                 kept = _ends_only(journal)
-                if kept and session.journal is not None:
-                    session.journal[:0] = kept
-                    self._dirty[session.session_id] = session
+                if kept and session.journal is not None:  # (a write that timed out but landed repeats its starts:
+                    session.journal[:0] = kept           # the stream then restarts there, and fails a resume)
+                    self._dirty[id(session)] = session
         else:
             self._ok()
         finally:
@@ -436,8 +442,12 @@ class SharedSessions:
             await asyncio.sleep(ALIVE_EVERY)
 
     def release(self, session: Session) -> None:
-        """This process no longer holds `session` (destroyed): its keys expire on their own."""
-        self._held.pop(session.session_id, None)
+        """This process gives `session` up (destroyed): it no longer owns it in the store, and its keys expire."""
+        sid = session.session_id
+        if self._held.get(sid) is session:  # (not a newer session object of the same id, resumed here since)
+            del self._held[sid]
+            self._meta.setdefault(sid, {})["owner"] = ""
+            self.touch(session)
 
     async def flushed(self, timeout: float = TIMEOUT) -> None:
         """Wait (up to `timeout`) until everything journaled so far has been written (or failed): a draining
@@ -454,7 +464,8 @@ class SharedSessions:
 
     # ------------------------------------------------------------------ resuming
     async def owner(self, session_id: str) -> str | None:
-        """The process that holds `session_id`'s connection, as the store says (None: unknown, or unreachable)."""
+        """The process that holds `session_id`, as the store says: "" when none does (no such session, or its
+        process gave it up); None when the store cannot say (unreachable, down)."""
         if self.down:
             return None
         try:
@@ -463,7 +474,18 @@ class SharedSessions:
         except Exception as exc:
             self._failed("read", exc)
             return None
-        return owner.decode() if owner is not None else None
+        return owner.decode() if owner is not None else ""
+
+    async def alive(self, process: str) -> bool | None:
+        """Whether `process` said it was alive within the last 5 s (None: the store cannot say)."""
+        if self.down:
+            return None
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                return bool(await self.redis.exists(f"lowlat:p:{process}"))
+        except Exception as exc:
+            self._failed("read", exc)
+            return None
 
     async def load(self, session_id: str, token: str) -> RemoteSession | None:
         """`session_id` from the store, if it is there and `token` is its resume token (else None)."""
@@ -522,11 +544,14 @@ class SharedSessions:
                     if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
                         yield lost("its end was not saved")
                         return
-                    if s < 0:  # (as RemoteSession.apply: the first End or Error, from any process)
-                        yield item
-                        return
-                    if fields[b"o"].decode() != writer:  # only the process running it writes its Deltas
+                    if fields[b"o"].decode() != writer:  # (as RemoteSession.apply: only the process running it)
                         continue
+                    if s < 0:
+                        if isinstance(item, ev.End) and item.last_seq != seq:
+                            yield lost("part of its output was not saved")
+                        else:
+                            yield item
+                        return
                     if s == seq + 1:
                         seq = s
                         yield item

@@ -200,7 +200,7 @@ async def _failover(mode: str, folder: Path, redis_port: int) -> tuple[str, dict
     streams, deltas, gap = FAILOVER_SIZES[mode]
     rng = random.Random(18)
     rows, numbers = [], {}
-    for a, b in FAILOVER_PAIRS:
+    for a, b in FAILOVER_PAIRS if mode == "full" else FAILOVER_PAIRS[:1]:  # (CI's quick run: one pair)
         for event in FAILOVER_EVENTS:
             counts, took = await _failover_run(a, b, event, folder, redis_port, streams, deltas, gap,
                                                0.2 + rng.random())

@@ -16,7 +16,15 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the reposi
 
 from redis_support import require_redis_server  # noqa: E402
 
-from benchmarks.shared import HEADING, LABELS, SERVERS, WORKER_COUNTS  # noqa: E402
+from benchmarks.shared import (  # noqa: E402
+    FAILOVER_EVENTS,
+    FAILOVER_PAIRS,
+    FAILOVER_SIZES,
+    HEADING,
+    LABELS,
+    SERVERS,
+    WORKER_COUNTS,
+)
 
 
 @pytest.mark.integration
@@ -25,12 +33,19 @@ def test_shared_suite_quick_measures_both_stores(quick_bench: Any) -> None:
     require_redis_server()
     result = quick_bench.results["shared"]
     workers = {f"workers{w}" for w in WORKER_COUNTS}
-    assert set(result.rows) == {*SERVERS, "ratio", *workers, "workers_ratio"}
+    failover = {f"failover {a}-{b} {event}" for a, b in FAILOVER_PAIRS[:1] for event in FAILOVER_EVENTS}
+    assert set(result.rows) == {*SERVERS, "ratio", *workers, "workers_ratio", *failover}
     for name, row in result.rows.items():
         assert all(isinstance(v, float) and math.isfinite(v) for v in row.values()), (name, row)
-        assert all(v > 0 for k, v in row.items() if k != "errors"), (name, row)
+        if name not in failover:
+            assert all(v > 0 for k, v in row.items() if k != "errors"), (name, row)
+    streams = FAILOVER_SIZES["quick"][0]
+    for name in failover:  # every stream whole and exact, or (A killed) an exact prefix then ResumeFailed
+        row = result.rows[name]
+        assert row["bad"] == 0 and row["exact"] + row["prefix"] == streams, (name, row)
+        assert row["prefix"] == 0 or name.endswith("kill"), (name, row)
     for name in workers:
         assert result.rows[name]["errors"] == 0, result.rows[name]  # every paced request of every connection
     section = quick_bench.section(HEADING)
     assert all(LABELS[name] in section for name in SERVERS)
-    assert "**Verdict** (issue 18" in section and "**Workers.**" in section
+    assert "**Verdict** (issue 18" in section and "**Workers.**" in section and "**Failover**" in section

@@ -146,7 +146,9 @@ async def test_a_stream_longer_than_the_clients_flow_window_is_followed_to_its_e
     assert received == [f"{i}{'.' * pad} " for i in range(n)]
 
 
-@PAIRS  # (each waits the 5 s after which a silent process counts as dead)
+# Each waits the 5 s after which a silent process counts as dead: gunicorn and daphne killed here; uvicorn killed in
+# the shared benchmark suite's failover part (CI runs it in quick mode: tests/test_benchmarks_shared.py).
+@pytest.mark.parametrize("servers", ["flask-starlette", "django-starlette"], indirect=True)
 async def test_a_stream_whose_process_is_killed_ends_with_resume_failed_after_what_was_saved(
         servers: Servers) -> None:
     received: list[str] = []

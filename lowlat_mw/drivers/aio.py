@@ -255,14 +255,7 @@ class ModelRunner:
                 if isinstance(item, ev.End | ev.Error):
                     terminal = item
                     break
-                driver = self.driver
-                if driver is not None:
-                    await driver.chunk(sid, item, None)
-                else:
-                    self._keep(sid, item, None)
-                session = self.session
-                if session.buffered >= session.pause_at:  # the client's flow window applies here
-                    await self._paused(None)
+                await self._emit(sid, item, None)  # (the client's flow window applies here)
         except asyncio.CancelledError:  # a Cancel from the client (the other process's model runs on)
             if self.destroyed:
                 raise

@@ -229,6 +229,23 @@ class RemoteStream:
     writer: str = ""
     broken: bool = False  # a seq is missing (a failed write): nothing past the gap can be replayed
 
+    def fold(self, writer: str, seq: int, item: Any) -> None:
+        """Take one record of this run (not a start). Its Deltas, End and Error count only from the process that
+        started the run (a process that relays it writes nothing of it; an older run of a reused stream id is
+        ignored); an End past the last Delta kept, or a Delta past the next seq, means Deltas were lost: broken."""
+        if self.terminal is not None or writer != self.writer:
+            return
+        last = self.first_seq - 1 + len(self.pieces)
+        if seq < 0:
+            self.terminal = item
+            if isinstance(item, ev.End) and item.last_seq != last:
+                self.broken = True
+        elif not self.broken:
+            if seq == last + 1:
+                self.pieces.append(item)
+            elif seq > last + 1:
+                self.broken = True
+
 
 @dataclass
 class RemoteSession:
@@ -242,11 +259,7 @@ class RemoteSession:
     last_id: bytes | str  # the last entry read: a follower reads on from here
 
     def apply(self, writer: str, records: Iterable[tuple[int, int, Any]]) -> None:
-        """Fold one entry's records into the streams.
-
-        A stream's run is what followed its start: its Deltas, End and Error count only from the process that
-        started it (a process that relays it writes nothing of it; records of an older run of a reused stream
-        id are ignored). An End past the last Delta kept means Deltas were lost: the stream is broken."""
+        """Fold one entry's records into the streams (a start begins a stream's run again: RemoteStream.fold)."""
         streams = self.streams
         for sid, seq, item in records:
             if seq == 0:  # (re)started: a stream id a client reuses begins again
@@ -256,18 +269,7 @@ class RemoteSession:
             if st is None:  # its start was trimmed away: what is left begins at this seq
                 first = seq if seq > 0 else item.last_seq + 1 if isinstance(item, ev.End) else 1
                 st = streams[sid] = RemoteStream(first_seq=first, writer=writer)
-            if st.terminal is not None or writer != st.writer:
-                continue
-            if seq < 0:
-                st.terminal = item
-                if isinstance(item, ev.End) and item.last_seq != st.first_seq - 1 + len(st.pieces):
-                    st.broken = True
-            elif not st.broken:
-                last = st.first_seq - 1 + len(st.pieces)
-                if seq == last + 1:
-                    st.pieces.append(item)
-                elif seq > last + 1:
-                    st.broken = True
+            st.fold(writer, seq, item)
 
     def to_session(self, settings: Settings, token: str, now: float) -> tuple[Session, dict[int, str]]:
         """A local :class:`Session` with these streams, and the running ones to follow (stream -> writer)."""
@@ -336,7 +338,7 @@ class SharedSessions:
         self.touch(session)
 
     def touch(self, session: Session) -> None:
-        """`session` may have new journal records: write them (with everything else new) after this loop turn."""
+        """`session` may have new journal records: write them (with everything else new) within WRITE_EVERY."""
         self._dirty[id(session)] = session
         journal = session.journal
         if journal is not None and len(journal) > 3 * JOURNAL_MAX:  # the store is slow: a gap rather than no bound
@@ -513,6 +515,7 @@ class SharedSessions:
         its End or Error. If that process stops (or Redis goes) first: an Error resume_failed (retryable)."""
         key = f"lowlat:d:{session_id}"
         last = after
+        run = RemoteStream(first_seq=seq + 1, writer=writer)  # (the same rules as a resume's RemoteSession.apply)
 
         def lost(why: str) -> ev.Error:
             return ev.Error(stream_id=stream_id, code=ErrorCode.RESUME_FAILED, retryable=True,
@@ -544,19 +547,17 @@ class SharedSessions:
                     if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
                         yield lost("its end was not saved")
                         return
-                    if fields[b"o"].decode() != writer:  # (as RemoteSession.apply: only the process running it)
-                        continue
-                    if s < 0:
-                        if isinstance(item, ev.End) and item.last_seq != seq:
-                            yield lost("part of its output was not saved")
-                        else:
-                            yield item
-                        return
-                    if s == seq + 1:
-                        seq = s
-                        yield item
-                    elif s > seq + 1:
+                    run.fold(fields[b"o"].decode(), s, item)
+                    for piece in run.pieces:
+                        yield piece
+                    run.first_seq += len(run.pieces)  # (what was relayed is not kept)
+                    run.pieces.clear()
+                    seq = run.first_seq - 1
+                    if run.broken:
                         yield lost("part of its output was not saved")
+                        return
+                    if run.terminal is not None:
+                        yield run.terminal
                         return
 
     async def aclose(self) -> None:

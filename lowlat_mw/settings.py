@@ -175,7 +175,7 @@ class Settings:
         for sp in self.subprotocols:
             if sp not in (SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON):
                 raise SettingsError(f"setting 'subprotocols' has unknown subprotocol {sp!r}")
-        if self.session_store not in ("", "memory") and not self.session_store.startswith(
+        if self.shares_sessions and not self.session_store.startswith(
                 ("redis://", "rediss://", "unix://")):
             raise SettingsError(f"setting 'session_store' must be \"memory\" or a Redis URL (redis://, rediss://, "
                                 f"unix://), got {self.session_store!r}")
@@ -196,6 +196,11 @@ class Settings:
                 "", self.path, self.metrics_path)):
             raise SettingsError(f"setting 'client_path' must start with '/', not be '/' and differ from 'path' and "
                                 f"'metrics_path', got {self.client_path!r}")
+
+    @property
+    def shares_sessions(self) -> bool:
+        """Whether `session_store` names a store shared between processes (Redis), not this process's memory."""
+        return self.session_store not in ("", "memory")
 
     # ----------------------------------------------------------------- loaders
     @classmethod

@@ -120,7 +120,8 @@ class ModelRunner:
         self.monotonic = driver.monotonic
         self.clock = driver.clock
         endpoint.store.put(session.session_id, self)
-        # With a shared session store (Redis): the session's output is written there too, behind the socket.
+        # With a shared session store (Redis): the session's output is written there too, behind the socket. (The
+        # setting is tested first, without a call: most apps share nothing.)
         self.shared = shared = shared_sessions(endpoint) if self.settings.session_store else None
         if shared is not None:
             shared.share(session, session.principal)

@@ -100,7 +100,7 @@ class LowLatASGI:
                             "headers": [(b"content-type", b"text/plain"), (b"upgrade", b"websocket")]})
                 await send({"type": "http.response.body", "body": b"WebSocket endpoint (lowlat-mw)\n"})
                 return
-        elif kind == "lifespan" and app is not None and settings.session_store:
+        elif kind == "lifespan" and app is not None and settings.shares_sessions:
             # Shared sessions: a server whose connections were all gone by the time it shut down (uvicorn drains on
             # each connection's shutdown) still lets the models of clients that left run on within drain_grace, for
             # the process that relays them to their client now, and writes their last output.

@@ -195,7 +195,7 @@ def _safe(url: str) -> str:
 def open_endpoint(model: Any, settings: Settings, *, registry: Any = None) -> Endpoint:
     """An :class:`~lowlat_mw.endpoint.Endpoint`, its shared session store checked first (what every adapter builds
     its app with: a wrong ``session_store`` stops the app when it is built or starts, not at the first resume)."""
-    if settings.session_store not in ("", "memory"):
+    if settings.shares_sessions:
         check_store_url(settings.session_store)
     return Endpoint(model, settings, registry=registry)
 
@@ -203,10 +203,9 @@ def open_endpoint(model: Any, settings: Settings, *, registry: Any = None) -> En
 def shared_sessions(endpoint: Endpoint) -> SharedSessions | None:
     """The running loop's shared session store of `endpoint` (Redis), or None where sessions stay in this process."""
     settings = endpoint.settings
-    url = settings.session_store
-    if not url or url == "memory":
+    if not settings.shares_sessions:
         return None
-    return SharedSessions.for_loop(url, settings, endpoint.metrics)
+    return SharedSessions.for_loop(settings.session_store, settings, endpoint.metrics)
 
 
 def _ends_only(journal: list[Any]) -> list[Any]:

@@ -201,7 +201,7 @@ def several_workers(workers: int, how: str) -> bool:
         return False
     from ..endpoint import Endpoint
 
-    if any(e.settings.session_store not in ("", "memory") for e in list(Endpoint.instances)):
+    if any(e.settings.shares_sessions for e in list(Endpoint.instances)):
         return False  # sessions shared through Redis: any worker resumes them
     _warned_workers = True
     logging.getLogger("lowlat_mw").warning(SEVERAL_WORKERS, workers, how)

@@ -64,15 +64,22 @@ def argv(server: str, port: int) -> list[str]:
     raise ValueError(server)
 
 
+def server_env(tmp_path: Path, redis_url: str, **settings: str) -> dict[str, str]:
+    """The environment a server of the counting model runs in: sessions shared through `redis_url`, the examples
+    serving LOWLAT_MODEL, `settings` (LOWLAT_* variables) on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
+    env.update(LOWLAT_SESSION_STORE=redis_url, LOWLAT_MODEL="counting:count", PYTHONPATH=f"{tmp_path}:{ROOT}",
+               GUNICORN_CMD_ARGS="--no-control-socket", **settings)
+    return env
+
+
 class Servers:
     """Two server processes (A and B) of the counting model sharing `redis_url`, and a proxy in front of A."""
 
     def __init__(self, tmp_path: Path, redis_url: str, kinds: tuple[str, str] = ("serve", "serve"),
                  settings: dict[str, str] | None = None) -> None:
         (tmp_path / "counting.py").write_text(MODEL)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
-        env.update(LOWLAT_SESSION_STORE=redis_url, LOWLAT_MODEL="counting:count", PYTHONPATH=f"{tmp_path}:{ROOT}",
-                   GUNICORN_CMD_ARGS="--no-control-socket", **(settings or {}))
+        env = server_env(tmp_path, redis_url, **(settings or {}))
         self.procs: list[LoggedProcess] = []
         self.ports: list[int] = []
         for name, kind in zip(("a", "b"), kinds, strict=True):
@@ -272,14 +279,13 @@ async def test_two_workers_resume_every_stream_on_either_worker(tmp_path: Path, 
     each connection, so a reconnect lands on either; every stream arrives exact through connections cut at random."""
     (tmp_path / "counting.py").write_text(MODEL)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
     if server == "serve":
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
         command = [str(BIN / "lowlat-mw"), "serve", "counting:count", "--port", str(port), "--workers", "2", "--set",
                    f"session_store={redis_url}"]
     else:
+        env = server_env(tmp_path, redis_url)
         command = [*argv("flask", port), "-w", "2", "--log-level", "info"]
-        env.update(LOWLAT_SESSION_STORE=redis_url, LOWLAT_MODEL="counting:count", PYTHONPATH=f"{tmp_path}:{ROOT}",
-                   GUNICORN_CMD_ARGS="--no-control-socket")
     proc = LoggedProcess("workers", command, logdir=tmp_path, env=env, cwd=tmp_path)
     try:
         assert wait_listening(port, proc.alive, proc.output, WAIT), proc.output()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._version import __version__
 from .client import AsyncClient, Backoff, Stream, StreamTimings, SyncClient, connect, connect_sync
+from .drivers.push import PublishError, apublish, join, leave, publish
 from .errors import (
     ClientError,
     CloseCode,
@@ -28,7 +29,7 @@ from .errors import (
 from .model import ModelRequest, SessionInfo
 from .observability.metrics import Metrics
 from .observability.timing import STAGES
-from .protocol.events import Delta, End
+from .protocol.events import Delta, End, Push
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "Metrics",
     "ModelRequest",
     "ProtocolError",
+    "PublishError",
+    "Push",
     "ReconnectFailed",
     "RemoteProtocolError",
     "ResumeFailed",
@@ -59,6 +62,10 @@ __all__ = [
     "StreamTimings",
     "SyncClient",
     "__version__",
+    "apublish",
     "connect",
     "connect_sync",
+    "join",
+    "leave",
+    "publish",
 ]

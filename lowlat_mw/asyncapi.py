@@ -42,6 +42,9 @@ MESSAGES: dict[str, tuple[type, str, str]] = {
     "ping": (ev.Ping, "both", "Heartbeat probe; answered by a Pong with the same id."),
     "pong": (ev.Pong, "both", "Answer to a Ping."),
     "goaway": (ev.GoAway, "server", "The server is draining: finish, then reconnect (and resume) elsewhere."),
+    "subscribe": (ev.Subscribe, "client", "v1.1: joins (or, with leave, leaves) a named push group."),
+    "subscribed": (ev.Subscribed, "server", "v1.1: the answer to a Subscribe with the same id: done, or refused."),
+    "push": (ev.Push, "server", "v1.1: a message the server published to the client's session, user or group."),
 }
 
 

@@ -39,7 +39,7 @@ class Settings:
     heartbeat_timeout: float = 10.0
     """Seconds to wait for any frame after a Ping before closing with 4001."""
     idle_timeout: float = 600.0
-    """Close with 4000 after this long with no application traffic and no stream running."""
+    """Close with 4000 after this long with no application traffic, no stream running and no push group joined."""
     handshake_timeout: float = 10.0
     """Close with 4004 when no Hello arrives this long after the WebSocket opens."""
     max_frame_size: int = MiB
@@ -90,6 +90,12 @@ class Settings:
     """Assumed link speed for the compression cost model, in Mbit/s."""
     allowed_origins: tuple[str, ...] = ()
     """Cross-origin Origins allowed; same host is always allowed; "*" allows every origin."""
+    push_groups: tuple[str, ...] = ("*",)
+    """Push groups a client may join with Subscribe (protocol v1.1), as shell-style patterns ("news", "team-*");
+    others are refused with unauthorized. Empty: clients join none (the server can still push to their session
+    and user; docs/push.md)."""
+    max_groups: int = 64
+    """Push groups one session may be in; a Subscribe past it is refused with bad_request."""
     subprotocols: tuple[str, ...] = (SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON)
     """Subprotocols served, in server preference order."""
     model_threads: int = 64

@@ -39,6 +39,10 @@ SAMPLES = [
     ev.Error(stream_id=1, code=ErrorCode.MODEL_ERROR, message="boom", retryable=True),
     ev.Cancel(stream_id=1), ev.Ack(stream_id=1, seq=2, done=True), ev.Ping(id=9), ev.Pong(id=9),
     ev.GoAway(reason="drain", reconnect_after_ms=100),
+    ev.Subscribe(id=1, group="news", leave=True), ev.Subscribed(id=1, group="news"),
+    ev.Subscribed(id=2, group="x", code=ev.ErrorCode.UNAUTHORIZED, message="no"),
+    ev.Push(topic="group:news", text="hi"), ev.Push(topic="session:s", data=b"\x00"),
+    ev.Hello(client="c", revision=1), ev.Welcome(session_id="s", revision=1),
 ]
 
 
@@ -77,8 +81,8 @@ def test_every_message_kind_is_described_and_its_schema_fits_the_real_encoding()
         jsonschema.validate({"type": "delta", "stream_id": -1, "seq": 1}, schemas["Delta"])
     received = {m["$ref"].rsplit("/", 1)[1] for m in doc["operations"]["receiveFromClients"]["messages"]}
     sent = {m["$ref"].rsplit("/", 1)[1] for m in doc["operations"]["sendToClients"]["messages"]}
-    assert {"hello", "request", "cancel", "ack", "ping", "pong"} == received
-    assert {"welcome", "delta", "end", "error", "goaway", "ping", "pong"} == sent
+    assert {"hello", "request", "cancel", "ack", "ping", "pong", "subscribe"} == received
+    assert {"welcome", "delta", "end", "error", "goaway", "ping", "pong", "subscribed", "push"} == sent
 
 
 def _get(url: str) -> tuple[int, str, str]:

@@ -372,6 +372,7 @@ class AsyncClient:
         max_pending: int = 100,
         auth: str = "",
         ssl: ssl_module.SSLContext | None = None,
+        max_pushes: int = 1000,
     ) -> None:
         if mode not in ("proto", "json"):
             raise ValueError("mode must be 'proto' or 'json'")
@@ -397,6 +398,7 @@ class AsyncClient:
         self.flow_window = flow_window
         self.resume_enabled = resume
         self.max_pending = max_pending
+        self.max_pushes = max_pushes  # pushes kept unread; past it the oldest is dropped (pushes_dropped)
         self.auth = auth
         self.resumes = 0  # how many times a dropped session was resumed
         self._resuming: asyncio.Task[None] | None = None
@@ -413,6 +415,12 @@ class AsyncClient:
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._ping_ids = itertools.count(1 << 31)  # apart from the heartbeat's own ids
         self._io_tasks: set[asyncio.Task[Any]] = set()
+        self.groups: set[str] = set()  # push groups joined: joined again on a connection of a new session
+        self._subscribing: dict[int, asyncio.Future[ev.Subscribed]] = {}
+        self._sub_ids = itertools.count(1)
+        self._pushes: deque[ev.Push | BaseException] = deque()
+        self._push_waiter: asyncio.Future[None] | None = None
+        self.pushes_dropped = 0  # pushes dropped because max_pushes were waiting unread
 
     # ------------------------------------------------------------------ state (the machine's)
     @property
@@ -577,6 +585,9 @@ class AsyncClient:
         self.last_close = None
         self._timer = _Timer(self, ws)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
+        if self.groups and not first.resumed and proto.pushes:  # a new session: in no group yet
+            for group in sorted(self.groups):
+                _keep_running(self._io_tasks, self._send_quietly(ws, proto.subscribe(next(self._sub_ids), group)))
 
     # ------------------------------------------------------------------ I/O
     async def _send(self, frame: bytes | str) -> None:
@@ -615,6 +626,12 @@ class AsyncClient:
                     stream._put(item)
             elif kind is SendFrame:
                 _keep_running(self._io_tasks, self._send_quietly(ws, item.data))
+            elif kind is ev.Push:
+                self._pushed(item)
+            elif kind is ev.Subscribed:
+                answer = self._subscribing.pop(item.id, None)
+                if answer is not None and not answer.done():
+                    answer.set_result(item)
             elif kind is ev.Pong:
                 waiter = self._pings.pop(item.id, None)
                 if waiter is not None and not waiter.done():
@@ -659,9 +676,14 @@ class AsyncClient:
                 self._ws = None
             if not self._user_closed and not close_code_reconnects(code):
                 self._closed_final = ConnectionClosed(code, reason)
-            if (self.resume_enabled and not self._user_closed and self._closed_final is None and self._streams
-                    and proto.can_resume):
-                # Streams are open: reconnect in the background and resume them where they stopped.
+            for answer in self._subscribing.values():
+                if not answer.done():
+                    answer.set_exception(ConnectionClosed(code, reason or "closed before the Subscribe was answered"))
+            self._subscribing.clear()
+            if (self.resume_enabled and not self._user_closed and self._closed_final is None
+                    and ((self._streams and proto.can_resume) or self.groups)):
+                # Streams are open: reconnect in the background and resume them where they stopped. In push
+                # groups: reconnect too, to go on listening.
                 self._resuming = asyncio.get_running_loop().create_task(self._resume_loop())
             else:
                 self._fail_all(closed)
@@ -670,6 +692,8 @@ class AsyncClient:
         for stream in list(self._streams.values()):
             stream._put(why)
             self._drop(stream)
+        if self.groups or self._push_waiter is not None:  # a reader of pushes learns the connection is over
+            self._pushed(why if isinstance(why, BaseException) else ConnectionClosed(why.code, why.reason))
 
     def _drop(self, stream: Stream) -> None:
         """`stream` is over for this client: no resume will ask for it."""
@@ -713,6 +737,71 @@ class AsyncClient:
                 await self._send(ack)
             except ClientError:
                 pass  # the connection dropped: the resume's last_seq acknowledges instead
+
+    # ------------------------------------------------------------------ push (protocol v1.1)
+    async def subscribe(self, group: str, timeout: float = 10.0) -> None:
+        """Join push group `group`: once this returns, what the server publishes to ``group:<name>`` arrives in
+        :meth:`pushes`. The client joins its groups again whenever it reconnects to a new session, and it
+        reconnects on its own after a drop while it is in a group. StreamError if the server refuses
+        (unauthorized: not in its ``push_groups``; bad_request), ClientError if it speaks protocol v1.0."""
+        await self._membership(group, False, timeout)
+        self.groups.add(group)
+
+    async def unsubscribe(self, group: str, timeout: float = 10.0) -> None:
+        """Leave push group `group`."""
+        self.groups.discard(group)
+        await self._membership(group, True, timeout)
+
+    async def _membership(self, group: str, leave: bool, timeout: float) -> None:
+        if not self.connected:
+            await self.open()
+        if not self.protocol.pushes:
+            raise ClientError(f"the server at {self.url} speaks protocol v1.0: it has no push groups")
+        sub_id = next(self._sub_ids) & 0xFFFFFFFF
+        answer: asyncio.Future[ev.Subscribed] = asyncio.get_running_loop().create_future()
+        self._subscribing[sub_id] = answer
+        try:
+            await self._send(self.protocol.subscribe(sub_id, group, leave=leave))
+            async with asyncio.timeout(timeout):
+                subscribed = await answer
+        finally:
+            self._subscribing.pop(sub_id, None)
+        if subscribed.code is not ErrorCode.UNSPECIFIED:
+            raise StreamError(subscribed.code, subscribed.message)
+
+    def _pushed(self, item: ev.Push | BaseException) -> None:
+        pushes = self._pushes
+        if type(item) is ev.Push and len(pushes) >= self.max_pushes:
+            pushes.popleft()
+            self.pushes_dropped += 1
+        pushes.append(item)
+        waiter = self._push_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_push(self, timeout: float | None = None) -> ev.Push:
+        """The next push (its ``topic`` and ``body``: text or bytes), waiting up to `timeout` seconds (None: no
+        limit; TimeoutError past it). Raises what ended the connection for good (ConnectionClosed,
+        ReconnectFailed) once the pushes that came before are read."""
+        async with asyncio.timeout(timeout):
+            while not self._pushes:
+                if self._push_waiter is not None:
+                    raise ClientError("another task is already waiting for the next push")
+                self._push_waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._push_waiter
+                finally:
+                    self._push_waiter = None
+        item = self._pushes.popleft()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def pushes(self) -> AsyncIterator[ev.Push]:
+        """Every push, as it arrives: ``async for push in client.pushes(): ...`` (ends with what ends the
+        connection for good, see :meth:`next_push`)."""
+        while True:
+            yield await self.next_push()
 
     # ------------------------------------------------------------------ streams
     def stream(

@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
-from ..protocol.events import Delta, End
+from ..protocol.events import Delta, End, Push
 from .aio import AsyncClient, Stream, parameters_of
 
 __all__ = ["SyncClient", "connect_sync"]
@@ -107,6 +107,24 @@ class SyncClient:
     def complete(self, text: str | None = None, **kwargs: Any) -> str:
         """Run a request and return the whole reply as text."""
         return "".join(c if isinstance(c, str) else c.decode() for c in self.stream(text, **kwargs))
+
+    def subscribe(self, group: str, timeout: float = 10.0) -> None:
+        """Join push group `group` (:meth:`AsyncClient.subscribe <lowlat_mw.client.aio.AsyncClient.subscribe>`)."""
+        self._call_soon(self._client.subscribe(group, timeout))
+
+    def unsubscribe(self, group: str, timeout: float = 10.0) -> None:
+        """Leave push group `group`."""
+        self._call_soon(self._client.unsubscribe(group, timeout))
+
+    def next_push(self, timeout: float | None = None) -> Push:
+        """The next push, waiting up to `timeout` seconds (:meth:`AsyncClient.next_push
+        <lowlat_mw.client.aio.AsyncClient.next_push>`)."""
+        return self._call_soon(self._client.next_push(timeout))  # type: ignore[no-any-return]
+
+    def pushes(self) -> Iterator[Push]:
+        """Every push, as it arrives (blocking between them)."""
+        while True:
+            yield self.next_push()
 
 
 @parameters_of(AsyncClient)

@@ -39,11 +39,20 @@ from ..observability.metrics import Metrics
 from ..observability.timing import StreamTimer
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, Measured, SendFrame
-from ..protocol.server import Authenticate, CancelStream, ConnState, ResumeSession, ServerProtocol, StartStream
+from ..protocol.server import (
+    Authenticate,
+    CancelStream,
+    ConnState,
+    Membership,
+    ResumeSession,
+    ServerProtocol,
+    StartStream,
+)
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
-from . import eager
+from . import eager, push
 from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
+from .push import principal_name
 from .shared import SharedSessions, principal_key, process_id, shared_sessions
 from .timers import AsyncScheduler, cpu_clock
 
@@ -89,6 +98,7 @@ async def run_authenticator(hook: Callable[[Handshake], Any], handshake: Handsha
     return principal, ""
 
 
+PUSH_LISTEN_WAIT = 5.0  # seconds a Subscribe's answer waits for this process to listen to the shared push channel
 RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared store does not have (yet): it writes
 # every 10 ms (shared.WRITE_EVERY), so a session whose first Request came just before the drop may be on its way
 
@@ -494,8 +504,8 @@ class ConnectionDriver:
     __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
                  "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_scheduled", "_send",
                  "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns", "_waiters",
-                 "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "metrics", "opened_at",
-                 "protocol", "runner", "scheduler", "settings", "timed", "tracer")
+                 "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member", "metrics",
+                 "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
@@ -545,6 +555,7 @@ class ConnectionDriver:
         self._welcomed = False
         self._errors_logged = 0
         self._superseded = False  # a resume moved this connection's session to another connection
+        self.member = False  # in push's index of users and groups (push.HUB.add): it leaves it when it closes
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         # Where offered, messages skip the ASGI queue too (ASGI receive still brings the disconnect).
         reads = direct is not None and self.read_directly()
@@ -664,6 +675,9 @@ class ConnectionDriver:
             if kind is SendFrame:
                 if not writable:
                     return False
+            elif kind is Membership:
+                if not self._member_now():
+                    return False
             elif kind is not StartStream and kind is not CancelStream and kind is not Measured:
                 return False
         frames: list[bytes | str] = []
@@ -688,6 +702,8 @@ class ConnectionDriver:
             elif kind is CancelStream:
                 if self.runner is not None:
                     self.runner.cancel(action.stream_id)
+            elif kind is Membership:
+                self._membership(action)
             elif self.metrics is not None:  # Measured
                 self.metrics.observe(action.name, action.value)
         if frames and not self._closing:
@@ -703,6 +719,10 @@ class ConnectionDriver:
                     shared.share(proto.session, proto.session.principal, hold=False)
             if self.info.session_id != proto.session_id:
                 self.info = dataclasses.replace(self.info, session_id=proto.session_id)
+            # Reachable by pushes from now on: by its session; by its user and groups too, if any (_reachable).
+            push.HUB.sessions[proto.session_id] = self
+            if proto.principal is not None or proto.session.groups:  # type: ignore[union-attr]
+                self._reachable()
             log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or "json",
                      ",".join(proto.compression) or "none", " (resumed)" if proto.resumed else "",
                      extra={"session_id": proto.session_id, "subprotocol": proto.subprotocol,
@@ -752,6 +772,11 @@ class ConnectionDriver:
         if self.metrics is not None:
             self.metrics.connection_closed(proto.stats, final, by)
         self.endpoint.connection_ended(self)
+        sessions = push.HUB.sessions
+        if sessions.get(proto.session_id) is self:
+            del sessions[proto.session_id]
+        if self.member:
+            push.HUB.discard(self)
         self.protocol.connection_lost()
         self.scheduler.cancel(self)
         self._scheduled = math.inf
@@ -843,6 +868,9 @@ class ConnectionDriver:
                 await self._resume(action)
             elif kind is Authenticate:
                 await self._authenticate(action)
+            elif kind is Membership:
+                await self._listening()
+                self._membership(action)
             else:  # a stream to start or cancel, a measurement: nothing to wait for
                 self._act_now([action])
         if frames:
@@ -893,6 +921,8 @@ class ConnectionDriver:
             if old is not None and old is not self:
                 old.runner = None  # its socket is stale: it must not touch the session any more
                 old._superseded = True  # nor start a second runner for it (see _start_stream)
+                if old.member:
+                    push.HUB.discard(old)  # (its session's key is this connection's now)
             log.info("session %s resumed", runner.session.session_id, extra={"session_id": runner.session.session_id})
         # Welcome and the replay go out before any await lets a model task run: the live Deltas
         # it now sends through this connection must follow them (never a Delta before Welcome).
@@ -934,6 +964,61 @@ class ConnectionDriver:
                 session.finish(sid, now, reason="cancelled")
                 continue
             runner.follow(sid, shared.follow(session.session_id, sid, last_id, st.seq, writer))
+
+    # ------------------------------------------------------------------ push (v1.1)
+    @property
+    def reachable(self) -> bool:
+        """Whether pushes may reach this connection: open, and its session not moved to another one."""
+        return not self._gone and not self._superseded
+
+    def _reachable(self) -> None:
+        """The Welcome went out: pushes to who authenticated and to the session's groups reach this connection."""
+        name = principal_name(self.protocol.principal)
+        keys = [f"group:{group}" for group in self.protocol.session.groups]  # type: ignore[union-attr]
+        if name is not None:
+            keys.append(f"user:{name}")
+        push.HUB.add(self, keys)
+
+    def _member_now(self) -> bool:
+        """Whether a Membership can be carried out without waiting: no shared store, or its listener is on."""
+        return not self.settings.shares_sessions or push.HUB.listen(self.settings.session_store).is_set()
+
+    async def _listening(self) -> None:
+        """Wait (bounded) until this process listens to the shared push channel, so that the Subscribed answer
+        that follows means: pushes published from now on reach this connection."""
+        if not self._member_now():
+            ready = push.HUB.listen(self.settings.session_store)
+            await self.loop.run_in_executor(None, ready.wait, PUSH_LISTEN_WAIT)
+
+    def _membership(self, change: Membership) -> None:
+        """The session joined or left a push group: index this connection by it, or no more; tell the store."""
+        key = (f"group:{change.group}",)
+        if change.joined:
+            push.HUB.add(self, key)
+        else:
+            push.HUB.discard(self, key)
+        session = self.protocol.session
+        shared = shared_sessions(self.endpoint)
+        if shared is not None and session is not None:
+            shared.groups_changed(session)
+
+    def push(self, topic: str, body: str | bytes) -> None:
+        """A push published to `topic` reached this connection (on its loop): send it, if it can go now."""
+        frame = None if self._closing or self._superseded else self.protocol.push(topic, body)
+        if self.metrics is not None:
+            self.metrics.inc("pushes", "sent" if frame is not None else "skipped")
+        if frame is not None:  # (a task per push, started in arrival order: pushes go out in the order they came)
+            self._spawn(self._write([frame.data]))
+
+    def join_group(self, group: str, joined: bool) -> None:
+        """The server put this connection's session in push group `group` (or took it out): ``lowlat_mw.join``."""
+        if self._closing or self._superseded:
+            return
+        actions = self.protocol.join(group, joined)
+        if actions:
+            self._spawn(self._act(actions))
+        if self.protocol.deadline_moved:
+            self.reschedule()
 
     # ------------------------------------------------------------------ output
     async def _acquire(self) -> None:

@@ -197,6 +197,9 @@ def open_endpoint(model: Any, settings: Settings, *, registry: Any = None) -> En
     its app with: a wrong ``session_store`` stops the app when it is built or starts, not at the first resume)."""
     if settings.shares_sessions:
         check_store_url(settings.session_store)
+        from .push import push_hub
+
+        push_hub().listen(settings.session_store)  # pushes from other processes reach this one's connections
     return Endpoint(model, settings, registry=registry)
 
 
@@ -256,6 +259,7 @@ class RemoteSession:
     owner: str
     streams: dict[int, RemoteStream]
     last_id: bytes | str  # the last entry read: a follower reads on from here
+    groups: frozenset[str] = frozenset()  # the push groups it is in
 
     def apply(self, writer: str, records: Iterable[tuple[int, int, Any]]) -> None:
         """Fold one entry's records into the streams (a start begins a stream's run again: RemoteStream.fold)."""
@@ -273,6 +277,7 @@ class RemoteSession:
     def to_session(self, settings: Settings, token: str, now: float) -> tuple[Session, dict[int, str]]:
         """A local :class:`Session` with these streams, and the running ones to follow (stream -> writer)."""
         session = Session(settings, now=now, session_id=self.session_id, secret=token.partition(".")[2])
+        session.groups = self.groups
         follow: dict[int, str] = {}
         for sid, st in self.streams.items():
             terminal = st.terminal
@@ -331,9 +336,15 @@ class SharedSessions:
         streams is known for `ttl` after its Welcome, long enough for a resume of a Request lost in a drop)."""
         session.start_journal()
         self._meta[session.session_id] = {"token": token_digest(session.resume_token),
-                                          "principal": principal_key(principal), "owner": process_id()}
+                                          "principal": principal_key(principal), "owner": process_id(),
+                                          "groups": "\n".join(sorted(session.groups))}
         if hold:
             self._held[session.session_id] = session
+        self.touch(session)
+
+    def groups_changed(self, session: Session) -> None:
+        """`session` joined or left a push group: a resume in another process puts it in the same ones."""
+        self._meta.setdefault(session.session_id, {})["groups"] = "\n".join(sorted(session.groups))
         self.touch(session)
 
     def touch(self, session: Session) -> None:
@@ -502,8 +513,10 @@ class SharedSessions:
         digest = meta.get(b"token", b"").decode()
         if not digest or not hmac.compare_digest(digest, token_digest(token)):
             return None
+        groups = meta.get(b"groups", b"").decode()
         remote = RemoteSession(session_id, digest, meta.get(b"principal", b"").decode(),
-                               meta.get(b"owner", b"").decode(), {}, entries[-1][0] if entries else b"0-0")
+                               meta.get(b"owner", b"").decode(), {}, entries[-1][0] if entries else b"0-0",
+                               frozenset(groups.split("\n")) if groups else frozenset())
         for _, fields in entries:
             remote.apply(fields[b"o"].decode(), unpack(fields[b"b"]))
         return remote

@@ -86,6 +86,9 @@ _SPECS = (
           "Failed operations on the shared session store (Redis: setting session_store), by operation (write, "
           "read, alive). While it fails, sessions go on in their own process without resume in another.",
           ("operation",)),
+    _Spec("pushes", "counter",
+          "Pushes (lowlat_mw.publish) that reached a connection of this process, by outcome: sent, or skipped "
+          "(the client speaks protocol v1.0, or the connection is closing).", ("outcome",)),
     _Spec("frames_received", "counter", "WebSocket messages received.", ("subprotocol",)),
     _Spec("received_bytes", "counter", "Bytes received in WebSocket messages.", ("subprotocol",)),
     _Spec("frames_sent", "counter", "WebSocket messages sent, by compression used.", ("subprotocol", "compression")),

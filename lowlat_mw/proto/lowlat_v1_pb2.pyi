@@ -44,7 +44,7 @@ DRAINING: ErrorCode
 UNKNOWN_MODEL: ErrorCode
 
 class Envelope(_message.Message):
-    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway", "ack")
+    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway", "ack", "subscribe", "subscribed", "push")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,9 @@ class Envelope(_message.Message):
     PONG_FIELD_NUMBER: _ClassVar[int]
     GOAWAY_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     welcome: Welcome
     request: Request
@@ -67,10 +70,13 @@ class Envelope(_message.Message):
     pong: Pong
     goaway: GoAway
     ack: Ack
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    subscribe: Subscribe
+    subscribed: Subscribed
+    push: Push
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., push: _Optional[_Union[Push, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window", "auth")
+    __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window", "auth", "revision")
     class LastSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -84,16 +90,18 @@ class Hello(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
     AUTH_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     client: str
     compression: _containers.RepeatedScalarFieldContainer[str]
     resume_token: str
     last_seq: _containers.ScalarMap[int, int]
     flow_window: int
     auth: str
-    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ..., auth: _Optional[str] = ...) -> None: ...
+    revision: int
+    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ..., auth: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window")
+    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window", "revision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +114,7 @@ class Welcome(_message.Message):
     RESUMED_FIELD_NUMBER: _ClassVar[int]
     RESUME_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_token: str
     compression: _containers.RepeatedScalarFieldContainer[str]
@@ -118,7 +127,8 @@ class Welcome(_message.Message):
     resumed: bool
     resume_window_ms: int
     flow_window: int
-    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ..., resume_window_ms: _Optional[int] = ..., flow_window: _Optional[int] = ...) -> None: ...
+    revision: int
+    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ..., resume_window_ms: _Optional[int] = ..., flow_window: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -229,6 +239,40 @@ class Ack(_message.Message):
     seq: int
     done: bool
     def __init__(self, stream_id: _Optional[int] = ..., seq: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class Subscribe(_message.Message):
+    __slots__ = ("id", "group", "leave")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    group: str
+    leave: bool
+    def __init__(self, id: _Optional[int] = ..., group: _Optional[str] = ..., leave: _Optional[bool] = ...) -> None: ...
+
+class Subscribed(_message.Message):
+    __slots__ = ("id", "group", "leave", "code", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    group: str
+    leave: bool
+    code: ErrorCode
+    message: str
+    def __init__(self, id: _Optional[int] = ..., group: _Optional[str] = ..., leave: _Optional[bool] = ..., code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Push(_message.Message):
+    __slots__ = ("topic", "text", "data")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    text: str
+    data: bytes
+    def __init__(self, topic: _Optional[str] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class GoAway(_message.Message):
     __slots__ = ("reason", "reconnect_after_ms")

@@ -97,10 +97,11 @@ class ClientProtocol(Protocol):
         if resume and self.can_resume:
             assert self.welcome is not None
             hello = ev.Hello(client=self.name, compression=self.offered, flow_window=self.flow_window, auth=self.auth,
-                             resume_token=self.welcome.resume_token,
+                             resume_token=self.welcome.resume_token, revision=ev.REVISION,
                              last_seq={sid: st.received_seq for sid, st in self.streams.items()})
         else:
-            hello = ev.Hello(client=self.name, compression=self.offered, flow_window=self.flow_window, auth=self.auth)
+            hello = ev.Hello(client=self.name, compression=self.offered, flow_window=self.flow_window, auth=self.auth,
+                             revision=ev.REVISION)
         return self._frame(hello)
 
     def connection_lost(self) -> None:
@@ -222,6 +223,22 @@ class ClientProtocol(Protocol):
     def _pong_arrived(self, size: int, now: float) -> list[Any]:
         pong = ev.Pong(id=self.heartbeat.awaiting)  # type: ignore[union-attr,arg-type]
         return [*super()._pong_arrived(size, now), pong]
+
+    def subscribe(self, sub_id: int, group: str, *, leave: bool = False) -> bytes | str:
+        """Join (or leave) push group `group`: the Subscribe message; its answer comes as an ev.Subscribed event.
+        A server of protocol v1.0 (Welcome without a revision) does not know it: check :attr:`pushes` first."""
+        return self._frame(ev.Subscribe(id=sub_id, group=group, leave=leave))
+
+    @property
+    def pushes(self) -> bool:
+        """Whether the server of this connection speaks protocol v1.1 (Subscribe, Push)."""
+        return self.welcome is not None and self.welcome.revision >= 1
+
+    def _on_push(self, push: ev.Push, now: float) -> list[Any]:
+        return [push]
+
+    def _on_subscribed(self, subscribed: ev.Subscribed, now: float) -> list[Any]:
+        return [subscribed]
 
     def _on_goaway(self, goaway: ev.GoAway, now: float) -> list[Any]:
         self.goaway = goaway

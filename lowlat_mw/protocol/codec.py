@@ -412,7 +412,7 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         h.client, h.resume_token = event.client, event.resume_token
         h.compression.extend(event.compression)
         h.last_seq.update(event.last_seq)
-        h.flow_window, h.auth = event.flow_window, event.auth
+        h.flow_window, h.auth, h.revision = event.flow_window, event.auth, event.revision
     elif isinstance(event, ev.Welcome):
         w = env.welcome
         w.session_id, w.resume_token, w.server, w.resumed = (
@@ -421,11 +421,22 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         w.max_frame_size, w.max_decompressed_size = event.max_frame_size, event.max_decompressed_size
         w.max_streams, w.heartbeat_interval_ms = event.max_streams, event.heartbeat_interval_ms
         w.idle_timeout_ms = event.idle_timeout_ms
-        w.resume_window_ms, w.flow_window = event.resume_window_ms, event.flow_window
+        w.resume_window_ms, w.flow_window, w.revision = event.resume_window_ms, event.flow_window, event.revision
     elif isinstance(event, ev.Ack):
         env.ack.stream_id, env.ack.seq, env.ack.done = event.stream_id, event.seq, event.done
     elif isinstance(event, ev.GoAway):
         env.goaway.reason, env.goaway.reconnect_after_ms = event.reason, event.reconnect_after_ms
+    elif isinstance(event, ev.Push):
+        env.push.topic = event.topic
+        if event.text is not None:
+            env.push.text = event.text
+        else:
+            env.push.data = event.data  # type: ignore[assignment]
+    elif isinstance(event, ev.Subscribe):
+        env.subscribe.id, env.subscribe.group, env.subscribe.leave = event.id, event.group, event.leave
+    elif isinstance(event, ev.Subscribed):
+        s = env.subscribed
+        s.id, s.group, s.leave, s.code, s.message = event.id, event.group, event.leave, int(event.code), event.message
     else:
         raise LocalProtocolError(f"not a protocol event: {event!r}")
     return env
@@ -462,11 +473,7 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                           timings_ms=dict(e.timings_ms), usage=dict(e.usage))
         if kind == "error":
             e = env.error
-            try:
-                code = ErrorCode(e.code)
-            except ValueError:
-                code = ErrorCode.UNSPECIFIED
-            return ev.Error(stream_id=e.stream_id, code=code, message=e.message, retryable=e.retryable)
+            return ev.Error(stream_id=e.stream_id, code=_error_code(e.code), message=e.message, retryable=e.retryable)
         if kind == "ping":
             return ev.Ping(id=env.ping.id)
         if kind == "pong":
@@ -477,7 +484,7 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
             h = env.hello
             return ev.Hello(client=h.client, compression=tuple(h.compression),
                             resume_token=h.resume_token, last_seq=dict(h.last_seq), flow_window=h.flow_window,
-                            auth=h.auth)
+                            auth=h.auth, revision=h.revision)
         if kind == "welcome":
             w = env.welcome
             return ev.Welcome(
@@ -485,13 +492,32 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 max_frame_size=w.max_frame_size, max_decompressed_size=w.max_decompressed_size,
                 max_streams=w.max_streams, heartbeat_interval_ms=w.heartbeat_interval_ms,
                 idle_timeout_ms=w.idle_timeout_ms, server=w.server, resumed=w.resumed,
-                resume_window_ms=w.resume_window_ms, flow_window=w.flow_window)
+                resume_window_ms=w.resume_window_ms, flow_window=w.flow_window, revision=w.revision)
         if kind == "goaway":
             return ev.GoAway(reason=env.goaway.reason, reconnect_after_ms=env.goaway.reconnect_after_ms)
+        if kind == "push":
+            p = env.push
+            which = p.WhichOneof("body")
+            if which is None:
+                raise _bad_request("Push without text or data")
+            return ev.Push(topic=p.topic, **{which: getattr(p, which)})
+        if kind == "subscribe":
+            return ev.Subscribe(id=env.subscribe.id, group=env.subscribe.group, leave=env.subscribe.leave)
+        if kind == "subscribed":
+            s = env.subscribed
+            return ev.Subscribed(id=s.id, group=s.group, leave=s.leave, code=_error_code(s.code), message=s.message)
     except LocalProtocolError as exc:  # event validation failed: the peer's fault
         sid = env.request.stream_id if kind == "request" else 0
         raise _bad_request(str(exc), sid) from None
     raise _unsupported(kind or "empty envelope")
+
+
+def _error_code(value: int) -> ErrorCode:
+    """An ErrorCode from the wire; an unknown number is UNSPECIFIED (protocol.md 2)."""
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return ErrorCode.UNSPECIFIED
 
 
 class ProtoCodec:
@@ -603,18 +629,31 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
         return {"type": "hello", "client": event.client, "compression": list(event.compression),
                 "resume_token": event.resume_token,
                 "last_seq": {str(k): v for k, v in event.last_seq.items()}, "flow_window": event.flow_window,
-                **({"auth": event.auth} if event.auth else {})}
+                **({"auth": event.auth} if event.auth else {}),
+                **({"revision": event.revision} if event.revision else {})}
     if isinstance(event, ev.Welcome):
         return {"type": "welcome", "session_id": event.session_id, "resume_token": event.resume_token,
                 "compression": list(event.compression), "max_frame_size": event.max_frame_size,
                 "max_decompressed_size": event.max_decompressed_size, "max_streams": event.max_streams,
                 "heartbeat_interval_ms": event.heartbeat_interval_ms,
                 "idle_timeout_ms": event.idle_timeout_ms, "server": event.server, "resumed": event.resumed,
-                "resume_window_ms": event.resume_window_ms, "flow_window": event.flow_window}
+                "resume_window_ms": event.resume_window_ms, "flow_window": event.flow_window,
+                **({"revision": event.revision} if event.revision else {})}
     if isinstance(event, ev.Ack):
         return {"type": "ack", "stream_id": event.stream_id, "seq": event.seq, "done": event.done}
     if isinstance(event, ev.GoAway):
         return {"type": "goaway", "reason": event.reason, "reconnect_after_ms": event.reconnect_after_ms}
+    if isinstance(event, ev.Push):
+        if event.text is not None:
+            return {"type": "push", "topic": event.topic, "text": event.text}
+        return {"type": "push", "topic": event.topic, "data": _b64(event.data)}  # type: ignore[arg-type]
+    if isinstance(event, ev.Subscribe):
+        return {"type": "subscribe", "id": event.id, "group": event.group, "leave": event.leave}
+    if isinstance(event, ev.Subscribed):
+        d = {"type": "subscribed", "id": event.id, "group": event.group, "leave": event.leave}
+        if event.code is not ErrorCode.UNSPECIFIED:
+            d["code"], d["message"] = event.code.wire_name, event.message
+        return d
     raise LocalProtocolError(f"not a protocol event: {event!r}")
 
 
@@ -723,7 +762,7 @@ def from_json_dict(obj: Any) -> ev.Event:
                 last_seq[int(k)] = v
             return ev.Hello(client=f.str("client"), compression=f.strs("compression"),
                             resume_token=f.str("resume_token"), last_seq=last_seq, flow_window=f.u32("flow_window"),
-                            auth=f.str("auth"))
+                            auth=f.str("auth"), revision=f.u32("revision"))
         if kind == "welcome":
             return ev.Welcome(
                 session_id=f.str("session_id"), resume_token=f.str("resume_token"),
@@ -731,11 +770,19 @@ def from_json_dict(obj: Any) -> ev.Event:
                 max_decompressed_size=f.u32("max_decompressed_size"), max_streams=f.u32("max_streams"),
                 heartbeat_interval_ms=f.u32("heartbeat_interval_ms"),
                 idle_timeout_ms=f.u32("idle_timeout_ms"), server=f.str("server"), resumed=f.bool("resumed"),
-                resume_window_ms=f.u32("resume_window_ms"), flow_window=f.u32("flow_window"))
+                resume_window_ms=f.u32("resume_window_ms"), flow_window=f.u32("flow_window"),
+                revision=f.u32("revision"))
         if kind == "ack":
             return ev.Ack(stream_id=f.u32("stream_id"), seq=f.u32("seq"), done=f.bool("done"))
         if kind == "goaway":
             return ev.GoAway(reason=f.str("reason"), reconnect_after_ms=f.u32("reconnect_after_ms"))
+        if kind == "push":
+            return ev.Push(topic=f.str("topic"), text=f.str("text", None), data=f.bytes("data"))
+        if kind == "subscribe":
+            return ev.Subscribe(id=f.u32("id"), group=f.str("group"), leave=f.bool("leave"))
+        if kind == "subscribed":
+            return ev.Subscribed(id=f.u32("id"), group=f.str("group"), leave=f.bool("leave"),
+                                 code=ErrorCode.from_wire_name(f.str("code")), message=f.str("message"))
     except LocalProtocolError as exc:
         raise _bad_request(str(exc), obj.get("stream_id", 0) if kind == "request" else 0) from None
     raise _unsupported(kind)

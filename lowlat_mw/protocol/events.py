@@ -24,9 +24,15 @@ __all__ = [
     "Hello",
     "Ping",
     "Pong",
+    "Push",
     "Request",
+    "Subscribe",
+    "Subscribed",
     "Welcome",
 ]
+
+REVISION = 1
+"""The protocol revision this code implements: 1 is v1.1 (Subscribe, Subscribed, Push); 0 is v1.0."""
 
 _U32 = 0xFFFFFFFF
 
@@ -47,6 +53,7 @@ class Hello:
     last_seq: Mapping[int, int] = field(default_factory=dict)
     flow_window: int = 0
     auth: str = field(default="", repr=False)
+    revision: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +72,7 @@ class Welcome:
     resumed: bool = False
     resume_window_ms: int = 0
     flow_window: int = 0
+    revision: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,4 +191,43 @@ class GoAway:
     reconnect_after_ms: int = 0
 
 
-Event = Hello | Welcome | Request | Delta | End | Error | Cancel | Ping | Pong | GoAway | Ack
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Subscribe:
+    """Client (v1.1): join the push group `group` (with `leave`: leave it); answered by Subscribed(`id`)."""
+
+    id: int = 0
+    group: str = ""
+    leave: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Subscribed:
+    """Server (v1.1): Subscribe `id` is done (`code` UNSPECIFIED) or refused (`code`, `message`)."""
+
+    id: int = 0
+    group: str = ""
+    leave: bool = False
+    code: ErrorCode = ErrorCode.UNSPECIFIED
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Push:
+    """Server (v1.1): a message published to `topic`; exactly one of text or data."""
+
+    topic: str
+    text: str | None = None
+    data: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.data is None):
+            raise LocalProtocolError("a Push carries exactly one of text, data")
+
+    @property
+    def body(self) -> str | bytes:
+        """The message, text or bytes."""
+        return self.text if self.text is not None else self.data  # type: ignore[return-value]
+
+
+Event = (Hello | Welcome | Request | Delta | End | Error | Cancel | Ping | Pong | GoAway | Ack | Subscribe | Subscribed
+         | Push)

@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any, get_args
 
 from ..errors import CloseCode, ErrorCode, RemoteProtocolError
@@ -36,6 +37,7 @@ __all__ = [
     "CloseConnection",
     "ConnState",
     "Measured",
+    "Membership",
     "ResumeSession",
     "SendFrame",
     "ServerProtocol",
@@ -78,7 +80,27 @@ class ResumeSession:
     last_seq: Mapping[int, int]
 
 
-Action = SendFrame | CloseConnection | Measured | StartStream | CancelStream | ResumeSession | Authenticate
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """The session joined (`joined`) or left push group `group`: pushes to it reach this connection, or no more."""
+
+    group: str
+    joined: bool
+
+
+Action = (SendFrame | CloseConnection | Measured | StartStream | CancelStream | ResumeSession | Authenticate
+          | Membership)
+
+MAX_GROUP_NAME = 200  # characters of a push group's name
+
+
+def group_problem(group: str) -> str | None:
+    """Why `group` cannot name a push group (None: it can)."""
+    if not group or len(group) > MAX_GROUP_NAME:
+        return f"a group name is 1 to {MAX_GROUP_NAME} characters"
+    if not group.isprintable():
+        return "a group name holds no control characters"
+    return None
 
 
 def negotiate_subprotocol(offered: list[str] | tuple[str, ...], settings: Settings) -> tuple[bool, str | None]:
@@ -267,6 +289,7 @@ class ServerProtocol(Protocol):
             resumed=resumed,
             resume_window_ms=round(s.resume_window * 1000),
             flow_window=window,
+            revision=ev.REVISION,
         )
         # Welcome itself is never compressed: the client learns the codecs from it.
         compressor, self.compressor = self.compressor, None
@@ -321,6 +344,39 @@ class ServerProtocol(Protocol):
 
     def _on_peer_error(self, error: ev.Error, now: float) -> list[Any]:
         return []  # the client reports a problem; nothing to answer
+
+    # ------------------------------------------------------------------ push (v1.1)
+    def _on_subscribe(self, sub: ev.Subscribe, now: float) -> list[Any]:
+        group, groups = sub.group, self.session.groups  # type: ignore[union-attr]
+        code, problem = ErrorCode.BAD_REQUEST, group_problem(group)
+        if problem is None and not sub.leave and group not in groups:
+            if not any(fnmatchcase(group, pattern) for pattern in self.settings.push_groups):
+                code, problem = ErrorCode.UNAUTHORIZED, f"group {group!r} is not one clients may join (push_groups)"
+            elif len(groups) >= self.settings.max_groups:
+                problem = f"a session is in at most {self.settings.max_groups} groups (max_groups)"
+        if problem is not None:
+            return [self._send(ev.Subscribed(id=sub.id, group=group, leave=sub.leave, code=code, message=problem))]
+        return [*self.join(group, not sub.leave), self._send(ev.Subscribed(id=sub.id, group=group, leave=sub.leave))]
+
+    def join(self, group: str, joined: bool = True) -> list[Any]:
+        """Put the session in push group `group` (`joined` false: take it out), for a client's Subscribe or the
+        server's own ``lowlat_mw.join``: a :class:`Membership` action if that changed anything."""
+        session = self.session
+        if session is None or (group in session.groups) == joined:
+            return []
+        session.groups = session.groups | {group} if joined else session.groups - {group}
+        self.deadline_moved = True  # in no group any more: the idle reaper's deadline is back
+        return [Membership(group, joined)]
+
+    def push(self, topic: str, body: str | bytes) -> SendFrame | None:
+        """The Push frame of `body`, published to `topic`; None when the connection is not open or the client
+        did not say it speaks v1.1 (its Hello's revision): a v1.0 client is never sent a kind it does not know."""
+        hello = self.hello
+        if self.state is not ConnState.OPEN or hello is None or hello.revision < 1:
+            return None
+        if type(body) is str:
+            return SendFrame(self._frame(ev.Push(topic=topic, text=body)))
+        return SendFrame(self._frame(ev.Push(topic=topic, data=body)))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ model output
     def send_chunk(self, stream_id: int, chunk: str | bytes, now: float) -> list[bytes | str]:
@@ -407,7 +463,7 @@ class ServerProtocol(Protocol):
         if session is None or not session.active:
             reaper = self.reaper
             idle = reaper.last_activity + reaper.timeout
-            if idle < when:
+            if idle < when and (session is None or not session.groups):  # (a session in push groups is listening)
                 when = idle
             lifetime = self.settings.max_session_lifetime
             if lifetime and self.opened_at + lifetime < when:
@@ -428,9 +484,11 @@ class ServerProtocol(Protocol):
         action = self.heartbeat.poll(now)
         if action is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
-        running = self.session.active if self.session is not None else 0
+        session = self.session
+        running = session.active if session is not None else 0
         reaper = self.reaper
-        if not running and now >= reaper.last_activity + reaper.timeout:  # (IdleReaper.expired, written out)
+        if (not running and now >= reaper.last_activity + reaper.timeout  # (IdleReaper.expired, written out)
+                and (session is None or not session.groups)):  # in push groups: listening, not idle
             return self._close(CloseCode.IDLE_TIMEOUT, "idle")
         lifetime = self.settings.max_session_lifetime
         if lifetime and not running and now >= self.opened_at + lifetime:

@@ -92,6 +92,7 @@ class Session:
         # are not recorded again.
         self.journal: list[Any] | None = None
         self.followed: set[int] | frozenset[int] = _NOTHING_FOLLOWED  # (a set of its own once there is one)
+        self.groups: frozenset[str] = frozenset()  # push groups the session is in (protocol v1.1; replaced on change)
 
     # ------------------------------------------------------------------ identity
 

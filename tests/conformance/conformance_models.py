@@ -176,3 +176,17 @@ def principal(req):
 
 
 MODELS.update({"principal": principal})
+
+
+# ---------------------------------------------------------------- server push (protocol v1.1)
+# For test_conformance_push.py: a model publishes, as a view or a worker of the app would.
+
+
+async def announce(req):
+    """Publishes the prompt to ``params["target"]`` (this process's store); returns how many connections it reached."""
+    import lowlat_mw
+
+    return str(await lowlat_mw.apublish(req.params["target"], req.prompt))
+
+
+MODELS.update({"announce": announce})

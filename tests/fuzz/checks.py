@@ -27,6 +27,7 @@ from lowlat_mw.protocol.server import (
     CloseConnection,
     ConnState,
     Measured,
+    Membership,
     ResumeSession,
     SendFrame,
     ServerProtocol,
@@ -38,7 +39,7 @@ from lowlat_mw.testing import ConnectionPair
 LIMIT = 64 * 1024
 ALL_CODECS = tuple(available_codecs())
 EVENT_TYPES = (ev.Hello, ev.Welcome, ev.Request, ev.Delta, ev.End, ev.Error, ev.Cancel, ev.Ping, ev.Pong,
-               ev.GoAway, ev.Ack)
+               ev.GoAway, ev.Ack, ev.Subscribe, ev.Subscribed, ev.Push)
 PROTO, JSON = ProtoCodec(), JsonCodec()
 
 # (error code, close code) pairs docs/protocol.md documents for a frame the server cannot take.
@@ -109,7 +110,8 @@ def check_frame(codec: ProtoCodec | JsonCodec, frame: bytes | str, *, limit: int
 # ================================================================================ ServerProtocol
 FUZZ_SETTINGS = Settings(max_frame_size=LIMIT, max_decompressed_size=LIMIT, max_streams=4, rate_limit=50,
                          rate_burst=5, max_request_size=4096, max_session_lifetime=30)
-_ACTIONS = (SendFrame, CloseConnection, StartStream, CancelStream, Measured, bytes, str)  # str/bytes: a Delta's frame
+_ACTIONS = (SendFrame, CloseConnection, StartStream, CancelStream, Measured, Membership,
+            bytes, str)  # str/bytes: a Delta's frame
 
 
 def open_connection(subprotocol: str, now: float = 1000.0) -> ServerProtocol:
@@ -143,8 +145,8 @@ def _check_actions(conn: ServerProtocol, actions: Sequence[Any], was_closed: boo
             else:
                 _require(codec.binary, "binary frame on the JSON subprotocol")
             out = codec.decode(data, limit=2**31, allowed=conn.compression)
-            _require(isinstance(out, ev.Welcome | ev.Delta | ev.End | ev.Error | ev.Ping | ev.Pong | ev.GoAway),
-                     f"server sent {out!r}")
+            _require(isinstance(out, ev.Welcome | ev.Delta | ev.End | ev.Error | ev.Ping | ev.Pong | ev.GoAway
+                                | ev.Subscribed | ev.Push), f"server sent {out!r}")
         if isinstance(action, StartStream):  # what the model gets is valid Unicode text
             _require(_is_unicode(JSON.encode(action.request)), f"model input is not valid Unicode: {action!r}")
         if isinstance(action, CloseConnection):

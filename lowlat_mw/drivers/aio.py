@@ -267,9 +267,11 @@ class ModelRunner:
                     terminal = item
                     break
                 await self._emit(sid, item, None)  # (the client's flow window applies here)
-        except asyncio.CancelledError:  # a Cancel from the client (the other process's model runs on)
+        except asyncio.CancelledError:  # a Cancel from the client: the other process stops its model too
             if self.destroyed:
                 raise
+            if self.shared is not None:
+                self.shared.cancel_elsewhere(self.session.session_id, sid)
         except Exception:  # a bug of ours: the stream ends with an Error, as a failing model's
             log.exception("relaying stream %s of %s failed", sid, self.session.session_id,
                           extra={"session_id": self.session.session_id, "stream_id": sid})
@@ -962,6 +964,7 @@ class ConnectionDriver:
                 continue
             if st.cancelling:
                 session.finish(sid, now, reason="cancelled")
+                shared.cancel_elsewhere(session.session_id, sid)
                 continue
             runner.follow(sid, shared.follow(session.session_id, sid, last_id, st.seq, writer))
 

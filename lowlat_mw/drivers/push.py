@@ -43,7 +43,7 @@ TIMEOUT = 5.0  # seconds for a Redis connection or command
 RETRY_AFTER = 1.0  # seconds between a listener's attempts while Redis is unreachable
 TARGET_KINDS = ("session", "user", "group")
 
-_TEXT, _DATA, _JOIN, _LEAVE = range(4)  # what a message on the channel carries
+_TEXT, _DATA, _JOIN, _LEAVE, _CANCEL = range(5)  # what a message on the channel carries
 _HEAD = struct.Struct(">BH")  # kind, target length (then the target, then the body)
 
 
@@ -87,6 +87,12 @@ def principal_name(principal: object) -> str | None:
 def _message(kind: int, target: str, body: bytes) -> bytes:
     encoded = target.encode()
     return _HEAD.pack(kind, len(encoded)) + encoded + body
+
+
+def cancel_message(session_id: str, stream_id: int) -> bytes:
+    """What the channel carries to stop stream `stream_id` of `session_id` in the process running its model (its
+    client cancelled it while another process relayed it: drivers.shared)."""
+    return _message(_CANCEL, f"session:{session_id}", stream_id.to_bytes(4, "big"))
 
 
 def _body(data: str | bytes) -> tuple[int, bytes]:
@@ -166,6 +172,8 @@ class PushHub:
             body = message[_HEAD.size + size:]
         except (struct.error, UnicodeDecodeError):
             return 0
+        if kind == _CANCEL:
+            return self._cancel(target.partition(":")[2], int.from_bytes(body, "big"))
         drivers = self.members(target)
         if not drivers:
             return 0
@@ -199,6 +207,24 @@ class PushHub:
             except RuntimeError:  # its loop is closed: the connection is gone
                 pass
         return reached
+
+    @staticmethod
+    def _cancel(session_id: str, stream_id: int) -> int:
+        """A client cancelled, in another process, a stream it followed from here: stop the model (each endpoint
+        holding the session's runner; on the runner's loop). How many it stopped."""
+        from ..endpoint import Endpoint, _snapshot
+
+        stopped = 0
+        for endpoint in _snapshot(Endpoint.instances):
+            runner = endpoint.store.get(session_id)
+            task = runner.tasks.get(stream_id) if runner is not None else None
+            if task is not None and stream_id not in runner.session.followed:  # (its own model, not a relay)
+                try:
+                    task.get_loop().call_soon_threadsafe(runner.cancel, stream_id)
+                    stopped += 1
+                except RuntimeError:  # its loop is closed
+                    pass
+        return stopped
 
     # ------------------------------------------------------------------ Redis
     def listen(self, url: str) -> threading.Event:

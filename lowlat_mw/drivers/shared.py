@@ -318,6 +318,7 @@ class SharedSessions:
         """The store failed and has not answered since (logged once per outage)."""
         self._retry_at = 0.0
         self._alive: asyncio.Task[None] | None = None
+        self._cancels: set[asyncio.Task[None]] = set()  # (referenced until done)
 
     @classmethod
     def for_loop(cls, url: str, settings: Settings, metrics: Any = None) -> SharedSessions:
@@ -460,6 +461,21 @@ class SharedSessions:
             del self._held[sid]
             self._meta.setdefault(sid, {})["owner"] = ""
             self.touch(session)
+
+    def cancel_elsewhere(self, session_id: str, stream_id: int) -> None:
+        """The client cancelled a stream this process relays from another: tell that process to stop its model
+        (on the push channel, which every serving process reads), in a task of its own."""
+        from .push import CHANNEL, cancel_message
+
+        async def send() -> None:
+            try:
+                await self.redis.publish(CHANNEL, cancel_message(session_id, stream_id))
+            except Exception as exc:  # the model runs on to its end there, as before the store knew of cancels
+                self._failed("write", exc)
+
+        task = self.loop.create_task(send())
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     async def flushed(self, timeout: float = TIMEOUT) -> None:
         """Wait (up to `timeout`) until everything journaled so far has been written (or failed): a draining

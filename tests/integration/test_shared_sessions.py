@@ -35,12 +35,16 @@ import lowlat_mw
 
 
 async def count(req):
-    """TOKENS numbered tokens, `gap` seconds apart."""
+    """TOKENS numbered tokens, `gap` seconds apart; with `mark`, that file is written when it stops."""
     gap = float(req.params.get("gap", 0.004))
     pad = "." * int(req.params.get("pad", 0))
-    for i in range(int(req.params.get("n", 500))):
-        yield f"{i}{pad} "
-        await asyncio.sleep(gap)
+    try:
+        for i in range(int(req.params.get("n", 500))):
+            yield f"{i}{pad} "
+            await asyncio.sleep(gap)
+    finally:
+        if req.params.get("mark"):
+            open(req.params["mark"], "w").close()
 
 
 async def announce(req):
@@ -95,6 +99,7 @@ class Servers:
     def __init__(self, tmp_path: Path, redis_url: str, kinds: tuple[str, str] = ("serve", "serve"),
                  settings: dict[str, str] | None = None) -> None:
         self.redis_url = redis_url
+        self.tmp_path = tmp_path
         (tmp_path / "counting.py").write_text(MODEL)
         env = server_env(tmp_path, redis_url, **(settings or {}))
         self.procs: list[LoggedProcess] = []
@@ -284,11 +289,12 @@ async def test_a_followed_stream_outlives_the_resume_window_of_the_process_runni
         servers.close()
 
 
-async def test_a_cancelled_followed_stream_ends_at_once(servers: Servers) -> None:
+async def test_a_cancelled_followed_stream_ends_at_once_and_stops_the_model_on_a(servers: Servers) -> None:
     received: list[str] = []
+    stopped = servers.tmp_path / "stopped-on-a"
     async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
                                                backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
-        stream = client.stream("count", params={"n": TOKENS, "gap": 0.01})
+        stream = client.stream("count", params={"n": 100 * TOKENS, "gap": 0.01, "mark": str(stopped)})  # ~8 min
         await _read(stream, received, until=20)
         servers.to_b()
         await _read(stream, received, until=40)  # (relayed by B now)
@@ -296,6 +302,8 @@ async def test_a_cancelled_followed_stream_ends_at_once(servers: Servers) -> Non
         await _read(stream, received)  # ends quietly, long before A's model would
         assert 40 <= len(received) < TOKENS and received == EXPECTED[:len(received)]
         assert await client.complete("after", params={"n": 3, "gap": 0}) == "0 1 2 "
+        while not stopped.exists():  # B told A (the push channel): A's model stops, minutes before its end
+            await asyncio.sleep(0.02)
 
 
 async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_once_it_is_back(

@@ -47,7 +47,10 @@ console.log(JSON.stringify(out));
 """
 
 TYPED_PROGRAM = """
-import { Backoff, connect, LowLatClient, StreamError, type End, type Stream, type Welcome } from "lowlat-mw";
+import {
+  Backoff, connect, LowLatClient, PROTOCOL_REVISION, StreamError, type End, type Push, type PushIterator, type Stream,
+  type Welcome,
+} from "lowlat-mw";
 
 export async function main(url: string): Promise<string> {
   const client: LowLatClient = await connect(url, { mode: "proto", backoff: { retries: 2 }, auth: "token" });
@@ -62,19 +65,40 @@ export async function main(url: string): Promise<string> {
   const off = client.on("statechange", (detail) => console.log(detail.state, detail.previous));
   off();
   const wait: number = new Backoff({ base: 0.5 }).delay(1);
+  // push (protocol v1.1)
+  const revision: number = (welcome?.revision ?? 0) + PROTOCOL_REVISION;
+  const listening = new AbortController();
+  const pushes: PushIterator = client.pushes({ signal: listening.signal });
+  const offPush = client.on("push", (push: Push) => {
+    const body: string | Uint8Array = push.text !== undefined ? push.text : push.data;
+    console.log(push.topic, body.length);
+  });
+  await client.subscribe("news", 5000);
+  const joined: boolean = client.groups.has("news");
+  for await (const push of pushes) {
+    if (push.data !== undefined) console.log(push.data.byteLength);
+    break;
+  }
+  listening.abort();
+  await client.unsubscribe("news");
+  offPush();
   try {
     await client.complete("y");
   } catch (err) {
     if (err instanceof StreamError) console.log(err.code, err.retryable);
   }
   client.close(1000);
-  return `${text}${end.usage["deltas"]}${rtt}${wait}${welcome?.session_id}`;
+  return `${text}${end.usage["deltas"]}${rtt}${wait}${welcome?.session_id}${revision}${joined}${pushes.dropped}`;
 }
 
 // @ts-expect-error: mode is "json" or "proto"
 new LowLatClient("ws://127.0.0.1/ws", { mode: "xml" });
 // @ts-expect-error: stream() wants a prompt
 new LowLatClient().stream(42);
+// @ts-expect-error: a push group is named by a string
+void new LowLatClient().subscribe(["news"]);
+// @ts-expect-error: the client's groups change through subscribe() and unsubscribe()
+new LowLatClient().groups.add("news");
 """
 
 

@@ -4,6 +4,8 @@
 export declare const VERSION: string;
 export declare const SUBPROTOCOL_JSON: "lowlat.v1.json";
 export declare const SUBPROTOCOL_PROTO: "lowlat.v1.proto";
+/** The protocol revision the client implements (its Hello's `revision`): 1 is v1.1, with push. */
+export declare const PROTOCOL_REVISION: 1;
 /** What each close code means (docs/protocol.md section 12). */
 export declare const CLOSE_CODES: Readonly<Record<number, string>>;
 /** 4101-4199 are aliases of 1001-1099: the canonical code. */
@@ -88,6 +90,8 @@ export interface Welcome extends Message {
   resumed: boolean;
   resume_window_ms: number;
   flow_window: number;
+  /** The protocol revision the server implements: 0 is v1.0 (no push), 1 is v1.1. */
+  revision: number;
 }
 export interface Delta extends Message {
   type: "delta";
@@ -112,6 +116,24 @@ export interface ServerError extends Message {
   retryable: boolean;
 }
 export interface GoAway extends Message { type: "goaway"; reason: string; reconnect_after_ms: number }
+/** The answer to a Subscribe (v1.1): `code` "unspecified" when done, else why it was refused. */
+export interface Subscribed extends Message {
+  type: "subscribed";
+  id: number;
+  group: string;
+  leave: boolean;
+  code: ErrorCodeName;
+  message: string;
+}
+interface PushMessage extends Message {
+  type: "push";
+  /** Where it was published: "session:<id>", "user:<name>" or "group:<name>". */
+  topic: string;
+}
+/** A message the server published (v1.1): exactly one of `text` and `data` (`push.text !== undefined` tells which). */
+export type Push =
+  | (PushMessage & { text: string; data?: undefined })
+  | (PushMessage & { data: Uint8Array; text?: undefined });
 
 /** Encodes and decodes frames; the built-in ones are `jsonCodec` and `protoCodec`. */
 export interface Codec {
@@ -174,6 +196,20 @@ export declare class Stream implements AsyncIterableIterator<Chunk> {
   text(): Promise<string>;
 }
 
+/** The server's pushes as they arrive (`client.pushes()`); ends when left, aborted or the client is closed. */
+export declare class PushIterator implements AsyncIterableIterator<Push> {
+  readonly client: LowLatClient;
+  /** Pushes held unread at most (the client's `maxPushes`). */
+  readonly max: number;
+  /** Pushes dropped because `max` were waiting unread. */
+  dropped: number;
+  readonly finished: boolean;
+  next(): Promise<IteratorResult<Push, undefined>>;
+  /** Stop listening. */
+  return(): Promise<IteratorResult<Push, undefined>>;
+  [Symbol.asyncIterator](): AsyncIterableIterator<Push>;
+}
+
 export type ConnectionState = "idle" | "connecting" | "connected" | "reconnecting" | "closed";
 
 export interface ClientOptions {
@@ -190,6 +226,8 @@ export interface ClientOptions {
   heartbeatTimeout?: number;
   heartbeatInterval?: number | null;
   keepAlive?: boolean;
+  /** Pushes a `pushes()` iterator holds unread before it drops the oldest. Default 1000. */
+  maxPushes?: number;
   /** Hello.auth, for the server's authenticate hook. */
   auth?: string;
   clientName?: string;
@@ -204,6 +242,8 @@ export interface ClientEvents {
   message: { msg: Message; bytes: number };
   servererror: ServerError;
   goaway: GoAway;
+  /** A push to this client's session, user or one of its groups (v1.1). */
+  push: Push;
 }
 
 /** One WebSocket to a lowlat-mw server, many streams on it; reconnects with backoff and resumes. */
@@ -227,6 +267,9 @@ export declare class LowLatClient extends EventTarget {
   rtt: number | null;
   stats: { framesIn: number; framesOut: number; bytesIn: number; bytesOut: number; wireIn: number; wireOut: number };
   readonly streams: Map<number, Stream>;
+  /** The push groups joined (joined again when the client reconnects to a new session). */
+  readonly groups: ReadonlySet<string>;
+  maxPushes: number;
   readonly connected: boolean;
   /** Connect now (with the backoff's retries); resolves with the Welcome. */
   connect(): Promise<Welcome>;
@@ -235,6 +278,12 @@ export declare class LowLatClient extends EventTarget {
   /** Round trip of a protocol Ping, in milliseconds. */
   ping(timeout?: number): Promise<number>;
   close(code?: number, reason?: string): void;
+  /** Join push group `group` (v1.1); rejects with a StreamError if the server refuses. `timeout` in ms. */
+  subscribe(group: string, timeout?: number): Promise<void>;
+  /** Leave push group `group`. */
+  unsubscribe(group: string, timeout?: number): Promise<void>;
+  /** The pushes from now on; `signal` ends the iterator when aborted. */
+  pushes(options?: { signal?: AbortSignal }): PushIterator;
   /** Subscribe to an event; returns the unsubscribe function. */
   on<K extends keyof ClientEvents>(type: K, fn: (detail: ClientEvents[K]) => void): () => void;
 }

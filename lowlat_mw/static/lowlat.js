@@ -10,11 +10,14 @@
 // streams, answers to the server's Pings and Pings of its own when the link is quiet, reconnects
 // with exponential backoff and full jitter, resumes open streams after a drop (Hello with
 // resume_token and last_seq, Acks as the application consumes) and reports close codes and
-// server errors as Error subclasses.
+// server errors as Error subclasses. It speaks protocol revision 1 (v1.1): push groups
+// (`await client.subscribe("news")`) and the server's pushes (the "push" event, `client.pushes()`).
 
 export const VERSION = "0.1.0";
 export const SUBPROTOCOL_JSON = "lowlat.v1.json";
 export const SUBPROTOCOL_PROTO = "lowlat.v1.proto";
+/** The protocol revision this client implements (Hello.revision): 1 is v1.1 (Subscribe, Subscribed, Push). */
+export const PROTOCOL_REVISION = 1;
 const CLIENT_NAME = `lowlat-mw-js/${VERSION}`;
 
 // ----------------------------------------------------------------------------- close codes
@@ -177,7 +180,9 @@ export const jsonCodec = Object.freeze({
     if (msg === null || typeof msg !== "object" || typeof msg.type !== "string") {
       throw new LowLatError("frame is not a protocol message");
     }
-    if (msg.type === "delta" && typeof msg.data === "string") msg.data = fromBase64(msg.data);
+    if ((msg.type === "delta" || msg.type === "push") && typeof msg.data === "string") msg.data = fromBase64(msg.data);
+    else if (msg.type === "welcome") msg.revision ??= 0; // (omitted by a v1.0 server, and when 0)
+    else if (msg.type === "subscribed") { msg.code ??= "unspecified"; msg.message ??= ""; } // (only when refused)
     return msg;
   },
 });
@@ -237,7 +242,7 @@ const ENCODERS = {
     for (const [sid, seq] of Object.entries(m.last_seq || {})) {
       w.msg(4, (e) => { e.tag(1, 0).varint(Number(sid)); e.tag(2, 0).varint(seq); });
     }
-    w.uint(5, m.flow_window).str(6, m.auth);
+    w.uint(5, m.flow_window).str(6, m.auth).uint(7, m.revision);
   }],
   request: [3, (w, m) => {
     w.uint(1, m.stream_id).str(2, m.model);
@@ -252,6 +257,7 @@ const ENCODERS = {
   ping: [8, (w, m) => w.uint(1, m.id)],
   pong: [9, (w, m) => w.uint(1, m.id)],
   ack: [11, (w, m) => w.uint(1, m.stream_id).uint(2, m.seq).bool(3, m.done)],
+  subscribe: [12, (w, m) => w.uint(1, m.id).str(2, m.group).bool(3, m.leave)],
   error: [6, (w, m) => w.uint(1, m.stream_id).uint(2, Math.max(0, ERROR_CODES.indexOf(m.code)))
     .str(3, m.message).bool(4, m.retryable)],
 };
@@ -312,7 +318,7 @@ const DECODERS = {
   2: ["welcome", (m, f, wire, v) => {
     const names = [null, "session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size",
       "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms",
-      "flow_window"];
+      "flow_window", "revision"];
     const name = names[f];
     if (!name) return;
     if (f === 3) m.compression.push(str(v));
@@ -320,7 +326,7 @@ const DECODERS = {
     else m[name] = wire === 2 ? str(v) : v;
   }, () => ({ session_id: "", resume_token: "", compression: [], max_frame_size: 0, max_decompressed_size: 0,
     max_streams: 0, heartbeat_interval_ms: 0, idle_timeout_ms: 0, server: "", resumed: false,
-    resume_window_ms: 0, flow_window: 0 })],
+    resume_window_ms: 0, flow_window: 0, revision: 0 })],
   4: ["delta", (m, f, wire, v) => {
     if (f === 1) m.stream_id = v;
     else if (f === 2) m.seq = v;
@@ -351,6 +357,18 @@ const DECODERS = {
     if (f === 1) m.reason = str(v);
     else if (f === 2) m.reconnect_after_ms = v;
   }, () => ({ reason: "", reconnect_after_ms: 0 })],
+  13: ["subscribed", (m, f, wire, v) => {
+    if (f === 1) m.id = v;
+    else if (f === 2) m.group = str(v);
+    else if (f === 3) m.leave = Boolean(v);
+    else if (f === 4) m.code = ERROR_CODES[v] || "unspecified";
+    else if (f === 5) m.message = str(v);
+  }, () => ({ id: 0, group: "", leave: false, code: "unspecified", message: "" })],
+  14: ["push", (m, f, wire, v) => {
+    if (f === 1) m.topic = str(v);
+    else if (f === 2) { m.text = str(v); delete m.data; } // (a oneof: the last one given wins)
+    else if (f === 3) { m.data = v.slice(); delete m.text; }
+  }, () => ({ topic: "" })],
 };
 
 /** Binary frames (`lowlat.v1.proto`): header byte 0x10 + a Protobuf Envelope, never compressed. */
@@ -518,6 +536,81 @@ export class Stream {
   }
 }
 
+// ----------------------------------------------------------------------------- pushes
+/**
+ * The server's pushes as they arrive, from `client.pushes()`: `for await (const push of client.pushes())`,
+ * each a Push message `{type: "push", topic, text}` or `{type: "push", topic, data}` (a Uint8Array).
+ * It holds at most `maxPushes` unread (past that the oldest is dropped and `dropped` counts it); it ends
+ * when you leave the loop, when the `signal` given aborts or when the client is closed, and throws what
+ * ended the connection (ConnectionClosedError: a final close code, or a drop after which nothing
+ * reconnects; ReconnectFailedError) once the pushes that came before it are read.
+ */
+export class PushIterator {
+  constructor(client, max, signal) {
+    this.client = client;
+    this.max = max;
+    this.dropped = 0; // pushes dropped because `max` were waiting unread
+    this._buffer = [];
+    this._waiters = [];
+    this._end = null; // {error} once over
+    if (signal) {
+      if (signal.aborted) this.return();
+      else signal.addEventListener("abort", () => this.return(), { once: true });
+    }
+  }
+
+  /** Whether it is over (no push will be added). */
+  get finished() {
+    return this._end !== null;
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+
+  async next() {
+    for (;;) {
+      if (this._buffer.length) return { value: this._buffer.shift(), done: false };
+      if (this._end) {
+        const error = this._end.error;
+        this._end.error = null; // thrown once; then done
+        if (error) throw error;
+        return { value: undefined, done: true };
+      }
+      await new Promise((resolve) => { this._waiters.push(resolve); });
+    }
+  }
+
+  /** Stop listening (what a for-await loop left early calls). */
+  async return() {
+    this._finish(null);
+    this._buffer.length = 0;
+    return { value: undefined, done: true };
+  }
+
+  _put(push) {
+    if (this._end) return;
+    if (this._buffer.length >= this.max) {
+      this._buffer.shift();
+      this.dropped++;
+    }
+    this._buffer.push(push);
+    this._wake();
+  }
+
+  _finish(error) {
+    if (this._end) return;
+    this._end = { error };
+    this.client._pushIterators.delete(this);
+    this._wake();
+  }
+
+  _wake() {
+    const waiters = this._waiters.splice(0);
+    for (const w of waiters) w();
+  }
+}
+
 // ----------------------------------------------------------------------------- client
 function defaultUrl(path = "/ws") {
   if (typeof location === "undefined") throw new LowLatError("give the client a URL (no page location here)");
@@ -548,6 +641,7 @@ function wsHeaderSize(payload, masked) {
  * - "welcome": detail = the server's Welcome
  * - "goaway": detail = the GoAway message;  "servererror": detail = an Error on stream 0
  * - "message" / "send": detail {msg, bytes} for every frame received / sent (for inspection)
+ * - "push": detail = a Push the server published to this client's session, user or one of its groups
  *
  * States: "idle" (no connection; the next request opens one), "connecting", "connected",
  * "reconnecting" (after a drop, with backoff; streams are kept and resumed), "closed" (final: you
@@ -569,6 +663,7 @@ export class LowLatClient extends EventTarget {
     this.heartbeatTimeout = options.heartbeatTimeout ?? 10000;
     this.heartbeatInterval = options.heartbeatInterval ?? null; // ms; default: Welcome.heartbeat_interval_ms
     this.keepAlive = Boolean(options.keepAlive);
+    this.maxPushes = options.maxPushes ?? 1000;
     this.auth = options.auth || "";
     this.clientName = options.clientName || CLIENT_NAME;
     this.WebSocket = options.WebSocket || globalThis.WebSocket;
@@ -585,6 +680,10 @@ export class LowLatClient extends EventTarget {
     this.rtt = null; // ms, from the last Pong
     this.stats = { framesIn: 0, framesOut: 0, bytesIn: 0, bytesOut: 0, wireIn: 0, wireOut: 0 };
     this.streams = new Map(); // sent and not finished: listed in a resume
+    this.groups = new Set(); // push groups joined: joined again on a connection to a new session
+    this._subscribing = new Map(); // Subscribe id -> {resolve, reject, timer}, until its Subscribed
+    this._subIds = 1;
+    this._pushIterators = new Set();
     this._queue = []; // streams waiting for a connection
     this._ids = 1;
     this._pingIds = 2 ** 31;
@@ -690,7 +789,73 @@ export class LowLatClient extends EventTarget {
       try { ws.close(code, reason); } catch { /* already closing */ }
     }
     this._failAll(new ConnectionClosedError(code, reason || "closed by the client"));
+    this._rejectSubscribes(new ConnectionClosedError(code, reason || "closed by the client"));
+    this._endPushes(null);
     this._setState("closed", { code, reason });
+  }
+
+  // --------------------------------------------------------------------------- push (protocol v1.1)
+  /**
+   * Join push group `group`: once this resolves, what the server publishes to `group:<name>` arrives as
+   * "push" events and in `pushes()`. The client joins its groups again whenever it reconnects to a new
+   * session, and reconnects on its own after a drop while it is in a group. Rejects with a StreamError if
+   * the server refuses (`unauthorized`: not in its push_groups; `bad_request`), with a LowLatError if the
+   * server speaks protocol v1.0 or no answer came within `timeout` ms, with a ConnectionClosedError if the
+   * connection closed first.
+   */
+  async subscribe(group, timeout = 10000) {
+    await this._membership(group, false, timeout);
+    this.groups.add(group);
+  }
+
+  /** Leave push group `group` (nothing to do on a closed client). */
+  async unsubscribe(group, timeout = 10000) {
+    this.groups.delete(group);
+    if (this._userClosed || this.finalError) return;
+    await this._membership(group, true, timeout);
+  }
+
+  /** The pushes from now on, as an async iterator (a PushIterator); `signal` (an AbortSignal) ends it. */
+  pushes({ signal } = {}) {
+    const it = new PushIterator(this, Math.max(1, this.maxPushes), signal);
+    if (this._userClosed) it._finish(null);
+    else if (this.finalError) it._finish(this.finalError);
+    else if (!it.finished) this._pushIterators.add(it);
+    return it;
+  }
+
+  async _membership(group, leave, timeout) {
+    if (typeof group !== "string") throw new TypeError("a push group's name is a string");
+    if (!this.connected) await this.connect();
+    if (!(this.welcome.revision >= 1)) {
+      throw new LowLatError(`the server at ${this.url} speaks protocol v1.0: it has no push groups`);
+    }
+    const id = this._subIds++ >>> 0;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this._subscribing.delete(id);
+        reject(new LowLatError(`no answer to Subscribe ${JSON.stringify(group)} within ${timeout} ms`));
+      }, timeout);
+      this._subscribing.set(id, { resolve, reject, timer });
+      if (!this._send({ type: "subscribe", id, group, leave })) {
+        this._subscribing.delete(id);
+        clearTimeout(timer);
+        reject(new ConnectionClosedError(this.lastClose ? this.lastClose.code : null, "not connected"));
+      }
+    });
+  }
+
+  _rejectSubscribes(error) {
+    const pending = [...this._subscribing.values()];
+    this._subscribing.clear();
+    for (const p of pending) {
+      clearTimeout(p.timer);
+      p.reject(error);
+    }
+  }
+
+  _endPushes(error) {
+    for (const it of [...this._pushIterators]) it._finish(error);
   }
 
   // --------------------------------------------------------------------------- connecting
@@ -745,6 +910,7 @@ export class LowLatClient extends EventTarget {
             : new ConnectionClosedError(1008, exc.message, { cause: exc });
         }
         this._failAll(final ? this.finalError : exc);
+        this._endPushes(final ? this.finalError : exc);
         this._setState(final ? "closed" : "idle", { error: exc });
       }
       throw exc;
@@ -782,7 +948,7 @@ export class LowLatClient extends EventTarget {
           return;
         }
         const hello = { type: "hello", client: this.clientName, compression: [], flow_window: this.flowWindow,
-          auth: this.auth, resume_token: "", last_seq: {} };
+          auth: this.auth, resume_token: "", last_seq: {}, revision: PROTOCOL_REVISION };
         if (resume) {
           hello.resume_token = this.welcome.resume_token;
           for (const [sid, s] of this.streams) hello.last_seq[sid] = s.receivedSeq;
@@ -836,6 +1002,12 @@ export class LowLatClient extends EventTarget {
     this._heartbeatTimer = setInterval(() => this._heartbeat(ws, interval), every);
     this._emit("welcome", welcome);
     this._setState("connected", { resumed: this.resumed, resume: Boolean(resume && hadToken) });
+    if (this.groups.size && !welcome.resumed && welcome.revision >= 1 && this._ws === ws) {
+      // A new session is in no group yet: join the client's groups again (their answers are not awaited).
+      for (const group of [...this.groups].sort()) {
+        this._send({ type: "subscribe", id: this._subIds++ >>> 0, group, leave: false });
+      }
+    }
   }
 
   _detach() {
@@ -970,6 +1142,20 @@ export class LowLatClient extends EventTarget {
         this.goaway = msg;
         this._emit("goaway", msg);
         return;
+      case "push":
+        if (typeof msg.text !== "string" && !(msg.data instanceof Uint8Array)) return; // (neither: malformed)
+        for (const it of this._pushIterators) it._put(msg);
+        this._emit("push", msg);
+        return;
+      case "subscribed": {
+        const p = this._subscribing.get(msg.id);
+        if (!p) return; // (a group joined again after a reconnect: not awaited)
+        this._subscribing.delete(msg.id);
+        clearTimeout(p.timer);
+        if (msg.code && msg.code !== "unspecified") p.reject(new StreamError({ code: msg.code, message: msg.message }));
+        else p.resolve();
+        return;
+      }
       default:
         return; // unknown kinds are ignored (forward compatible)
     }
@@ -983,10 +1169,12 @@ export class LowLatClient extends EventTarget {
       if (p.timer) clearTimeout(p.timer);
       this._pings.delete(id);
     }
+    this._rejectSubscribes(new ConnectionClosedError(code, reason || "closed before the Subscribe was answered"));
     if (this._userClosed) return;
     if (!closeCodeReconnects(code)) {
       this.finalError = new ConnectionClosedError(code, reason);
       this._failAll(this.finalError);
+      this._endPushes(this.finalError);
       this._setState("closed", { code, reason });
       return;
     }
@@ -999,7 +1187,11 @@ export class LowLatClient extends EventTarget {
         s._finish(null, new ConnectionClosedError(code, reason || "connection lost during the stream"));
       }
     }
-    const eager = canResume || this._queue.length > 0 || (this.keepAlive && canonicalCloseCode(code) !== 4000);
+    // In push groups: reconnect too, to go on listening (a new session joins the groups again).
+    const listening = this.resumeEnabled && this.groups.size > 0;
+    const eager = canResume || listening || this._queue.length > 0
+      || (this.keepAlive && canonicalCloseCode(code) !== 4000);
+    if (!eager) this._endPushes(new ConnectionClosedError(code, reason || "connection lost")); // (nothing comes now)
     this._setState(eager ? "reconnecting" : "idle", { code, reason });
     if (eager) this._beginConnect(true, goaway ? goaway.reconnect_after_ms : 0).catch(() => {});
   }

@@ -279,7 +279,7 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
     from_python = {
         "welcome": py.encode(ev.Welcome(session_id="s1", resume_token="t.k", max_frame_size=1048576, max_streams=8,
                                         heartbeat_interval_ms=30000, server="lowlat-mw", resumed=True,
-                                        resume_window_ms=60000, flow_window=262144)),
+                                        resume_window_ms=60000, flow_window=262144, revision=1)),
         "end": py.encode(ev.End(stream_id=3, last_seq=41, finish_reason="cancelled",
                                 timings_ms={"total": 1.5, "first_delta": 0.25},
                                 usage={"deltas": 41, "output_bytes": 9})),
@@ -288,6 +288,13 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
         "data": py.encode(ev.Delta(stream_id=5, seq=300, data=bytes([0, 1, 2, 255]))),
         "text": py.encode(ev.Delta(stream_id=1, seq=1, text="héllo \U0001f600")),
         "ping": py.encode(ev.Ping(id=7)),
+        # protocol v1.1
+        "push_text": py.encode(ev.Push(topic="group:news", text="héllo")),
+        "push_data": py.encode(ev.Push(topic="session:s1", data=bytes([0, 1, 255]))),
+        "push_empty": py.encode(ev.Push(topic="user:ann", text="")),
+        "subscribed": py.encode(ev.Subscribed(id=7, group="news")),
+        "refused": py.encode(ev.Subscribed(id=9, group="admin", leave=True, code=ErrorCode.UNAUTHORIZED,
+                                           message="not in push_groups")),
     }
     result = page.execute_async_script("""
         const [frames, done] = [arguments[0], arguments[arguments.length - 1]];
@@ -311,6 +318,9 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
             data: hex(protoCodec.encode({ type: "request", stream_id: 10, data: new Uint8Array([0, 200, 7]) })),
             hello: hex(protoCodec.encode({ type: "hello", client: "c", resume_token: "tok", last_seq: { 1: 41, 3: 0 },
               flow_window: 262144, auth: "secret" })),
+            hello11: hex(protoCodec.encode({ type: "hello", client: "c", revision: 1 })),
+            subscribe: [false, true].map((leave) => hex(protoCodec.encode(
+              { type: "subscribe", id: 300, group: "team-\u00e9", leave }))),
             small: ["cancel", "ping", "pong", "ack"].map((type) => hex(protoCodec.encode(
               { type, stream_id: 4, id: 4, seq: 12, done: true }))),
           });
@@ -321,7 +331,7 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
     assert d["welcome"] == {"type": "welcome", "session_id": "s1", "resume_token": "t.k", "compression": [],
                             "max_frame_size": 1048576, "max_decompressed_size": 0, "max_streams": 8,
                             "heartbeat_interval_ms": 30000, "idle_timeout_ms": 0, "server": "lowlat-mw",
-                            "resumed": True, "resume_window_ms": 60000, "flow_window": 262144}
+                            "resumed": True, "resume_window_ms": 60000, "flow_window": 262144, "revision": 1}
     assert d["end"] == {"type": "end", "stream_id": 3, "last_seq": 41, "finish_reason": "cancelled",
                         "timings_ms": {"total": 1.5, "first_delta": 0.25}, "usage": {"deltas": 41, "output_bytes": 9}}
     assert d["error"] == {"type": "error", "stream_id": 2, "code": "resume_failed", "message": "gone",
@@ -330,6 +340,13 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
     assert d["data"] == {"type": "delta", "stream_id": 5, "seq": 300, "data": [0, 1, 2, 255]}
     assert d["text"] == {"type": "delta", "stream_id": 1, "seq": 1, "text": "héllo \U0001f600"}
     assert d["ping"] == {"type": "ping", "id": 7}
+    assert d["push_text"] == {"type": "push", "topic": "group:news", "text": "héllo"}
+    assert d["push_data"] == {"type": "push", "topic": "session:s1", "data": [0, 1, 255]}
+    assert d["push_empty"] == {"type": "push", "topic": "user:ann", "text": ""}
+    assert d["subscribed"] == {"type": "subscribed", "id": 7, "group": "news", "leave": False, "code": "unspecified",
+                               "message": ""}
+    assert d["refused"] == {"type": "subscribed", "id": 9, "group": "admin", "leave": True, "code": "unauthorized",
+                            "message": "not in push_groups"}
     # docs/protocol.md's examples, byte for byte
     assert result["specDelta"] == {"type": "delta", "stream_id": 1, "seq": 1, "text": "Hello!"}
     assert result["specHello"] == ("10 0a 1a 0a 0d 6d 79 2d 63 6c 69 65 6e 74 2f 31 2e 30 "
@@ -346,6 +363,9 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
     assert decode(result["data"]) == ev.Request(stream_id=10, data=bytes([0, 200, 7]))
     assert decode(result["hello"]) == ev.Hello(client="c", resume_token="tok", last_seq={1: 41, 3: 0},
                                                flow_window=262144, auth="secret")
+    assert decode(result["hello11"]) == ev.Hello(client="c", revision=1)
+    assert [decode(h) for h in result["subscribe"]] == [ev.Subscribe(id=300, group="team-é"),
+                                                        ev.Subscribe(id=300, group="team-é", leave=True)]
     assert [decode(h) for h in result["small"]] == [
         ev.Cancel(stream_id=4), ev.Ping(id=4), ev.Pong(id=4), ev.Ack(stream_id=4, seq=12, done=True)]
 

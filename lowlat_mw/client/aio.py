@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 import math
 import ssl as ssl_module
 import time
@@ -52,6 +53,8 @@ from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from .backoff import Backoff
 
 __all__ = ["AsyncClient", "Stream", "StreamTimings", "connect"]
+
+log = logging.getLogger("lowlat_mw.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +420,7 @@ class AsyncClient:
         self._io_tasks: set[asyncio.Task[Any]] = set()
         self.groups: set[str] = set()  # push groups joined: joined again on a connection of a new session
         self._subscribing: dict[int, asyncio.Future[ev.Subscribed]] = {}
+        self._rejoining: dict[int, str] = {}  # Subscribes sent again on a new session, by id
         self._sub_ids = itertools.count(1)
         self._pushes: deque[ev.Push | BaseException] = deque()
         self._push_waiter: asyncio.Future[None] | None = None
@@ -586,8 +590,11 @@ class AsyncClient:
         self._timer = _Timer(self, ws)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
         if self.groups and not first.resumed and proto.pushes:  # a new session: in no group yet
+            self._rejoining.clear()
             for group in sorted(self.groups):
-                _keep_running(self._io_tasks, self._send_quietly(ws, proto.subscribe(next(self._sub_ids), group)))
+                sub_id = next(self._sub_ids) & 0xFFFFFFFF
+                self._rejoining[sub_id] = group
+                _keep_running(self._io_tasks, self._send_quietly(ws, proto.subscribe(sub_id, group)))
 
     # ------------------------------------------------------------------ I/O
     async def _send(self, frame: bytes | str) -> None:
@@ -632,6 +639,10 @@ class AsyncClient:
                 answer = self._subscribing.pop(item.id, None)
                 if answer is not None and not answer.done():
                     answer.set_result(item)
+                elif self._rejoining.pop(item.id, None) is not None and item.code is not ErrorCode.UNSPECIFIED:
+                    self.groups.discard(item.group)  # refused now (the server's push_groups changed): not in it
+                    log.warning("push group %r not joined again on the new session: %s %s", item.group,
+                                item.code.wire_name, item.message)
             elif kind is ev.Pong:
                 waiter = self._pings.pop(item.id, None)
                 if waiter is not None and not waiter.done():
@@ -748,9 +759,11 @@ class AsyncClient:
         self.groups.add(group)
 
     async def unsubscribe(self, group: str, timeout: float = 10.0) -> None:
-        """Leave push group `group`."""
+        """Leave push group `group` (not connected, with no session to resume: only forgotten, the next session
+        is in no group)."""
         self.groups.discard(group)
-        await self._membership(group, True, timeout)
+        if self.connected or (self.protocol.can_resume and not self._user_closed):
+            await self._membership(group, True, timeout)
 
     async def _membership(self, group: str, leave: bool, timeout: float) -> None:
         if not self.connected:

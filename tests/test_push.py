@@ -5,6 +5,9 @@ tests/integration/test_shared_sessions.py; on every server: tests/conformance/te
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -101,12 +104,16 @@ def test_a_session_joins_at_most_max_groups() -> None:
     assert [answer(subscribe(proto, g)).code for g in ("a", "b", "c")] == [ErrorCode.UNSPECIFIED] * 2 + [
         ErrorCode.BAD_REQUEST]
     assert "max_groups" in answer(subscribe(proto, "c")).message
-    proto.join("c")  # the server's own join is not bounded by what clients may do
+    proto.join("c", True, 2.0)  # the server's own join is not bounded by what clients may do
     assert proto.session.groups == {"a", "b", "c"}
 
 
 def test_pushes_go_only_to_open_v1_1_clients() -> None:
-    assert opened(revision=0).push("group:a", "x") is None  # never a kind a v1.0 client does not know
+    old = opened(revision=0)
+    assert old.push("group:a", "x") is None  # never a kind a v1.0 client does not know
+    (error,) = subscribe(old, "news")  # nor a Subscribed: what a v1.0 server answers
+    assert JSON_CODEC.decode(error.data, limit=1000).code is ErrorCode.UNSUPPORTED_MESSAGE
+    assert old.session.groups == frozenset() and old.state.value == "open"
     proto = opened()
     frame = proto.push("group:a", b"\x01")
     assert JSON_CODEC.decode(frame.data, limit=1000) == ev.Push(topic="group:a", data=b"\x01")
@@ -120,9 +127,10 @@ def test_a_session_in_a_group_is_listening_not_idle() -> None:
     later = 10.0 + 1.0
     assert not [a for a in proto.tick(later) if isinstance(a, CloseConnection)]
     assert proto.next_deadline() < later + 60  # its heartbeat still runs
-    subscribe(proto, "news", leave=True)
+    proto.receive_data(JSON_CODEC.encode(ev.Subscribe(id=2, group="news", leave=True)), later)
     assert proto.deadline_moved
-    closes = [a for a in proto.tick(later) if isinstance(a, CloseConnection)]
+    assert not [a for a in proto.tick(later + 1) if isinstance(a, CloseConnection)]  # idle from the leave on
+    closes = [a for a in proto.tick(later + 10.0) if isinstance(a, CloseConnection)]
     assert closes and closes[0].code == CloseCode.IDLE_TIMEOUT
 
 
@@ -151,6 +159,15 @@ def test_principal_name_is_the_users_key() -> None:
     assert principal_name(SimpleNamespace(pk=3)) == "3" and principal_name(SimpleNamespace(id="u9")) == "u9"
     assert principal_name(SimpleNamespace(get_id=lambda: "flask-7")) == "flask-7"
     assert principal_name(object()) is None
+    key = uuid.uuid4()
+    assert principal_name(SimpleNamespace(pk=key)) == str(key)  # a Django user with a UUID primary key
+
+    class Detached:
+        @property
+        def pk(self):
+            raise RuntimeError("instance is not bound to a session")
+
+    assert principal_name(Detached()) is None
 
 
 def test_publish_with_redis_unreachable_raises_publish_error(tmp_path) -> None:
@@ -158,6 +175,30 @@ def test_publish_with_redis_unreachable_raises_publish_error(tmp_path) -> None:
 
     with pytest.raises(lowlat_mw.PublishError, match="unreachable"):
         lowlat_mw.publish("group:a", "x", store=f"redis://127.0.0.1:{free_port()}/0")
+
+
+def test_a_process_without_an_app_publishes_where_its_settings_say_or_says_what_to_set() -> None:
+    """A script knows no store: PublishError, not a push into the void. A Django management command or Celery task:
+    the project's LOWLAT_MW["session_store"] (here a Redis nobody listens on, so "unreachable" proves it went there)."""
+    from loopback import free_port
+
+    code = f"""
+import lowlat_mw
+try:
+    lowlat_mw.publish("user:1", "x")
+except lowlat_mw.PublishError as exc:
+    print("script:", exc)
+from django.conf import settings
+settings.configure(LOWLAT_MW={{"session_store": "redis://127.0.0.1:{free_port()}/0"}})
+try:
+    lowlat_mw.publish("user:1", "x")
+except lowlat_mw.PublishError as exc:
+    print("django:", exc)
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("LOWLAT_", "DJANGO_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert "script: push not sent: this process serves no lowlat-mw app" in out.stdout, out
+    assert "django: push not sent: the session store is unreachable" in out.stdout, out
 
 
 # ------------------------------------------------------------------------------ in-process delivery
@@ -218,9 +259,39 @@ async def test_a_refused_subscribe_raises_and_pushes_end_with_the_connection() -
         await waiting
 
 
-async def test_a_client_in_a_group_reconnects_by_itself_and_joins_again() -> None:
-    """No stream open, so nothing to resume: after a drop the client opens a new session on its own (it listens) and
-    joins its groups again."""
+async def test_a_client_in_a_group_reconnects_by_itself_and_resumes_its_groups() -> None:
+    """No stream open, but in groups: after a drop the client reconnects on its own (it listens) and resumes its
+    session, which is still in its groups, the server's own join included."""
+    from lowlat_mw import Backoff
+    from lowlat_mw.drivers import push
+    from lowlat_mw.testing import FaultProxy
+    from lowlat_mw.testing.pytest_plugin import RunningServer
+
+    server = RunningServer(app()).start()
+    try:
+        with FaultProxy(("127.0.0.1", server.port)) as proxy:
+            async with asyncio.timeout(WAIT), lowlat_mw.connect(f"ws://127.0.0.1:{proxy.port}/ws", auth="erin",
+                                                                backoff=Backoff(base=0.05, cap=0.2)) as client:
+                await client.subscribe("news")
+                sid = client.welcome.session_id
+                assert lowlat_mw.join(f"session:{sid}", "team-7", store="memory") == 1
+                (first,) = push.HUB.members("group:news")
+                while "team-7" not in first.protocol.session.groups:
+                    await asyncio.sleep(0.01)  # (bounded by WAIT) until the server's loop applied the join
+                proxy.cut_all()
+                while push.HUB.members("group:team-7") in ([], [first]):
+                    await asyncio.sleep(0.01)  # until the resumed connection is reachable by its groups
+                assert client.welcome.resumed and client.welcome.session_id == sid and client.groups == {"news"}
+                assert lowlat_mw.publish("group:team-7", "again", store="memory") == 1
+                push_ = await client.next_push(WAIT)
+                assert (push_.topic, push_.body) == ("group:team-7", "again")
+    finally:
+        server.stop()
+
+
+async def test_a_client_whose_session_ended_joins_its_groups_again() -> None:
+    """The session is gone when the client comes back (ended on the server meanwhile); the new one is in the client's
+    groups."""
     from lowlat_mw import Backoff
     from lowlat_mw.drivers import push
     from lowlat_mw.testing import FaultProxy
@@ -233,12 +304,52 @@ async def test_a_client_in_a_group_reconnects_by_itself_and_joins_again() -> Non
                                                                 backoff=Backoff(base=0.05, cap=0.2)) as client:
                 await client.subscribe("news")
                 first = client.welcome.session_id
+                (driver,) = push.HUB.members("group:news")
+                ended = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                driver.loop.call_soon_threadsafe(lambda: (driver.runner.destroy(),
+                                                          loop.call_soon_threadsafe(ended.set)))
+                await ended.wait()
                 proxy.cut_all()
                 while not any(d.protocol.session_id != first for d in push.HUB.members("group:news")):
                     await asyncio.sleep(0.01)  # (bounded by WAIT) until the new session's Subscribe is in
-                assert client.welcome.session_id != first and client.groups == {"news"}
+                assert client.welcome.session_id != first and not client.welcome.resumed
                 assert lowlat_mw.publish("group:news", "again", store="memory") == 1
                 push_ = await client.next_push(WAIT)
                 assert (push_.topic, push_.body) == ("group:news", "again")
     finally:
         server.stop()
+
+
+async def test_with_redis_down_a_subscribe_is_answered_at_once_and_pushes_come_back_with_it() -> None:
+    """The process's listener lost Redis: a Subscribe does not wait for it (it would hold the connection's input:
+    heartbeat timeouts, reconnect loops); once Redis is back, pushes published through it arrive."""
+    from redis_support import RedisServer, require_redis_server
+
+    from lowlat_mw.drivers import push
+    from lowlat_mw.drivers.aio import PUSH_LISTEN_WAIT
+    from lowlat_mw.testing.pytest_plugin import RunningServer
+
+    require_redis_server()
+    with RedisServer() as redis_server:
+        url = redis_server.url
+        server = RunningServer(app(session_store=url)).start()
+        try:
+            async with asyncio.timeout(WAIT), lowlat_mw.connect(server.url, auth="fay") as client:
+                await client.subscribe("before")
+                redis_server.stop()
+                listener = push.HUB.listen(url)
+                while not listener.failing:
+                    await asyncio.sleep(0.01)  # (bounded by WAIT)
+                started = asyncio.get_running_loop().time()
+                await client.subscribe("during")
+                assert asyncio.get_running_loop().time() - started < PUSH_LISTEN_WAIT  # (milliseconds, not 5 s)
+                assert await client.ping() < PUSH_LISTEN_WAIT
+                redis_server.start()
+                while not listener.ready.is_set():
+                    await asyncio.sleep(0.01)
+                assert lowlat_mw.publish("group:during", "back", store=url) == 1
+                push_ = await client.next_push(WAIT)
+                assert (push_.topic, push_.body) == ("group:during", "back")
+        finally:
+            server.stop()

@@ -589,8 +589,8 @@ class AsyncClient:
         self.last_close = None
         self._timer = _Timer(self, ws)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
-        if self.groups and not first.resumed and proto.pushes:  # a new session: in no group yet
-            self._rejoining.clear()
+        if self.groups and proto.pushes:  # a new session is in none; a resumed one may have lost the last one
+            self._rejoining.clear()  # (written to Redis 10 ms after it was answered): joining again changes nothing
             for group in sorted(self.groups):
                 sub_id = next(self._sub_ids) & 0xFFFFFFFF
                 self._rejoining[sub_id] = group
@@ -641,6 +641,7 @@ class AsyncClient:
                     answer.set_result(item)
                 elif self._rejoining.pop(item.id, None) is not None and item.code is not ErrorCode.UNSPECIFIED:
                     self.groups.discard(item.group)  # refused now (the server's push_groups changed): not in it
+                    proto.listening = bool(self.groups)
                     log.warning("push group %r not joined again on the new session: %s %s", item.group,
                                 item.code.wire_name, item.message)
             elif kind is ev.Pong:
@@ -692,9 +693,9 @@ class AsyncClient:
                     answer.set_exception(ConnectionClosed(code, reason or "closed before the Subscribe was answered"))
             self._subscribing.clear()
             if (self.resume_enabled and not self._user_closed and self._closed_final is None
-                    and ((self._streams and proto.can_resume) or self.groups)):
+                    and ((self._streams and proto.can_resume) or self.groups or self._push_waiter is not None)):
                 # Streams are open: reconnect in the background and resume them where they stopped. In push
-                # groups: reconnect too, to go on listening.
+                # groups, or someone waiting for a push: reconnect too, to go on listening.
                 self._resuming = asyncio.get_running_loop().create_task(self._resume_loop())
             else:
                 self._fail_all(closed)
@@ -757,12 +758,14 @@ class AsyncClient:
         (unauthorized: not in its ``push_groups``; bad_request), ClientError if it speaks protocol v1.0."""
         await self._membership(group, False, timeout)
         self.groups.add(group)
+        self.protocol.listening = True
 
     async def unsubscribe(self, group: str, timeout: float = 10.0) -> None:
         """Leave push group `group` (not connected, with no session to resume: only forgotten, the next session
         is in no group)."""
         self.groups.discard(group)
         if self.connected or (self.protocol.can_resume and not self._user_closed):
+            self.protocol.listening = bool(self.groups)
             await self._membership(group, True, timeout)
 
     async def _membership(self, group: str, leave: bool, timeout: float) -> None:
@@ -784,7 +787,7 @@ class AsyncClient:
 
     def _pushed(self, item: ev.Push | BaseException) -> None:
         pushes = self._pushes
-        if type(item) is ev.Push and len(pushes) >= self.max_pushes:
+        if type(item) is ev.Push and pushes and len(pushes) >= self.max_pushes:
             pushes.popleft()
             self.pushes_dropped += 1
         pushes.append(item)

@@ -983,31 +983,46 @@ class ConnectionDriver:
         push.HUB.add(self, keys)
 
     def _member_now(self) -> bool:
-        """Whether a Membership can be carried out without waiting: no shared store, or its listener is on."""
-        return not self.settings.shares_sessions or push.HUB.listen(self.settings.session_store).is_set()
+        """Whether a Membership can be carried out without waiting: no shared store, or its listener is on (or
+        failing: Redis is down, and waiting would not bring it back)."""
+        if not self.settings.shares_sessions:
+            return True
+        listener = push.HUB.listen(self.settings.session_store)
+        return listener.ready.is_set() or listener.failing
 
     async def _listening(self) -> None:
-        """Wait (bounded) until this process listens to the shared push channel, so that the Subscribed answer
-        that follows means: pushes published from now on reach this connection."""
-        if not self._member_now():
-            ready = push.HUB.listen(self.settings.session_store)
-            await self.loop.run_in_executor(None, ready.wait, PUSH_LISTEN_WAIT)
+        """Wait (bounded, PUSH_LISTEN_WAIT) while this process starts listening to the shared push channel, so
+        that the Subscribed answer that follows means: pushes published from now on reach this connection."""
+        waited = 0.0
+        while not self._member_now() and waited < PUSH_LISTEN_WAIT:
+            await asyncio.sleep(0.01)
+            waited += 0.01
 
     def _membership(self, change: Membership) -> None:
-        """The session joined or left a push group: index this connection by it, or no more; tell the store."""
+        """The session joined or left a push group: index this connection as the session is now (a later change may
+        have overtaken this one); keep a session in groups for a resume, as one with streams; tell the store."""
+        session = self.protocol.session
+        if session is None or self._superseded:
+            return
         key = (f"group:{change.group}",)
-        if change.joined:
+        if change.group in session.groups:
             push.HUB.add(self, key)
+            if self.runner is None:  # (what keeps a session for a resume, here and in Redis: docs/push.md)
+                self.runner = ModelRunner(session, self)
         else:
             push.HUB.discard(self, key)
-        session = self.protocol.session
         shared = shared_sessions(self.endpoint)
-        if shared is not None and session is not None:
+        if shared is not None:
             shared.groups_changed(session)
 
     def push(self, topic: str, body: str | bytes) -> None:
         """A push published to `topic` reached this connection (on its loop): send it, if it can go now."""
         frame = None if self._closing or self._superseded else self.protocol.push(topic, body)
+        if frame is not None:
+            data = frame.data
+            size = len(data) if type(data) is bytes or data.isascii() else len(data.encode("utf-8", "surrogatepass"))
+            if size > self.settings.max_frame_size:  # (JSON's base64 or escapes): a client may not take more
+                frame = None
         if self.metrics is not None:
             self.metrics.inc("pushes", "sent" if frame is not None else "skipped")
         if frame is not None:  # (a task per push, started in arrival order: pushes go out in the order they came)
@@ -1017,7 +1032,7 @@ class ConnectionDriver:
         """The server put this connection's session in push group `group` (or took it out): ``lowlat_mw.join``."""
         if self._closing or self._superseded:
             return
-        actions = self.protocol.join(group, joined)
+        actions = self.protocol.join(group, joined, self.monotonic())
         if actions:
             self._spawn(self._act(actions))
         if self.protocol.deadline_moved:

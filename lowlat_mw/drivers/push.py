@@ -7,7 +7,7 @@ own connections by those keys (:class:`PushHub`).
 
 Where a message goes depends on the session store (setting ``session_store``): in-process ("" or "memory"),
 :func:`publish` reaches this process's connections; with Redis, it is published on one Redis channel,
-``lowlat:push``, which every serving process listens to from a thread of its own (started when the app is
+``lowlat:push:<db>``, which every serving process listens to from a thread of its own (started when the app is
 built, again after a fork), and each process delivers it to its own connections. One channel for every
 target, as python-socketio's Redis manager does: joining a group costs no Redis round trip, and a Subscribe is
 answered as soon as the process listens, so a push published after the answer reaches the connection.
@@ -38,7 +38,7 @@ __all__ = ["CHANNEL", "MAX_PUSH", "PublishError", "PushHub", "apublish", "join",
 log = logging.getLogger("lowlat_mw")
 
 CHANNEL = "lowlat:push"
-MAX_PUSH = 1024 * 1024  # bytes of one push's body (a Push frame carries it whole)
+MAX_PUSH = 512 * 1024  # bytes of one push's body: its Push frame, base64 on JSON, stays within 1 MiB
 TIMEOUT = 5.0  # seconds for a Redis connection or command
 RETRY_AFTER = 1.0  # seconds between a listener's attempts while Redis is unreachable
 TARGET_KINDS = ("session", "user", "group")
@@ -49,6 +49,18 @@ _HEAD = struct.Struct(">BH")  # kind, target length (then the target, then the b
 
 class PublishError(LowLatError):
     """A push could not be handed to the shared store (Redis unreachable); nothing was delivered."""
+
+
+def channel(url: str) -> str:
+    """The push channel of the Redis database `url` names: pub/sub ignores database numbers, so apps on two
+    databases of one server (staging on /1, production on /0) would otherwise get each other's pushes."""
+    from redis.connection import parse_url
+
+    try:
+        db = parse_url(url).get("db", 0)
+    except ValueError:
+        db = 0
+    return f"{CHANNEL}:{db}"
 
 
 def check_target(target: str) -> str:
@@ -70,17 +82,17 @@ def principal_name(principal: object) -> str | None:
         return None
     if isinstance(principal, str | int):
         return str(principal) or None
-    for attr in ("pk", "id"):
-        value = getattr(principal, attr, None)
-        if isinstance(value, str | int) and not isinstance(value, bool):
-            return str(value)
-    get_id = getattr(principal, "get_id", None)
-    if callable(get_id):
-        try:
+    try:  # (a user object's attributes may be properties that raise: a detached ORM instance)
+        for attr in ("pk", "id"):
+            value = getattr(principal, attr, None)
+            if value is not None and not isinstance(value, bool) and not callable(value):  # a UUID too
+                return str(value)
+        get_id = getattr(principal, "get_id", None)
+        if callable(get_id):
             value = get_id()
-        except Exception:  # an anonymous user's get_id may raise
-            return None
-        return str(value) if value is not None else None
+            return str(value) if value is not None else None
+    except Exception:  # (an anonymous user's get_id may raise)
+        return None
     return None
 
 
@@ -129,9 +141,9 @@ class PushHub:
         """Pushes to `keys` (``user:`` and ``group:`` ones) reach `driver` (a ConnectionDriver: its ``loop``,
         ``push`` and ``join_group``), unless it closed (its ``member`` is set here: it discards itself when it does)."""
         with self._lock:
+            driver.member = True  # (first: a driver closing meanwhile reads it after it stopped being reachable)
             if not driver.reachable:
                 return
-            driver.member = True
             own = self._keys.get(driver)
             if own is None:
                 own = self._keys[driver] = set()
@@ -227,15 +239,15 @@ class PushHub:
         return stopped
 
     # ------------------------------------------------------------------ Redis
-    def listen(self, url: str) -> threading.Event:
-        """Listen to the push channel of the Redis at `url` (once per process and URL): the event is set while
-        the listener is subscribed."""
+    def listen(self, url: str) -> _Listener:
+        """Listen to the push channel of the Redis at `url` (once per process and URL): its ``ready`` is set while
+        it is subscribed, its ``failing`` while Redis cannot be reached."""
         with self._lock:
             listener = self._listeners.get(url)
             if listener is None:
                 listener = self._listeners[url] = _Listener(self, url)
                 listener.start()
-            return listener.ready
+            return listener
 
     def send(self, url: str, message: bytes) -> int:
         """Deliver `message` here (`url` "memory") or publish it on Redis: connections / processes reached."""
@@ -248,7 +260,7 @@ class PushHub:
             client = self._publishers[url] = redis.Redis.from_url(url, socket_timeout=TIMEOUT,
                                                                   socket_connect_timeout=TIMEOUT)
         try:
-            return int(client.publish(CHANNEL, message))
+            return int(client.publish(channel(url), message))
         except Exception as exc:
             raise PublishError(f"push not sent: the session store is unreachable ({exc})") from exc
 
@@ -260,25 +272,25 @@ class _Listener(threading.Thread):
         super().__init__(name="lowlat-mw-push", daemon=True)
         self.hub, self.url = hub, url
         self.ready = threading.Event()
+        self.failing = False
 
     def run(self) -> None:
         import redis
 
         client = redis.Redis.from_url(self.url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT,
                                       health_check_interval=10)
-        failing = False
         while True:
             pubsub = client.pubsub()
             try:
-                pubsub.subscribe(CHANNEL)
+                pubsub.subscribe(channel(self.url))
                 while True:
                     message = pubsub.get_message(timeout=1.0)
                     if message is None:
                         continue
                     if message["type"] == "subscribe":
                         self.ready.set()
-                        if failing:
-                            failing = False
+                        if self.failing:
+                            self.failing = False
                             log.warning("push channel on the session store reachable again: pushes from other "
                                         "processes arrive again")
                     elif message["type"] == "message":
@@ -288,8 +300,8 @@ class _Listener(threading.Thread):
                             log.exception("failed delivering a push")
             except Exception as exc:  # Redis down, a timeout: try again, say so once per outage
                 self.ready.clear()
-                if not failing:
-                    failing = True
+                if not self.failing:
+                    self.failing = True
                     log.warning("push channel on the session store unreachable (%s): pushes from other processes "
                                 "are lost until it is back", exc)
                 time.sleep(RETRY_AFTER)
@@ -323,15 +335,40 @@ def push_hub() -> PushHub:
 
 def store_url(store: str | None = None) -> str:
     """Where pushes go: `store` ("memory" or a Redis URL) if given; else the session store of this process's
-    endpoints (the first that shares sessions), else ``LOWLAT_SESSION_STORE``, else "memory"."""
+    lowlat-mw apps (the first that shares sessions); else ``LOWLAT_SESSION_STORE``; else a configured Django
+    project's ``LOWLAT_MW["session_store"]`` (a management command, a Celery task); else "memory", which in
+    a process without a lowlat-mw app could reach nobody: PublishError then, saying what to set."""
     if store:
         return store
     from ..endpoint import Endpoint, _snapshot
 
-    for endpoint in _snapshot(Endpoint.instances):
+    endpoints = _snapshot(Endpoint.instances)
+    for endpoint in endpoints:
         if endpoint.settings.shares_sessions:
             return endpoint.settings.session_store
-    return os.environ.get("LOWLAT_SESSION_STORE", "") or "memory"
+    env = os.environ.get("LOWLAT_SESSION_STORE", "")
+    if env:
+        return env
+    django_settings = _django_settings()
+    if django_settings is not None:
+        configured = (getattr(django_settings, "LOWLAT_MW", None) or {}).get("session_store", "")
+        if configured:
+            return str(configured)
+    if not endpoints:
+        raise PublishError("push not sent: this process serves no lowlat-mw app and knows no session store; set "
+                           "LOWLAT_SESSION_STORE (the Redis URL your servers share) or pass store=")
+    return "memory"
+
+
+def _django_settings() -> Any:
+    """Django's settings, if this process has a configured Django project (else None; Django is not needed)."""
+    import sys
+
+    if "django.conf" not in sys.modules:
+        return None
+    from django.conf import settings
+
+    return settings if settings.configured else None
 
 
 def publish(target: str, data: str | bytes, *, store: str | None = None) -> int:

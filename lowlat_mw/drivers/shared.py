@@ -465,11 +465,11 @@ class SharedSessions:
     def cancel_elsewhere(self, session_id: str, stream_id: int) -> None:
         """The client cancelled a stream this process relays from another: tell that process to stop its model
         (on the push channel, which every serving process reads), in a task of its own."""
-        from .push import CHANNEL, cancel_message
+        from .push import cancel_message, channel
 
         async def send() -> None:
             try:
-                await self.redis.publish(CHANNEL, cancel_message(session_id, stream_id))
+                await self.redis.publish(channel(self.url), cancel_message(session_id, stream_id))
             except Exception as exc:  # the model runs on to its end there, as before the store knew of cancels
                 self._failed("write", exc)
 

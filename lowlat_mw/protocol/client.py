@@ -80,12 +80,14 @@ class ClientProtocol(Protocol):
         self.goaway: ev.GoAway | None = None
         self.last_error: ev.Error | None = None
         self.connections = 0
+        self.listening = False  # in push groups: the session is worth resuming with no stream open (v1.1)
 
     # ------------------------------------------------------------------ connection
     @property
     def can_resume(self) -> bool:
-        """Whether a reconnect would resume: streams are open and the server gave a resume token."""
-        return bool(self.streams and self.welcome is not None and self.welcome.resume_token)
+        """Whether a reconnect would resume: streams are open (or the session is in push groups, which the server
+        keeps with it) and the server gave a resume token."""
+        return bool((self.streams or self.listening) and self.welcome is not None and self.welcome.resume_token)
 
     def connect(self, now: float, *, resume: bool = False) -> bytes | str:
         """A new connection is open: its first message, the Hello (resuming the session if `resume`)."""

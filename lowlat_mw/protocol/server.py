@@ -347,6 +347,8 @@ class ServerProtocol(Protocol):
 
     # ------------------------------------------------------------------ push (v1.1)
     def _on_subscribe(self, sub: ev.Subscribe, now: float) -> list[Any]:
+        if self.hello is None or self.hello.revision < 1:  # (what a v1.0 server answers: protocol.md 2)
+            return [self._error(0, ErrorCode.UNSUPPORTED_MESSAGE, "subscribe is protocol v1.1: send Hello.revision 1")]
         group, groups = sub.group, self.session.groups  # type: ignore[union-attr]
         code, problem = ErrorCode.BAD_REQUEST, group_problem(group)
         if problem is None and not sub.leave and group not in groups:
@@ -354,18 +356,22 @@ class ServerProtocol(Protocol):
                 code, problem = ErrorCode.UNAUTHORIZED, f"group {group!r} is not one clients may join (push_groups)"
             elif len(groups) >= self.settings.max_groups:
                 problem = f"a session is in at most {self.settings.max_groups} groups (max_groups)"
-        if problem is not None:
-            return [self._send(ev.Subscribed(id=sub.id, group=group, leave=sub.leave, code=code, message=problem))]
-        return [*self.join(group, not sub.leave), self._send(ev.Subscribed(id=sub.id, group=group, leave=sub.leave))]
+        if problem is not None:  # (a name too long is not echoed whole)
+            return [self._send(ev.Subscribed(id=sub.id, group=group[:MAX_GROUP_NAME], leave=sub.leave, code=code,
+                                             message=problem))]
+        return [*self.join(group, not sub.leave, now),
+                self._send(ev.Subscribed(id=sub.id, group=group, leave=sub.leave))]
 
-    def join(self, group: str, joined: bool = True) -> list[Any]:
+    def join(self, group: str, joined: bool, now: float) -> list[Any]:
         """Put the session in push group `group` (`joined` false: take it out), for a client's Subscribe or the
         server's own ``lowlat_mw.join``: a :class:`Membership` action if that changed anything."""
         session = self.session
-        if session is None or (group in session.groups) == joined:
+        if session is None or self.state is not ConnState.OPEN or (group in session.groups) == joined:
             return []
         session.groups = session.groups | {group} if joined else session.groups - {group}
-        self.deadline_moved = True  # in no group any more: the idle reaper's deadline is back
+        if not session.groups:  # listening until now: idle from now on, not since long ago
+            self.reaper.last_activity = now
+            self.deadline_moved = True
         return [Membership(group, joined)]
 
     def push(self, topic: str, body: str | bytes) -> SendFrame | None:

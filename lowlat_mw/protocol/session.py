@@ -370,8 +370,9 @@ class Session:
 
     def worth_keeping(self) -> bool:
         """Whether anything could still be resumed: a stream the client has not acknowledged as done,
-        or one the last resume reported unknown (its Request was lost; the client sends it again)."""
-        return bool(self.streams or self._awaited)
+        one the last resume reported unknown (its Request was lost; the client sends it again), or the
+        push groups it is in (the server's joins among them: a new session would be in none)."""
+        return bool(self.streams or self._awaited or self.groups)
 
     def replay(self, last_seq: Mapping[int, int]) -> tuple[list[ev.Event], list[int]]:
         """What a resuming client missed: (events to send in order, stream ids to cancel).

@@ -917,9 +917,10 @@ export class LowLatClient extends EventTarget {
     }
   }
 
-  /** One connection attempt: open, Hello (resuming the open streams if any), Welcome. */
+  /** One connection attempt: open, Hello (resuming the open streams, or the session's push groups, if any), Welcome. */
   _openOnce() {
-    const resume = Boolean(this.resumeEnabled && this.streams.size > 0 && this.welcome && this.welcome.resume_token);
+    const resume = Boolean(this.resumeEnabled && (this.streams.size > 0 || this.groups.size > 0) && this.welcome
+      && this.welcome.resume_token);
     return new Promise((resolve, reject) => {
       let ws;
       try {
@@ -1002,8 +1003,9 @@ export class LowLatClient extends EventTarget {
     this._heartbeatTimer = setInterval(() => this._heartbeat(ws, interval), every);
     this._emit("welcome", welcome);
     this._setState("connected", { resumed: this.resumed, resume: Boolean(resume && hadToken) });
-    if (this.groups.size && !welcome.resumed && welcome.revision >= 1 && this._ws === ws) {
-      // A new session is in no group yet: join the client's groups again (their answers are not awaited).
+    if (this.groups.size && welcome.revision >= 1 && this._ws === ws) {
+      // A new session is in no group yet; a resumed one in another process may have missed the last join (written
+      // there 10 ms after its answer). Join the client's groups again: it changes nothing where it is in them.
       for (const group of [...this.groups].sort()) {
         this._send({ type: "subscribe", id: this._subIds++ >>> 0, group, leave: false });
       }

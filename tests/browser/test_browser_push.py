@@ -150,7 +150,7 @@ def test_subscribe_and_receive_group_and_session_pushes(page, push_server):
     assert len(seen(page, "json")["pushes"]) == 4
 
 
-def test_a_client_in_a_group_reconnects_and_joins_it_again(page, push_server):
+def test_a_client_in_a_group_reconnects_and_resumes_its_session_in_it(page, push_server):
     with FaultProxy(("127.0.0.1", push_server.port)) as proxy:
         page.get(f"http://127.0.0.1:{proxy.port}/lowlat/lowlat.js")
         first = run(page, LISTEN + """
@@ -161,16 +161,17 @@ def test_a_client_in_a_group_reconnects_and_joins_it_again(page, push_server):
             await client.subscribe("team-7");
             return client.welcome.session_id;
         """)
-        proxy.cut_all()  # no stream is open: only the group makes the client reconnect
+        proxy.cut_all()  # no stream is open: only the group makes the client reconnect (and resume)
         wait_until(lambda: [2, "team-7", "unspecified"] in seen(page, "cut")["subscribed"],
-                   what="the client to join its group again on its second connection")
+                   what="the client to send its group's Subscribe again on its second connection")
         after = page.execute_script("""const c = window.client; return {
             session: c.welcome.session_id, resumed: c.resumed, groups: [...c.groups], states: window.states };""")
-        assert after["session"] != first and after["resumed"] is False and after["groups"] == ["team-7"], after
+        assert after["session"] == first and after["resumed"] is True and after["groups"] == ["team-7"], after
         assert "reconnecting" in after["states"] and after["states"][-1] == "connected", after
-        assert publish(f"session:{first}", "to the old session") == 0  # that session is gone
+        assert publish(f"session:{first}", "to the same session") == 1  # resumed: the same session
         assert publish("group:team-7", "still listening") == 1
-        assert pushes_of(page, "cut", 1) == [{"topic": "group:team-7", "text": "still listening", "data": None}]
+        assert pushes_of(page, "cut", 2) == [{"topic": f"session:{first}", "text": "to the same session", "data": None},
+                                             {"topic": "group:team-7", "text": "still listening", "data": None}]
         page.execute_script("window.client.close()")
 
 

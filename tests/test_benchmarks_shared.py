@@ -25,6 +25,7 @@ from benchmarks.shared import (  # noqa: E402
     SERVERS,
     WORKER_COUNTS,
 )
+from lowlat_mw.testing.nginx import find_nginx  # noqa: E402
 
 
 @pytest.mark.integration
@@ -44,8 +45,11 @@ def test_shared_suite_quick_measures_both_stores(quick_bench: Any) -> None:
         row = result.rows[name]
         assert row["bad"] == 0 and row["exact"] + row["prefix"] == streams, (name, row)
         assert row["prefix"] == 0 or name.endswith("kill"), (name, row)
+        assert row["moved"] <= streams, (name, row)
     for name in workers:
         assert result.rows[name]["errors"] == 0, result.rows[name]  # every paced request of every connection
     section = quick_bench.section(HEADING)
     assert all(LABELS[name] in section for name in SERVERS)
     assert "**Verdict** (issue 18" in section and "**Workers.**" in section and "**Failover**" in section
+    assert ("through nginx" in section) == (find_nginx() is not None)  # (else a FaultProxy stands in, and says so)
+

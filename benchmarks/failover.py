@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     folder = log_dir(f"{NAME}-failover")
     log(f"== {NAME} suite, failover part only ({mode} mode); output in {folder}")
+    facts = machine_facts(mode)  # (the load average at the start)
     text = asyncio.run(_run(mode, folder))
-    text += (f"\n\nThis part was run alone (`.venv/bin/python -m benchmarks.failover`). "
-             f"{machine_facts(mode)}")
+    text += f"\n\nThis part was run alone (`.venv/bin/python -m benchmarks.failover`).\n{facts}"
     print(f"\n{text}\n", flush=True)
     if args.output:
         splice(Path(args.output), text)

@@ -225,7 +225,7 @@ async def _failover(mode: str, folder: Path, redis_port: int) -> tuple[str, dict
 runs the same block), starting staggered over a second. At a random moment in that second A is killed (SIGKILL) or
 drained (SIGTERM). Killed, A's connections drop: nginx closes the clients' side, the clients reconnect through
 nginx, and nginx passes a connection that A refuses on to B. Drained, A sends `GoAway` and closes its connections
-with 4002; a reconnect that still reaches A is refused (uvicorn) or reset (gunicorn), and nginx passes it on to B,
+with 4002; a reconnect that still reaches A is refused or reset (uvicorn, gunicorn), and nginx passes it on to B,
 or is closed with 4002 at once (daphne), and the client tries again. On B each client resumes its session from
 Redis. "On A when it went": the streams whose connection to A dropped before their End (the others ran on B, or
 ended on A before); seconds: the run's wall time (a killed A's streams end when B sees A dead, 5 s after its last
@@ -236,7 +236,8 @@ proxy, starting staggered over a second; at a random moment in that second A is 
 (SIGTERM) while the proxy sends new connections to B and cuts the open ones. nginx was not installed where this
 ran (`python3 dev.py test` installs it as root): the proxy (lowlat_mw.testing's FaultProxy) stood in for it."""
     text = f"""**Failover** (issue 18's acceptance run). For each pair of servers A and B (the framework examples as
-their guides run them, sharing Redis) and each event, {how}
+their guides run them, sharing Redis) and each event,
+{how}
 Every reply is checked Delta by Delta: whole and exact, or (A killed) an exact prefix and then `ResumeFailed` for
 the part A had not written; "anything else" (a gap, a repeat, another error) must be 0.
 

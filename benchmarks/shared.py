@@ -224,12 +224,12 @@ async def _failover(mode: str, folder: Path, redis_port: int) -> tuple[str, dict
 (Debian's, with docs/scaling.md's block less `ip_hash`: round robin over A and B; tests/integration/test_balancer.py
 runs the same block), starting staggered over a second. At a random moment in that second A is killed (SIGKILL) or
 drained (SIGTERM). Killed, A's connections drop: nginx closes the clients' side, the clients reconnect through
-nginx, and nginx passes a connection that A refuses on to B. Drained, A sends `GoAway` and closes its connections
-with 4002; a reconnect that still reaches A is refused or reset (uvicorn, gunicorn), and nginx passes it on to B,
-or is closed with 4002 at once (daphne), and the client tries again. On B each client resumes its session from
-Redis. "On A when it went": the streams whose connection to A dropped before their End (the others ran on B, or
-ended on A before); seconds: the run's wall time (a killed A's streams end when B sees A dead, 5 s after its last
-heartbeat)."""
+nginx, and nginx passes a connection that A refuses (or resets mid-handshake) on to B. Drained, A sends `GoAway`
+and closes its connections with 4002; a reconnect that still reaches A is refused or reset (uvicorn, gunicorn),
+and nginx passes it on to B, or is closed with 4002 at once (daphne), and the client tries again. On B each client
+resumes its session from Redis. "On A when it went": the streams whose connection to A dropped before their End
+(the others ran on B, or ended on A before); seconds: the run's wall time (a killed A's streams end when B sees A
+dead, 5 s after its last heartbeat)."""
     else:
         how = f"""{streams} clients each stream {deltas} numbered Deltas ({gap * 1000:g} ms apart) from A through a
 proxy, starting staggered over a second; at a random moment in that second A is killed (SIGKILL) or drained

@@ -118,11 +118,12 @@ def ensure_chromium() -> None:
 
 
 def ensure_nginx() -> None:
-    """Debian's nginx, the balancer in front of two servers in tests/integration/test_balancer.py (the test runs
-    its own nginx on free loopback ports; on a machine with an init system the package also starts the
-    system's nginx on port 80, as installing it by hand would)."""
-    ensure_debian(["nginx"], ["nginx"], "the balancer of tests/integration/test_balancer.py",
-                  "the balancer test will be skipped", "SKIP_NGINX_INSTALL")
+    """Debian's nginx, the balancer in front of two servers in tests/integration/test_balancer.py and in the
+    shared benchmark's failover run (each runs its own nginx on free loopback ports; on a machine with an init
+    system the package also starts the system's nginx on port 80, as installing it by hand would)."""
+    ensure_debian(["nginx"], ["nginx"], "the balancer of tests/integration/test_balancer.py and the failover run",
+                  "the balancer test will be skipped and the failover run will use a proxy instead",
+                  "SKIP_NGINX_INSTALL")
 
 
 def ensure_redis() -> None:

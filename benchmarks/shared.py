@@ -11,7 +11,9 @@ round trip  one connection, R requests one after another (``echo``, one Delta ea
             Delta, p50 and p99 over every round.
 
 Ratios are Redis / memory, per round, median over rounds (issue 18: server CPU per Delta at most 1.3x, time
-to first Delta unchanged within noise).
+to first Delta unchanged within noise). Then the workers part (``serve --workers 1`` and ``2``) and the failover
+part (issue 18's acceptance run: two framework servers sharing Redis behind nginx, one killed or drained), which
+``python -m benchmarks.failover`` runs alone.
 """
 
 from __future__ import annotations
@@ -194,45 +196,68 @@ Two workers / one, median of the rounds' ratios: TTFD p99 **{p99_ratio:.2f}x**, 
 
 
 async def _failover(mode: str, folder: Path, redis_port: int) -> tuple[str, dict[str, dict[str, float]]]:
-    """Issue 18's acceptance run: each pair of servers (A, B) sharing Redis, each event (A killed or drained)."""
+    """Issue 18's acceptance run: each pair of servers (A, B) sharing Redis, each event (A killed or drained),
+    behind nginx (a FaultProxy standing in where nginx is not installed)."""
     import random
 
+    from lowlat_mw.testing.nginx import find_nginx
+
+    nginx = find_nginx()
+    if nginx is None:
+        log("   failover: nginx is not installed (`python3 dev.py test` installs it as root): a FaultProxy stands in")
     streams, deltas, gap = FAILOVER_SIZES[mode]
     rng = random.Random(18)
     rows, numbers = [], {}
     for a, b in FAILOVER_PAIRS if mode == "full" else FAILOVER_PAIRS[:1]:  # (CI's quick run: one pair)
         for event in FAILOVER_EVENTS:
             counts, took = await _failover_run(a, b, event, folder, redis_port, streams, deltas, gap,
-                                               0.2 + rng.random())
+                                               0.2 + rng.random(), nginx)
             label = f"{a} -> {b}, A {'killed (SIGKILL)' if event == 'kill' else 'drained (SIGTERM)'}"
-            rows.append([label, str(streams), str(counts["exact"]), str(counts["prefix"]), str(counts["bad"]),
-                         f"{took:.1f}"])
+            rows.append([label, str(streams), str(counts["moved"]), str(counts["exact"]), str(counts["prefix"]),
+                         str(counts["bad"]), f"{took:.1f}"])
             numbers[f"failover {a}-{b} {event}"] = {k: float(v) for k, v in counts.items()}
-            log(f"   failover {label}: {counts}")
-    table = markdown_table(["A -> B, event", "streams", "whole and exact", "exact prefix, then ResumeFailed",
-                            "anything else", "seconds"], rows, "lrrrrr")
+            log(f"   failover {label}: {counts} in {took:.1f} s")
+    table = markdown_table(["A -> B, event", "streams", "on A when it went", "whole and exact",
+                            "exact prefix, then ResumeFailed", "anything else", "seconds"], rows, "lrrrrrr")
+    if nginx is not None:
+        how = f"""{streams} clients each stream {deltas} numbered Deltas ({gap * 1000:g} ms apart) through nginx
+(Debian's, with docs/scaling.md's block less `ip_hash`: round robin over A and B; tests/integration/test_balancer.py
+runs the same block), starting staggered over a second. At a random moment in that second A is killed (SIGKILL) or
+drained (SIGTERM). Killed, A's connections drop: nginx closes the clients' side, the clients reconnect through
+nginx, and nginx passes a connection that A refuses (or resets mid-handshake) on to B. Drained, A sends `GoAway`
+and closes its connections with 4002; a reconnect that still reaches A is refused or reset (uvicorn, gunicorn),
+and nginx passes it on to B, or is closed with 4002 at once (daphne), and the client tries again. On B each client
+resumes its session from Redis. "On A when it went": the streams whose connection to A dropped before their End
+(the others ran on B, or ended on A before); seconds: the run's wall time (a killed A's streams end when B sees A
+dead, 5 s after its last heartbeat)."""
+    else:
+        how = f"""{streams} clients each stream {deltas} numbered Deltas ({gap * 1000:g} ms apart) from A through a
+proxy, starting staggered over a second; at a random moment in that second A is killed (SIGKILL) or drained
+(SIGTERM) while the proxy sends new connections to B and cuts the open ones. nginx was not installed where this
+ran (`python3 dev.py test` installs it as root): the proxy (lowlat_mw.testing's FaultProxy) stood in for it."""
     text = f"""**Failover** (issue 18's acceptance run). For each pair of servers A and B (the framework examples as
-their guides run them, sharing Redis) and each event, {streams} clients each stream {deltas} numbered Deltas
-({gap * 1000:g} ms apart) from A through a proxy, starting staggered over a second; at a random moment in that
-second A is killed (SIGKILL) or drained (SIGTERM) while the proxy sends new connections to B and cuts the open
-ones (what a balancer does when a process goes). Every reply is checked Delta by Delta: whole and exact, or (A
-killed) an exact prefix and then `ResumeFailed` for the part A had not written; "anything else" (a gap, a
-repeat, another error) must be 0. The proxy stands in for nginx here; tests/integration/test_balancer.py runs
-the same resumes behind nginx itself.
+their guides run them, sharing Redis) and each event,
+{how}
+Every reply is checked Delta by Delta: whole and exact, or (A killed) an exact prefix and then `ResumeFailed` for
+the part A had not written; "anything else" (a gap, a repeat, another error) must be 0.
 
 {table}"""
     return text, numbers
 
 
 async def _failover_run(a: str, b: str, event: str, folder: Path, redis_port: int, streams: int, deltas: int,
-                        gap: float, hit_after: float) -> tuple[dict[str, int], float]:
-    """One pair, one event: how many replies were whole and exact, an exact prefix then ResumeFailed, or else."""
+                        gap: float, hit_after: float, nginx: str | None) -> tuple[dict[str, int], float]:
+    """One pair, one event: how many replies were whole and exact, an exact prefix then ResumeFailed, or else.
+    Behind nginx (the binary `nginx`; its error and access logs in `folder`), or a FaultProxy if None."""
+    import contextlib
     import os
     import signal
 
     from lowlat_mw import Backoff, ResumeFailed, connect
     from lowlat_mw.testing import FaultProxy
+    from lowlat_mw.testing.nginx import Nginx, guide_nginx_block
 
+    from ._bare_common import ROOT
     from ._frameworks_servers import server_env
     from .soak import server_argv
 
@@ -240,44 +265,58 @@ async def _failover_run(a: str, b: str, event: str, folder: Path, redis_port: in
     env = server_env(folder, {"LOWLAT_MODEL": "benchmarks._bare_models:MODELS",
                               "LOWLAT_SESSION_STORE": f"redis://127.0.0.1:{redis_port}/0"})
     pair: dict[str, Child] = {}
-    counts = {"exact": 0, "prefix": 0, "bad": 0}
+    counts = {"exact": 0, "prefix": 0, "bad": 0, "moved": 0}
+    name = f"failover-{a}-{b}-{event}"
     try:
         for role, server in (("a", a), ("b", b)):
             port = free_port()
-            pair[role] = Child(f"failover-{a}-{b}-{event}-{role}", server_argv(server, port), env=env, port=port,
-                               logdir=folder)
+            pair[role] = Child(f"{name}-{role}", server_argv(server, port), env=env, port=port, logdir=folder)
         for child in pair.values():
             await wait_http_ready(child, "/health")
-        with FaultProxy(("127.0.0.1", pair["a"].port)) as proxy:
+        with contextlib.ExitStack() as stack:
+            balancer: Nginx | FaultProxy
+            if nginx is not None:  # round robin (the guide's block less ip_hash); 2 connections per stream
+                balancer = stack.enter_context(Nginx(
+                    guide_nginx_block(ROOT / "docs" / "scaling.md"), (pair["a"].port, pair["b"].port), folder=folder,
+                    affinity=False, name=f"{name}-nginx", worker_connections=1024, access_log=True, binary=nginx))
+            else:
+                balancer = stack.enter_context(FaultProxy(("127.0.0.1", pair["a"].port)))
+            proxy = balancer if isinstance(balancer, FaultProxy) else None
 
             async def one(i: int) -> None:
                 await asyncio.sleep(i / streams)  # staggered over a second: the event hits each at another point
                 got: list[str] = []
+                failed_resume = False
+                client = connect(f"ws://127.0.0.1:{balancer.port}/ws", backoff=Backoff(base=0.05, cap=0.5, retries=20))
                 try:
-                    async with connect(f"ws://127.0.0.1:{proxy.port}/ws",
-                                       backoff=Backoff(base=0.05, cap=0.5, retries=20)) as client:
+                    async with client:
                         async for chunk in client.stream("count", model="count", params={"n": deltas, "gap": gap}):
                             got.append(chunk)
                     if got != expected:
                         log(f"   failover {a}->{b} {event}: stream {i}: {len(got)} Deltas, not the {deltas} expected")
                     counts["exact" if got == expected else "bad"] += 1
                 except ResumeFailed as exc:
+                    failed_resume = True
                     ok = event == "kill" and got == expected[:len(got)]
-                    if not ok:
-                        log(f"   failover {a}->{b} {event}: stream {i}: after {len(got)} Deltas: {exc}")
+                    if not ok or not client.resumes:  # (no resume: B did not know the session)
+                        log(f"   failover {a}->{b} {event}: stream {i}: after {len(got)} Deltas, "
+                            f"{client.resumes} resumes: {exc}")
                     counts["prefix" if ok else "bad"] += 1
                 except Exception as exc:  # counted: any other failure is a defect
                     log(f"   failover {a}->{b} {event}: stream {i}: {exc!r}")
                     counts["bad"] += 1
+                counts["moved"] += failed_resume or client.resumes > 0  # (it was on A when A went)
 
             async def hit() -> None:
                 await asyncio.sleep(hit_after)
-                proxy.target = ("127.0.0.1", pair["b"].port)  # the balancer's part
+                if proxy is not None:  # the balancer's part, where nginx does it by itself
+                    proxy.target = ("127.0.0.1", pair["b"].port)
                 if event == "kill":  # the whole process group: gunicorn's master and its worker at once
                     os.killpg(pair["a"].proc.pid, signal.SIGKILL)
                 else:  # the server itself (gunicorn's master passes it on to its worker)
                     os.kill(pair["a"].proc.pid, signal.SIGTERM)
-                proxy.cut_all()
+                if proxy is not None:
+                    proxy.cut_all()
 
             started = time.monotonic()
             async with asyncio.timeout(180):

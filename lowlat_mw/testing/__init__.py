@@ -16,8 +16,9 @@ machines joined in memory (``ConnectionPair``, :mod:`lowlat_mw.testing.pair`).
 Loopback only: it refuses to forward anywhere but 127.0.0.0/8 or ::1.
 
 ``LoggedProcess`` runs a server for a test in its own process group, output in files, and stops it
-(SIGTERM, then SIGKILL to the group) with bounded waits. Test tooling: imports the protocol layer,
-the base and the standard library.
+(SIGTERM, then SIGKILL to the group) with bounded waits; :mod:`lowlat_mw.testing.nginx` runs nginx with
+docs/scaling.md's block in front of such servers. Test tooling: imports the protocol layer, the base and
+the standard library.
 """
 
 from __future__ import annotations

@@ -8,42 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from guide_support import guide_block
 from loopback import free_port, wait_listening
 
 from lowlat_mw import Backoff, ResumeFailed, connect
 from lowlat_mw.testing import FaultProxy, LoggedProcess
+from lowlat_mw.testing.nginx import Nginx, find_nginx, guide_nginx_block, nginx_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+NGINX = find_nginx()
 STREAMS = 12
 CUT = (600, 2500)  # each connection is cut after this many bytes from the server, at random (a reply is ~500 B;
 # a resume replays what the client has not acknowledged, so a connection must be able to carry more than that)
 WAIT = 60.0
 
 
-def nginx_conf(prefix: Path, listen: int, backends: tuple[int, int], *, affinity: bool) -> str:
-    """The guide's block with this test's ports, inside the little an nginx.conf needs around it."""
-    block = guide_block("scaling.md", "# lowlat-mw behind nginx: two server processes, each client kept on one of them",
-                        lang="nginx").replace("listen 8000;", f"listen 127.0.0.1:{listen};")
-    block = block.replace("127.0.0.1:8001", f"127.0.0.1:{backends[0]}").replace("127.0.0.1:8002",
-                                                                              f"127.0.0.1:{backends[1]}")
+def _guide_block() -> str:
+    """docs/scaling.md's nginx block; lowlat_mw.testing.nginx (shared with the shared benchmark's failover run)
+    fills in this test's ports and puts it inside the little an nginx.conf needs around it."""
+    block = guide_nginx_block(ROOT / "docs" / "scaling.md")
     assert "ip_hash;" in block
-    if not affinity:
-        block = re.sub(r"\n\s*ip_hash;[^\n]*", "", block)
-    temp = "\n".join(f"    {name}_temp_path {prefix}/tmp/{name};" for name in
-                     ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return (f"worker_processes 1;\ndaemon off;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log warn;\n"
-            f"events {{ worker_connections 256; }}\nhttp {{\n    access_log off;\n{temp}\n{block}\n}}\n")
+    return block
 
 
 def _wait_port(port: int, proc: LoggedProcess, bound: float = WAIT) -> None:
@@ -74,16 +65,9 @@ def backends(tmp_path: Path, request: pytest.FixtureRequest):
             proc.stop()
 
 
-def _start_nginx(tmp_path: Path, backends: tuple[int, int], affinity: bool) -> tuple[LoggedProcess, int]:
-    prefix = tmp_path / ("nginx-affinity" if affinity else "nginx-round-robin")
-    (prefix / "tmp").mkdir(parents=True)
-    prefix.chmod(0o755)
-    port = free_port()
-    (prefix / "nginx.conf").write_text(nginx_conf(prefix, port, backends, affinity=affinity))
-    proc = LoggedProcess(prefix.name, [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
-                                       str(prefix / "error.log")], logdir=tmp_path, cwd=prefix)
-    _wait_port(port, proc)
-    return proc, port
+def _start_nginx(tmp_path: Path, backends: tuple[int, int], affinity: bool) -> Nginx:
+    return Nginx(_guide_block(), backends, folder=tmp_path, affinity=affinity,
+                 name="nginx-affinity" if affinity else "nginx-round-robin", binary=NGINX, wait=WAIT)
 
 
 async def _reference(port: int, prompt: str) -> str:
@@ -112,7 +96,8 @@ async def test_streams_resume_through_nginx_with_affinity_or_shared_sessions(tmp
     """With affinity, or with sessions shared through Redis, every stream arrives exact through its resumes;
     with neither, the reconnects that land on the other process fail to resume."""
     shared = "redis" in request.node.callspec.id
-    nginx, port = _start_nginx(tmp_path, backends, affinity)
+    nginx = _start_nginx(tmp_path, backends, affinity)
+    port = nginx.port
     try:
         expected = [await _reference(backends[0], f"stream {i} through the balancer") for i in range(STREAMS)]
         assert expected[0] == await _reference(backends[1], "stream 0 through the balancer")  # the same model
@@ -139,7 +124,7 @@ def test_the_guides_block_is_a_valid_nginx_configuration(tmp_path: Path) -> None
         pytest.skip("nginx is not installed (`python3 dev.py test` installs it as root)")
     prefix = tmp_path / "check"
     (prefix / "tmp").mkdir(parents=True)
-    (prefix / "nginx.conf").write_text(nginx_conf(prefix, free_port(), (free_port(), free_port()),
+    (prefix / "nginx.conf").write_text(nginx_conf(_guide_block(), prefix, free_port(), (free_port(), free_port()),
                                                   affinity=True))
     result = subprocess.run([NGINX, "-t", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
                              str(prefix / "error.log")], capture_output=True, text=True, timeout=30)

@@ -353,3 +353,40 @@ async def test_with_redis_down_a_subscribe_is_answered_at_once_and_pushes_come_b
                 assert (push_.topic, push_.body) == ("group:during", "back")
         finally:
             server.stop()
+
+
+async def test_a_slow_client_is_pushed_in_order_up_to_the_backlog_and_the_rest_is_skipped() -> None:
+    """Pushes waiting for a connection's output are bounded (PUSH_BACKLOG bytes): at most once, so a client that does
+    not read loses the newest, in order and without unbounded memory, and gets pushes again once it reads."""
+    from driver_support import Peer, endpoint_for
+
+    from lowlat_mw.drivers.aio import PUSH_BACKLOG
+
+    gate = asyncio.Event()
+
+    class Slow(Peer):
+        async def _send(self, message) -> None:
+            if self.events:  # the Welcome went; everything after it waits for the gate
+                await gate.wait()
+            await super()._send(message)
+
+    peer = Slow(endpoint_for(announce))
+    await peer.receive(ev.Hello(revision=1))
+    body = "x" * (MAX_PUSH - 8)
+    for i in range(20):
+        peer.driver.push("group:g", f"{i:08d}" + body)
+    await asyncio.sleep(0)
+    gate.set()
+    size = len(JSON_CODEC.encode(ev.Push(topic="group:g", text=f"{0:08d}" + body)))
+    kept = PUSH_BACKLOG // size
+    async with asyncio.timeout(WAIT):
+        while len(peer.events) < 1 + kept:
+            await asyncio.sleep(0.01)
+    peer.driver.push("group:g", "read again")
+    async with asyncio.timeout(WAIT):
+        while len(peer.events) < 2 + kept:
+            await asyncio.sleep(0.01)
+    pushes = [e.text[:8] if e.text != "read again" else e.text for e in peer.events[1:]]
+    assert pushes == [f"{i:08d}" for i in range(kept)] + ["read again"]
+    assert 2 <= kept < 20
+    await peer.driver.close()

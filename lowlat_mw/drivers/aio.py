@@ -98,6 +98,7 @@ async def run_authenticator(hook: Callable[[Handshake], Any], handshake: Handsha
     return principal, ""
 
 
+PUSH_BACKLOG = 4 * 1024 * 1024  # bytes of pushes a connection may have waiting for its output; more are skipped
 PUSH_LISTEN_WAIT = 5.0  # seconds a Subscribe's answer waits for this process to listen to the shared push channel
 RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared store does not have (yet): it writes
 # every 10 ms (shared.WRITE_EVERY), so a session whose first Request came just before the drop may be on its way
@@ -504,10 +505,10 @@ class ConnectionDriver:
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
-                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_scheduled", "_send",
-                 "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns", "_waiters",
-                 "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member", "metrics",
-                 "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
+                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
+                 "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
+                 "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member",
+                 "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
@@ -558,6 +559,7 @@ class ConnectionDriver:
         self._errors_logged = 0
         self._superseded = False  # a resume moved this connection's session to another connection
         self.member = False  # in push's index of users and groups (push.HUB.add): it leaves it when it closes
+        self._push_backlog = 0  # bytes of pushes waiting for the connection's output (PUSH_BACKLOG bounds them)
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         # Where offered, messages skip the ASGI queue too (ASGI receive still brings the disconnect).
         reads = direct is not None and self.read_directly()
@@ -1018,15 +1020,31 @@ class ConnectionDriver:
     def push(self, topic: str, body: str | bytes) -> None:
         """A push published to `topic` reached this connection (on its loop): send it, if it can go now."""
         frame = None if self._closing or self._superseded else self.protocol.push(topic, body)
+        size = 0
         if frame is not None:
             data = frame.data
             size = len(data) if type(data) is bytes or data.isascii() else len(data.encode("utf-8", "surrogatepass"))
             if size > self.settings.max_frame_size:  # (JSON's base64 or escapes): a client may not take more
                 frame = None
+            elif self._push_backlog and self._push_backlog + size > PUSH_BACKLOG:  # a slow client: at most once
+                frame = None
         if self.metrics is not None:
             self.metrics.inc("pushes", "sent" if frame is not None else "skipped")
-        if frame is not None:  # (a task per push, started in arrival order: pushes go out in the order they came)
-            self._spawn(self._write([frame.data]))
+        if frame is None:
+            return
+        direct = self.direct
+        if (not self._push_backlog and direct is not None and not self._writing and not self._waiters
+                and direct.is_writable()):
+            self._hold([frame.data])  # nothing before it waits: out with this loop turn's other frames
+            return
+        self._push_backlog += size  # (a task per push, started in arrival order: pushes go out in the order they came)
+        self._spawn(self._push_later(frame.data, size))
+
+    async def _push_later(self, data: bytes | str, size: int) -> None:
+        try:
+            await self._write([data])
+        finally:
+            self._push_backlog -= size
 
     def join_group(self, group: str, joined: bool) -> None:
         """The server put this connection's session in push group `group` (or took it out): ``lowlat_mw.join``."""

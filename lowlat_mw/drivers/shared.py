@@ -67,7 +67,9 @@ os.register_at_fork(after_in_child=lambda: _process_id.__setitem__(0, uuid.uuid4
 ALIVE_TTL_MS = 5000      # a process's liveness key outlives its last refresh by this much
 ALIVE_EVERY = 1.0        # seconds between refreshes
 FOLLOW_BLOCK_MS = 1000   # a follower's blocking read; after one with nothing new, it checks the writer is alive
-MAX_ENTRIES = 100_000    # entries kept per session stream (approximate trim; an entry is up to 10 ms of output)
+MAX_ENTRIES = 100_000    # entries kept per session stream at most (an entry is up to 10 ms of its output)
+MIN_ENTRIES = 16         # entries kept at least, however big (the latest streams' starts and ends with them)
+EXACT_BELOW = 1000       # a trim to fewer entries is exact (Redis trims approximately in nodes of ~100 entries)
 TIMEOUT = 5.0            # seconds for a Redis command or connection
 READ_TIMEOUT = 1.0       # seconds a resume waits for the store before it goes on without it
 RETRY_AFTER = 1.0        # seconds between write attempts while the store fails
@@ -319,6 +321,9 @@ class SharedSessions:
         self._retry_at = 0.0
         self._alive: asyncio.Task[None] | None = None
         self._cancels: set[asyncio.Task[None]] = set()  # (referenced until done)
+        self._entry_bytes: dict[str, float] = {}  # each writing session's average entry size (moving)
+        self.stream_bytes = 2 * settings.resume_buffer_size
+        """Bytes of output kept in Redis per session, about: twice what the replay buffer keeps in memory."""
 
     @classmethod
     def for_loop(cls, url: str, settings: Settings, metrics: Any = None) -> SharedSessions:
@@ -388,7 +393,13 @@ class SharedSessions:
             session.journal = []
             batch.append((session, journal))
             key = f"lowlat:d:{sid}"
-            pipe.xadd(key, {"o": process_id(), "b": pack(journal)}, maxlen=MAX_ENTRIES, approximate=True)
+            packed = pack(journal)
+            # Bounded by bytes too (Redis trims by count): as many entries as stream_bytes holds at the session's
+            # average entry size, so a long, fast stream keeps about its last stream_bytes, as the replay buffer does.
+            average = self._entry_bytes.get(sid)
+            average = self._entry_bytes[sid] = len(packed) if average is None else average + (len(packed) - average) / 8
+            keep = max(MIN_ENTRIES, min(MAX_ENTRIES, int(self.stream_bytes / max(average, 1.0))))
+            pipe.xadd(key, {"o": process_id(), "b": packed}, maxlen=keep, approximate=keep >= EXACT_BELOW)
             pipe.expire(key, ttl)
             pipe.expire(f"lowlat:s:{sid}", ttl)
             commands += 1
@@ -459,6 +470,7 @@ class SharedSessions:
         sid = session.session_id
         if self._held.get(sid) is session:  # (not a newer session object of the same id, resumed here since)
             del self._held[sid]
+            self._entry_bytes.pop(sid, None)
             self._meta.setdefault(sid, {})["owner"] = ""
             self.touch(session)
 

@@ -5,9 +5,11 @@ tests/integration/test_shared_sessions.py; on every server: tests/conformance/te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
@@ -16,8 +18,9 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 import lowlat_mw
-from lowlat_mw import ClientError, StreamError
+from lowlat_mw import Backoff, ClientError, StreamError
 from lowlat_mw.adapters.starlette import LowLatMiddleware
+from lowlat_mw.drivers import push
 from lowlat_mw.drivers.push import MAX_PUSH, principal_name
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.protocol import events as ev
@@ -25,7 +28,8 @@ from lowlat_mw.protocol.base import CloseConnection, SendFrame
 from lowlat_mw.protocol.codec import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.protocol.server import Membership, ServerProtocol
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
-from lowlat_mw.testing import AppClient
+from lowlat_mw.testing import AppClient, FaultProxy
+from lowlat_mw.testing.pytest_plugin import RunningServer
 
 WAIT = 30.0
 
@@ -235,8 +239,8 @@ async def test_session_user_and_group_pushes_reach_exactly_their_connections() -
         got = {name: [] for name in ("a1", "a2", "b")}
         for name, client in (("a1", a1), ("a2", a2), ("b", b)):
             while not got[name] or got[name][-1] != ("session", "end"):
-                push = await client.next_push(WAIT)
-                got[name].append((push.topic.partition(":")[0], push.body))
+                pushed = await client.next_push(WAIT)
+                got[name].append((pushed.topic.partition(":")[0], pushed.body))
         assert got == {
             "a1": [("group", "to the group"), ("user", "to alice"), ("session", "end")],
             "a2": [("user", "to alice"), ("session", "end")],
@@ -259,66 +263,59 @@ async def test_a_refused_subscribe_raises_and_pushes_end_with_the_connection() -
         await waiting
 
 
-async def test_a_client_in_a_group_reconnects_by_itself_and_resumes_its_groups() -> None:
-    """No stream open, but in groups: after a drop the client reconnects on its own (it listens) and resumes its
-    session, which is still in its groups, the server's own join included."""
-    from lowlat_mw import Backoff
-    from lowlat_mw.drivers import push
-    from lowlat_mw.testing import FaultProxy
-    from lowlat_mw.testing.pytest_plugin import RunningServer
-
+@contextlib.asynccontextmanager
+async def client_through_a_proxy() -> AsyncIterator[tuple[lowlat_mw.AsyncClient, FaultProxy]]:
+    """A client (user "erin") of the app served on a real socket in this process, through a proxy that can cut it."""
     server = RunningServer(app()).start()
     try:
         with FaultProxy(("127.0.0.1", server.port)) as proxy:
             async with asyncio.timeout(WAIT), lowlat_mw.connect(f"ws://127.0.0.1:{proxy.port}/ws", auth="erin",
                                                                 backoff=Backoff(base=0.05, cap=0.2)) as client:
-                await client.subscribe("news")
-                sid = client.welcome.session_id
-                assert lowlat_mw.join(f"session:{sid}", "team-7", store="memory") == 1
-                (first,) = push.HUB.members("group:news")
-                while "team-7" not in first.protocol.session.groups:
-                    await asyncio.sleep(0.01)  # (bounded by WAIT) until the server's loop applied the join
-                proxy.cut_all()
-                while push.HUB.members("group:team-7") in ([], [first]):
-                    await asyncio.sleep(0.01)  # until the resumed connection is reachable by its groups
-                assert client.welcome.resumed and client.welcome.session_id == sid and client.groups == {"news"}
-                assert lowlat_mw.publish("group:team-7", "again", store="memory") == 1
-                push_ = await client.next_push(WAIT)
-                assert (push_.topic, push_.body) == ("group:team-7", "again")
+                yield client, proxy
     finally:
         server.stop()
+
+
+async def next_body(client: lowlat_mw.AsyncClient) -> tuple[str, str | bytes]:
+    push_ = await client.next_push(WAIT)
+    return push_.topic, push_.body
+
+
+async def test_a_client_in_a_group_reconnects_by_itself_and_resumes_its_groups() -> None:
+    """No stream open, but in groups: after a drop the client reconnects on its own (it listens) and resumes its
+    session, which is still in its groups, the server's own join included."""
+    async with client_through_a_proxy() as (client, proxy):
+        await client.subscribe("news")
+        sid = client.welcome.session_id
+        assert lowlat_mw.join(f"session:{sid}", "team-7", store="memory") == 1
+        (first,) = push.HUB.members("group:news")
+        while "team-7" not in first.protocol.session.groups:
+            await asyncio.sleep(0.01)  # (bounded by WAIT) until the server's loop applied the join
+        proxy.cut_all()
+        while push.HUB.members("group:team-7") in ([], [first]):
+            await asyncio.sleep(0.01)  # until the resumed connection is reachable by its groups
+        assert client.welcome.resumed and client.welcome.session_id == sid and client.groups == {"news"}
+        assert lowlat_mw.publish("group:team-7", "again", store="memory") == 1
+        assert await next_body(client) == ("group:team-7", "again")
 
 
 async def test_a_client_whose_session_ended_joins_its_groups_again() -> None:
     """The session is gone when the client comes back (ended on the server meanwhile); the new one is in the client's
     groups."""
-    from lowlat_mw import Backoff
-    from lowlat_mw.drivers import push
-    from lowlat_mw.testing import FaultProxy
-    from lowlat_mw.testing.pytest_plugin import RunningServer
-
-    server = RunningServer(app()).start()
-    try:
-        with FaultProxy(("127.0.0.1", server.port)) as proxy:
-            async with asyncio.timeout(WAIT), lowlat_mw.connect(f"ws://127.0.0.1:{proxy.port}/ws", auth="erin",
-                                                                backoff=Backoff(base=0.05, cap=0.2)) as client:
-                await client.subscribe("news")
-                first = client.welcome.session_id
-                (driver,) = push.HUB.members("group:news")
-                ended = asyncio.Event()
-                loop = asyncio.get_running_loop()
-                driver.loop.call_soon_threadsafe(lambda: (driver.runner.destroy(),
-                                                          loop.call_soon_threadsafe(ended.set)))
-                await ended.wait()
-                proxy.cut_all()
-                while not any(d.protocol.session_id != first for d in push.HUB.members("group:news")):
-                    await asyncio.sleep(0.01)  # (bounded by WAIT) until the new session's Subscribe is in
-                assert client.welcome.session_id != first and not client.welcome.resumed
-                assert lowlat_mw.publish("group:news", "again", store="memory") == 1
-                push_ = await client.next_push(WAIT)
-                assert (push_.topic, push_.body) == ("group:news", "again")
-    finally:
-        server.stop()
+    async with client_through_a_proxy() as (client, proxy):
+        await client.subscribe("news")
+        first = client.welcome.session_id
+        (driver,) = push.HUB.members("group:news")
+        ended = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        driver.loop.call_soon_threadsafe(lambda: (driver.runner.destroy(), loop.call_soon_threadsafe(ended.set)))
+        await ended.wait()
+        proxy.cut_all()
+        while not any(d.protocol.session_id != first for d in push.HUB.members("group:news")):
+            await asyncio.sleep(0.01)  # (bounded by WAIT) until the new session's Subscribe is in
+        assert client.welcome.session_id != first and not client.welcome.resumed
+        assert lowlat_mw.publish("group:news", "again", store="memory") == 1
+        assert await next_body(client) == ("group:news", "again")
 
 
 async def test_with_redis_down_a_subscribe_is_answered_at_once_and_pushes_come_back_with_it() -> None:
@@ -326,9 +323,7 @@ async def test_with_redis_down_a_subscribe_is_answered_at_once_and_pushes_come_b
     heartbeat timeouts, reconnect loops); once Redis is back, pushes published through it arrive."""
     from redis_support import RedisServer, require_redis_server
 
-    from lowlat_mw.drivers import push
     from lowlat_mw.drivers.aio import PUSH_LISTEN_WAIT
-    from lowlat_mw.testing.pytest_plugin import RunningServer
 
     require_redis_server()
     with RedisServer() as redis_server:

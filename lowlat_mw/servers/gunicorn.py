@@ -20,10 +20,20 @@ closed with 4002, so clients resume elsewhere. Without it, gunicorn waits out ``
 
 Request headers are bounded by gunicorn itself (``--limit-request-line``, ``--limit-request-fields``,
 ``--limit-request-field_size``: HTTP 431 / 400 past them).
+
+Big buffers are allocated alone (glibc ``mallopt(M_MMAP_THRESHOLD, 256 KiB)``, where glibc is the C library).
+Each WebSocket has a reader thread of its own (simple-websocket), and a message arriving fragment by fragment
+grows a buffer; glibc's default raises its threshold once a big block is freed, after which such buffers come
+from the thread's malloc arena, whose heap grows by the message and may keep it: a peak that depends on which
+thread and arena a connection gets (from +0 to +2.3 MiB for a refused 1 MiB message, measured). With a fixed
+threshold every buffer past 256 KiB is mapped on its own and given back when freed: the same peak each time,
+the size of the message.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import socket
 import threading
 import time
@@ -40,6 +50,18 @@ from lowlat_mw.settings import Settings
 __all__ = ["ThreadWorker"]
 
 CLOSER_THREADS = 16  # threads for gthread's lingering graceful closes
+MMAP_THRESHOLD = 256 * 1024  # bytes from which a block is mapped alone (see the module's docstring)
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Allocate blocks of `threshold` bytes and more alone, and hand them back when freed (glibc's mallopt, which
+    also keeps the threshold from moving); False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its own policy stays
+        return False
 
 
 class ThreadWorker(_ThreadWorker):
@@ -47,6 +69,7 @@ class ThreadWorker(_ThreadWorker):
     lingering closes off the main thread."""
 
     def init_process(self) -> None:
+        fix_mmap_threshold()
         # graceful closes linger up to 2 s each: a pool, so a flood of them queues instead of adding threads
         self._lowlat_closer = ThreadPoolExecutor(max_workers=CLOSER_THREADS, thread_name_prefix="lowlat-mw-close")
         self._lowlat_lock = threading.Lock()

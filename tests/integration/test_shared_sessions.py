@@ -312,8 +312,9 @@ async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_onc
     async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws") as client:
         assert await client.complete("without redis", params={"n": 20, "gap": 0}) == "".join(EXPECTED[:20])
     redis_server.start()
-    for _ in range(int(WAIT * 10)):  # A's keep-alive (every second) finds Redis back and says so
-        if "reachable again" in servers.procs[0].output():
+    for _ in range(int(WAIT * 10)):  # A's keep-alive and push listener (every second) find Redis back and say so
+        out = servers.procs[0].output()
+        if "sessions are shared again" in out and "pushes from other processes arrive again" in out:
             break
         await asyncio.sleep(0.1)
     received: list[str] = []
@@ -325,7 +326,10 @@ async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_onc
         await _read(stream, received)
         assert received == EXPECTED
     log = servers.procs[0].output()
-    assert log.count("unreachable") == 1 and "reachable again" in log, log
+    # Said once per outage each: by the session store and by the push channel's listener.
+    assert log.count("sessions go on in this process") == 1 and "sessions are shared again" in log, log
+    assert log.count("pushes from other processes are lost") == 1 and "pushes from other processes arrive again" in log
+    assert log.count("unreachable") == 2, log
     assert "Traceback" not in log, log
 
 

@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
         ensure_redis()
         ensure_node_packages()
         _run(BIN / "ruff", "check", ".")
-        result = subprocess.run([str(PY), "-m", "pytest", *(rest or ["-q"])], cwd=ROOT)
+        result = subprocess.run([str(PY), "-m", "pytest", *(rest or ["-q", "--durations=30"])], cwd=ROOT)
         return result.returncode
     return 0
 

@@ -737,10 +737,16 @@ async def _well_behaved(url: str, seconds: float) -> tuple[list[float], int]:
     return gaps, streams
 
 
+_BASELINES: dict[str, tuple[list[float], int]] = {}  # server URL -> the well-behaved client's gaps, unattacked
+
+
 async def _measured_attack(plain: Any, conformance_dir: Path, fw: str, kinds: str
                            ) -> tuple[list[float], int, list[float], int, dict[str, Any]]:
-    """The well-behaved client's gaps without, then with, the attacker process running `kinds`; its stats."""
-    baseline, n_base = await _well_behaved(plain.url, PHASE)
+    """The well-behaved client's gaps without, then with, the attacker process running `kinds`; its stats. The
+    unattacked run is measured once per server: both attacks on a server compare with the same baseline."""
+    if plain.url not in _BASELINES:
+        _BASELINES[plain.url] = await _well_behaved(plain.url, PHASE)
+    baseline, n_base = _BASELINES[plain.url]
     name = f"{fw}-{kinds.replace(',', '-')}"
     stats_file = conformance_dir / f"attack-{name}.json"
     ready_file = conformance_dir / f"attack-{name}.ready"

@@ -140,3 +140,50 @@ async def test_a_sessions_output_in_redis_is_bounded_by_bytes_and_resumes_from_w
     stream = remote.streams[1]
     assert stream.first_seq > 1 and stream.first_seq - 1 + len(stream.pieces) == 800
     assert [int(piece[:6]) for piece in stream.pieces] == list(range(stream.first_seq - 1, 800))
+
+
+async def test_many_followed_streams_share_one_redis_connection_and_each_arrives_whole(redis_url: str) -> None:
+    """150 streams of 150 sessions followed at once by one process (a failover moves that many): each gets exactly
+    its own output and End, through one tail read, not a Redis connection each (the pool holds 100)."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from lowlat_mw.drivers.shared import SharedSessions, process_id
+
+    settings = Settings(session_store=redis_url)
+    loop = asyncio.get_running_loop()
+    writer, reader = SharedSessions(redis_url, settings, loop), SharedSessions(redis_url, settings, loop)
+    sessions = [Session(settings, now=0.0, session_id=f"s{i}", secret="secret") for i in range(150)]
+    for session in sessions:
+        writer.share(session, None)
+        session.start(ev.Request(stream_id=1, text="x"), 0.0)
+    await writer.flushed()
+    client = aioredis.Redis.from_url(redis_url)
+    after = [(await client.xrevrange(f"lowlat:d:s{i}", count=1))[0][0] for i in range(150)]  # (as a resume reads)
+
+    async def follow(i: int) -> list:
+        return [item async for item in reader.follow(f"s{i}", 1, after[i], 0, process_id())]
+
+    followers = [asyncio.create_task(follow(i)) for i in range(150)]
+    await asyncio.sleep(0.2)  # (the tail reads them all, nothing new yet)
+    try:
+        connections = len(await client.client_list())
+        for n in range(3):
+            for i, session in enumerate(sessions):
+                session.record(1, f"{i}.{n}", 0.0)
+                writer.touch(session)
+            await writer.flushed()
+        for session in sessions:
+            session.finish(1, 0.0, reason="stop")
+            writer.touch(session)
+        await writer.flushed()
+        async with asyncio.timeout(30):
+            got = await asyncio.gather(*followers)
+    finally:
+        await client.aclose()
+        await writer.aclose()
+        await reader.aclose()
+    assert connections < 10  # both stores, this client and the tail: not 150 blocked readers
+    for i, items in enumerate(got):
+        assert items[:3] == [f"{i}.0", f"{i}.1", f"{i}.2"] and isinstance(items[3], ev.End) and len(items) == 4

@@ -66,7 +66,8 @@ os.register_at_fork(after_in_child=lambda: _process_id.__setitem__(0, uuid.uuid4
 
 ALIVE_TTL_MS = 5000      # a process's liveness key outlives its last refresh by this much
 ALIVE_EVERY = 1.0        # seconds between refreshes
-FOLLOW_BLOCK_MS = 1000   # a follower's blocking read; after one with nothing new, it checks the writer is alive
+FOLLOW_QUIET = 1.0       # seconds a followed stream may bring nothing new before its writer's liveness is checked
+TAIL_BLOCK_MS = 50       # the shared tail's blocking read: a stream followed anew is read from within this
 MAX_ENTRIES = 100_000    # entries kept per session stream at most (an entry is up to 10 ms of its output)
 MIN_ENTRIES = 16         # entries kept at least, however big (the latest streams' starts and ends with them)
 EXACT_BELOW = 1000       # a trim to fewer entries is exact (Redis trims approximately in nodes of ~100 entries)
@@ -294,6 +295,22 @@ class RemoteSession:
         return session, follow
 
 
+def _entry_id(entry_id: bytes | str) -> tuple[int, int]:
+    """A Redis Stream entry id ("<ms>-<seq>") as numbers, to compare."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(eq=False, slots=True)
+class _Follower:
+    """One stream followed from the shared store: its session's key, the last entry it read, what the tail brings."""
+
+    key: str
+    last: bytes | str
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+
 # ================================================================================ the store
 class SharedSessions:
     """One event loop's connection to the shared store (Redis): the journal writer and the resume reader."""
@@ -322,6 +339,10 @@ class SharedSessions:
         self._alive: asyncio.Task[None] | None = None
         self._cancels: set[asyncio.Task[None]] = set()  # (referenced until done)
         self._entry_bytes: dict[str, float] = {}  # each writing session's average entry size (moving)
+        # Streams followed from other processes, by session key: one blocking XREAD reads them all (_tail).
+        self._followers: dict[str, list[_Follower]] = {}
+        self._tail: asyncio.Task[None] | None = None
+        self._tail_wake = asyncio.Event()
         self.stream_bytes = 2 * settings.resume_buffer_size
         """Bytes of output kept in Redis per session, about: twice what the replay buffer keeps in memory."""
 
@@ -552,53 +573,100 @@ class SharedSessions:
     async def follow(self, session_id: str, stream_id: int, after: bytes | str, seq: int,
                      writer: str) -> AsyncIterator[Any]:
         """The chunks of a stream another process is running, after `seq`, read from entry `after` on; then
-        its End or Error. If that process stops (or Redis goes) first: an Error resume_failed (retryable)."""
-        key = f"lowlat:d:{session_id}"
-        last = after
+        its End or Error. If that process stops (or Redis goes) first: an Error resume_failed (retryable).
+        Read by the process's one tail of followed streams (:meth:`_tail_read`), not by a connection of its own."""
         run = RemoteStream(first_seq=seq + 1, writer=writer)  # (the same rules as a resume's RemoteSession.apply)
+        follower = _Follower(f"lowlat:d:{session_id}", after)
 
         def lost(why: str) -> ev.Error:
             return ev.Error(stream_id=stream_id, code=ErrorCode.RESUME_FAILED, retryable=True,
                             message=f"stream {stream_id} lost after seq {seq}: {why}")
 
-        while True:
-            try:
-                found = await self.redis.xread({key: last}, count=256, block=FOLLOW_BLOCK_MS)
-            except Exception as exc:
-                self._failed("read", exc)
-                yield lost("the session store is unreachable")
-                return
-            if not found:
-                try:
-                    alive = await self.redis.exists(f"lowlat:p:{writer}")
-                except Exception as exc:
-                    self._failed("read", exc)
+        self._followers.setdefault(follower.key, []).append(follower)
+        if self._tail is None or self._tail.done():
+            self._tail = self.loop.create_task(self._tail_read())
+        self._tail_wake.set()
+        quiet_since = self.loop.time()
+        try:
+            while True:
+                got = await follower.queue.get()
+                if isinstance(got, BaseException):
                     yield lost("the session store is unreachable")
                     return
-                if not alive:
-                    yield lost("the process running it stopped")
-                    return
-                continue
-            for entry_id, fields in found[0][1]:
-                last = entry_id
-                for sid, s, item in unpack(fields[b"b"]):
-                    if sid != stream_id:
+                if not got:  # nothing new in one tail read
+                    self._tail_wake.set()  # (its queue is empty again: the tail may read its session)
+                    if self.loop.time() - quiet_since < FOLLOW_QUIET:
                         continue
-                    if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
-                        yield lost("its end was not saved")
+                    quiet_since = self.loop.time()
+                    try:
+                        alive = await self.redis.exists(f"lowlat:p:{writer}")
+                    except Exception as exc:
+                        self._failed("read", exc)
+                        yield lost("the session store is unreachable")
                         return
-                    run.fold(fields[b"o"].decode(), s, item)
-                    for piece in run.pieces:
-                        yield piece
-                    run.first_seq += len(run.pieces)  # (what was relayed is not kept)
-                    run.pieces.clear()
-                    seq = run.first_seq - 1
-                    if run.broken:
-                        yield lost("part of its output was not saved")
+                    if not alive:
+                        yield lost("the process running it stopped")
                         return
-                    if run.terminal is not None:
-                        yield run.terminal
-                        return
+                    continue
+                quiet_since = self.loop.time()
+                newer_than = _entry_id(follower.last)
+                for entry_id, fields in got:
+                    if _entry_id(entry_id) <= newer_than:
+                        continue  # (read again for a follower of the same session that started further back)
+                    follower.last = entry_id
+                    for sid, s, item in unpack(fields[b"b"]):
+                        if sid != stream_id:
+                            continue
+                        if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
+                            yield lost("its end was not saved")
+                            return
+                        run.fold(fields[b"o"].decode(), s, item)
+                        for piece in run.pieces:
+                            yield piece
+                        run.first_seq += len(run.pieces)  # (what was relayed is not kept)
+                        run.pieces.clear()
+                        seq = run.first_seq - 1
+                        if run.broken:
+                            yield lost("part of its output was not saved")
+                            return
+                        if run.terminal is not None:
+                            yield run.terminal
+                            return
+                self._tail_wake.set()  # done with what it had: the tail may read its session again
+        finally:
+            group = self._followers.get(follower.key)
+            if group is not None and follower in group:
+                group.remove(follower)
+                if not group:
+                    del self._followers[follower.key]
+
+    async def _tail_read(self) -> None:
+        """Read every followed session's new entries with one blocking XREAD at a time (one Redis connection for
+        all of them: a connection each would run out of the pool at 100 streams followed) and hand each follower
+        its session's. A session is read again once all its followers are done with what they got (backpressure:
+        a slow client's stream is not read ahead into memory)."""
+        while self._followers:
+            cursors: dict[str, Any] = {}
+            for key, group in self._followers.items():
+                if all(f.queue.empty() for f in group):
+                    cursors[key] = min((f.last for f in group), key=_entry_id)
+            if not cursors:
+                self._tail_wake.clear()
+                await self._tail_wake.wait()
+                continue
+            try:
+                found = await self.redis.xread(cursors, count=256, block=TAIL_BLOCK_MS)
+            except Exception as exc:
+                self._failed("read", exc)
+                for group in self._followers.values():
+                    for follower in group:
+                        follower.queue.put_nowait(exc)
+                self._followers = {}
+                return
+            entries = {(key.decode() if isinstance(key, bytes) else key): got for key, got in found or ()}
+            for key in cursors:
+                for follower in self._followers.get(key, ()):
+                    follower.queue.put_nowait(entries.get(key))
 
     async def aclose(self) -> None:
         """Write what is left and close the connection (tests; a process that ends just stops)."""

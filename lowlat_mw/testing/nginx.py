@@ -5,11 +5,12 @@
         url = f"ws://127.0.0.1:{nginx.port}/ws"
 
 :func:`nginx_conf` puts the guide's block, its ports replaced, inside the little an ``nginx.conf`` needs
-around it; ``affinity=False`` drops the guide's ``ip_hash`` (round robin over the servers). :class:`Nginx` runs
-that nginx (Debian's package, or any :func:`find_nginx` finds) in the foreground with its own prefix folder, pid
-file, error log and temp paths under `folder`, one worker, listening on a free loopback port, and stops it as
-:class:`~lowlat_mw.testing.LoggedProcess` does. tests/integration/test_balancer.py and the shared benchmark's
-failover run (benchmarks/shared.py) both use it.
+around it; ``affinity=False`` drops the guide's ``ip_hash`` (round robin over the servers), and ``backup=True``
+with it marks every server but the first ``backup`` (all connections go to the first while it takes them).
+:class:`Nginx` runs that nginx (Debian's package, or any :func:`find_nginx` finds) in the foreground with its
+own prefix folder, pid file, error log and temp paths under `folder`, one worker, listening on a free loopback
+port, and stops it as :class:`~lowlat_mw.testing.LoggedProcess` does. tests/integration/test_balancer.py and
+the shared benchmark's failover run (benchmarks/shared.py, with ``backup=True``) both use it.
 """
 
 from __future__ import annotations
@@ -48,11 +49,16 @@ def guide_nginx_block(scaling_md: str | Path) -> str:
 
 
 def nginx_conf(block: str, prefix: str | Path, listen: int, backends: Sequence[int], *, affinity: bool = True,
-               worker_connections: int = 256, access_log: str | Path | None = None) -> str:
+               backup: bool = False, worker_connections: int = 256, access_log: str | Path | None = None) -> str:
     """A whole nginx.conf around the guide's `block`: it listens on 127.0.0.1:`listen`, its upstream's servers
-    are 127.0.0.1:`backends` (as many as the block has), and ``ip_hash`` is dropped unless `affinity`. One worker
-    of `worker_connections` (a proxied connection takes two), in the foreground, its pid file, error log and temp
+    are 127.0.0.1:`backends` (as many as the block has), and ``ip_hash`` is dropped unless `affinity`. With
+    `backup` (only without `affinity`: nginx allows no backup server with ``ip_hash``), every server but the
+    first is marked ``backup``: nginx sends every connection to the first, and to the next only when it is
+    unavailable (its connect refused or reset, per ``proxy_next_upstream``). One worker of
+    `worker_connections` (a proxied connection takes two), in the foreground, its pid file, error log and temp
     paths under `prefix`; with `access_log`, one line per connection there naming the upstream(s) it went to."""
+    if backup and affinity:
+        raise ValueError("nginx allows no backup server with ip_hash: backup=True needs affinity=False")
     block, n = re.subn(r"\blisten \d+;", f"listen 127.0.0.1:{listen};", block)
     if n != 1:
         raise ValueError(f"the block has {n} 'listen PORT;' lines, not 1")
@@ -60,7 +66,9 @@ def nginx_conf(block: str, prefix: str | Path, listen: int, backends: Sequence[i
     if len(servers) != len(backends):
         raise ValueError(f"the block's upstream has {len(servers)} servers, not {len(backends)}")
     ports = iter(backends)
-    block = re.sub(r"(\n\s*server) 127\.0\.0\.1:\d+;", lambda m: f"{m.group(1)} 127.0.0.1:{next(ports)};", block)
+    marks = iter(["", *[" backup" if backup else ""] * (len(backends) - 1)])
+    block = re.sub(r"(\n\s*server) 127\.0\.0\.1:\d+;",
+                   lambda m: f"{m.group(1)} 127.0.0.1:{next(ports)}{next(marks)};", block)
     if not affinity:
         block = re.sub(r"\n\s*ip_hash;[^\n]*", "", block)
     temp = "\n".join(f"    {name}_temp_path {prefix}/tmp/{name};" for name in _TEMP_PATHS)
@@ -80,12 +88,12 @@ def _free_port() -> int:
 
 
 class Nginx(LoggedProcess):
-    """nginx with :func:`nginx_conf` (`block`, `backends`, `affinity`, ...) in its own prefix folder
+    """nginx with :func:`nginx_conf` (`block`, `backends`, `affinity`, `backup`, ...) in its own prefix folder
     ``folder/name``, output in `folder`; started, and listening on 127.0.0.1:``port``, when the constructor
     returns (RuntimeError with its output if it exits or does not listen within `wait` seconds)."""
 
     def __init__(self, block: str, backends: Sequence[int], *, folder: str | Path, affinity: bool = True,
-                 name: str = "nginx", worker_connections: int = 256, access_log: bool = False,
+                 backup: bool = False, name: str = "nginx", worker_connections: int = 256, access_log: bool = False,
                  binary: str | None = None, wait: float = 60.0) -> None:
         binary = binary or find_nginx()
         if binary is None:
@@ -98,7 +106,8 @@ class Nginx(LoggedProcess):
         self.error_log = self.prefix / "error.log"
         self.access_log = self.prefix / "access.log" if access_log else None
         self.conf_path.write_text(nginx_conf(block, self.prefix, self.port, backends, affinity=affinity,
-                                             worker_connections=worker_connections, access_log=self.access_log))
+                                             backup=backup, worker_connections=worker_connections,
+                                             access_log=self.access_log))
         super().__init__(name, [binary, "-p", str(self.prefix), "-c", str(self.conf_path), "-e", str(self.error_log)],
                          logdir=Path(folder), cwd=self.prefix)
         deadline = time.monotonic() + wait

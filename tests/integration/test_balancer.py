@@ -119,13 +119,18 @@ async def test_streams_resume_through_nginx_with_affinity_or_shared_sessions(tmp
         assert all(r == e for r, e in zip(replies, expected, strict=True) if isinstance(r, str))
 
 
-def test_the_guides_block_is_a_valid_nginx_configuration(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("affinity", "backup"), [(True, False), (False, True)], ids=["guide", "primary-backup"])
+def test_the_guides_block_is_a_valid_nginx_configuration(tmp_path: Path, affinity: bool, backup: bool) -> None:
+    """The guide's block as the guide has it, and as the failover run (benchmarks/shared.py) has it: without
+    ip_hash, the second server its first's backup."""
     if NGINX is None:
         pytest.skip("nginx is not installed (`python3 dev.py test` installs it as root)")
     prefix = tmp_path / "check"
     (prefix / "tmp").mkdir(parents=True)
-    (prefix / "nginx.conf").write_text(nginx_conf(_guide_block(), prefix, free_port(), (free_port(), free_port()),
-                                                  affinity=True))
+    conf = nginx_conf(_guide_block(), prefix, free_port(), (free_port(), free_port()), affinity=affinity,
+                      backup=backup)
+    assert ("ip_hash;" in conf) == affinity and conf.count(" backup;") == backup
+    (prefix / "nginx.conf").write_text(conf)
     result = subprocess.run([NGINX, "-t", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
                              str(prefix / "error.log")], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr

@@ -143,8 +143,9 @@ async def test_a_sessions_output_in_redis_is_bounded_by_bytes_and_resumes_from_w
 
 
 async def test_many_followed_streams_share_one_redis_connection_and_each_arrives_whole(redis_url: str) -> None:
-    """150 streams of 150 sessions followed at once by one process (a failover moves that many): each gets exactly
-    its own output and End, through one tail read, not a Redis connection each (the pool holds 100)."""
+    """150 streams of 150 sessions followed at once by one process (a failover moves that many), while 300 resume
+    reads run at once: each stream gets exactly its own output and End, through one tail read, not a Redis
+    connection each, and no read fails for want of a connection."""
     import asyncio
 
     import redis.asyncio as aioredis
@@ -169,6 +170,11 @@ async def test_many_followed_streams_share_one_redis_connection_and_each_arrives
     await asyncio.sleep(0.2)  # (the tail reads them all, nothing new yet)
     try:
         connections = len(await client.client_list())
+        # A resume storm on the same process meanwhile: 150 loads and owner reads at once wait for the pool's
+        # connections, none fails for want of one ("Too many connections" read as Redis being down).
+        loads = await asyncio.gather(*(reader.load(f"s{i}", sessions[i].resume_token) for i in range(150)),
+                                     *(reader.owner(f"s{i}") for i in range(150)))
+        assert all(found is not None for found in loads) and not reader.down
         for n in range(3):
             for i, session in enumerate(sessions):
                 session.record(1, f"{i}.{n}", 0.0)

@@ -71,7 +71,8 @@ TAIL_BLOCK_MS = 50       # the shared tail's blocking read: a stream followed an
 MAX_ENTRIES = 100_000    # entries kept per session stream at most (an entry is up to 10 ms of its output)
 MIN_ENTRIES = 16         # entries kept at least, however big (the latest streams' starts and ends with them)
 EXACT_BELOW = 1000       # a trim to fewer entries is exact (Redis trims approximately in nodes of ~100 entries)
-TIMEOUT = 5.0            # seconds for a Redis command or connection
+TIMEOUT = 5.0            # seconds for a Redis command or connection (or to wait for a free one of the pool)
+POOL_SIZE = 64           # Redis connections per process and event loop at most (one is the tail of followed streams)
 READ_TIMEOUT = 1.0       # seconds a resume waits for the store before it goes on without it
 RETRY_AFTER = 1.0        # seconds between write attempts while the store fails
 WRITE_EVERY = 0.010      # seconds between writes: a pipelined write costs ~50 us of CPU in redis-py, so a busy
@@ -326,8 +327,12 @@ class SharedSessions:
         self.loop = loop
         self.metrics = metrics
         self.ttl = max(1, round(settings.resume_window + 1))
-        self.redis = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
-                                             health_check_interval=30)
+        # A pool that makes a command wait for a free connection (up to TIMEOUT) rather than fail: a failover brings
+        # a hundred resumes at once, and "Too many connections" would read as Redis being down.
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=TIMEOUT,
+                                                        socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
+                                                        health_check_interval=30)
+        self.redis = aioredis.Redis(connection_pool=pool)
         self._dirty: dict[int, Session] = {}  # sessions with journal records not yet written, by id()
         self._meta: dict[str, dict[str, str]] = {}  # session hash fields not yet written
         self._held: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()  # shared from here
@@ -676,4 +681,4 @@ class SharedSessions:
             self._flush()
         if self._writing is not None:
             await asyncio.gather(self._writing, return_exceptions=True)
-        await self.redis.aclose()
+        await self.redis.aclose(close_connection_pool=True)

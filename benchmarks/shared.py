@@ -54,10 +54,10 @@ CLIENT_PROCS = 4  # (as the scale suite)
 FAILOVER_SIZES = {"tiny": (4, 40, 0.005), "quick": (10, 100, 0.004), "full": (100, 500, 0.004)}
 FAILOVER_SPREAD = 0.5  # the streams' starts, staggered over this fraction of a stream's length (deltas * gap)
 FAILOVER_WINDOW = 0.4  # A goes this fraction of a stream's length at most after every stream has its first Delta
-# A drained daphne (django) takes reconnects and closes them with 4002 until its streams are done and it exits
-# (full runs of 2026-12-03: 6.5 to 9.5 s after SIGTERM, its 100 streams slowed to ~10 ms a Delta; each client
-# tried 20 to 32 times); only then does nginx pass them on to B. 60 retries at most 0.5 s apart (0.25 s on average, full
-# jitter; and each try takes a handshake) keep a client trying for 15 s or more.
+# A drained server refuses reconnects (lowlat-mw's daphne runner too, since it stops listening when it drains; before,
+# daphne took them and closed each with 4002 until it exited: 6.5 to 9.5 s, each client trying 20 to 32 times). A
+# reconnect accepted just before the drain began is closed with 4002 and tried again: 60 retries at most 0.5 s apart
+# (0.25 s on average, full jitter; and each try takes a handshake) keep a client trying for 15 s or more.
 FAILOVER_BACKOFF = {"base": 0.05, "cap": 0.5, "retries": 60}
 # How a stream A was running when killed may end (docs/scaling.md): what A had written, then ResumeFailed saying
 # so; or, for a session A had not yet written to Redis (it does within 10 ms of the Welcome), B not knowing it:
@@ -253,9 +253,9 @@ configuration).
 Killed, A's connections drop: nginx closes the clients' side, the clients reconnect through nginx, and nginx
 passes each connection that A refuses (or resets mid-handshake) on to B. Drained, A sends `GoAway` and closes its
 connections with 4002 while it finishes their streams into Redis; a reconnect that still reaches A is refused or
-reset (uvicorn, gunicorn), and nginx passes it on to B, or is taken and closed with 4002 at once (daphne), and
-the client tries again ({retries:g} retries at most {cap:g} s apart) until A has exited and nginx passes it
-on to B. On B each client resumes its session from Redis. "On A when it went": the streams whose connection to A
+reset (every server stops listening when it drains), and nginx passes it on to B; one A accepted just before is
+closed with 4002 and the client tries again ({retries:g} retries at most {cap:g} s apart). On B each client
+resumes its session from Redis. "On A when it went": the streams whose connection to A
 dropped before their End (all of them unless one ended first); seconds: the run's wall time (a killed A's streams
 end when B sees A dead, 5 s after its last heartbeat)."""
     else:

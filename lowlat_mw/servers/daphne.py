@@ -14,8 +14,9 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   bytes per fragment;
 * the WebSocket opening handshake timeout is never shorter than asked: autobahn's timer rounds it
   down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response);
-* on shutdown (SIGTERM, SIGINT) lowlat-mw connections are drained before daphne cancels its
-  applications: GoAway, running streams finish within the ``drain_grace`` setting, close 4002
+* on shutdown (SIGTERM, SIGINT) it stops listening (new connections are refused, as by uvicorn and
+  gunicorn: a balancer sends them elsewhere) and lowlat-mw connections are drained before daphne cancels
+  its applications: GoAway, running streams finish within the ``drain_grace`` setting, close 4002
   (:func:`lowlat_mw.drivers.aio.drain_all`). daphne alone cancels them at once and drops every
   connection without a close frame.
 
@@ -176,11 +177,20 @@ class BoundedHTTPFactory(HTTPFactory):
 
 
 class DrainingServer(daphne.server.Server):
-    """daphne's server, draining lowlat-mw connections before it cancels the applications on shutdown."""
+    """daphne's server, draining lowlat-mw connections before it cancels the applications on shutdown; it stops
+    listening first, as uvicorn and gunicorn do: a new connection is refused, so a balancer passes it on to
+    another server at once (nginx's next or backup upstream) instead of the client being closed with 4002 and
+    coming back, again and again, while the drain runs (thousands of reconnects in a failover run)."""
+
+    def listen_success(self, port: Any) -> None:
+        self.lowlat_ports = [*getattr(self, "lowlat_ports", []), port]
+        super().listen_success(port)
 
     def kill_all_applications(self) -> defer.Deferred[Any]:
-        # A "before shutdown" trigger: Twisted waits for the Deferred; the listening ports are still
-        # open, and a connection that opens now is closed with 4002 at once (lowlat_mw.drivers.aio).
+        # A "before shutdown" trigger: Twisted waits for the Deferred. New connections are refused from now on; one
+        # accepted just before is closed with 4002 at once (lowlat_mw.drivers.aio).
+        for port in getattr(self, "lowlat_ports", ()):
+            port.stopListening()
         drained: defer.Deferred[Any] = defer.Deferred.fromFuture(asyncio.ensure_future(drain_all()))
         drained.addErrback(lambda failure: None)
         drained.addCallback(lambda _: super(DrainingServer, self).kill_all_applications())

@@ -12,7 +12,7 @@ serving WebSockets at ``/ws`` in one of two apps:
   ``heartbeat_interval`` (``--heartbeat``), no connection limits (every benchmark client comes
   from 127.0.0.1) and a private metrics registry; its model streams the same tokens. With ``--ws lowlat``
   it runs as ``lowlat-mw serve`` does, with serve's garbage-collector settings too (``gc_freeze`` on,
-  ``gc_threshold`` 10000; ``--serve-gc on|off`` overrides).
+  ``gc_threshold`` 50000; ``--serve-gc on|off`` overrides).
 
 Both apps answer plain HTTP control requests (never on the WebSocket path):
 

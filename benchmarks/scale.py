@@ -40,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowlat_mw.servers.cli import SERVE_GC_THRESHOLD
+
 from ._scale_procs import Fleet
 from ._scale_server import raise_nofile
 from .core import SuiteResult, log, machine_facts, markdown_table, median, quantiles, rotated, suite
@@ -596,8 +598,13 @@ about 20 objects the collector tracks (the bare endpoint's about 5); with the in
 they reach the oldest generation within milliseconds, and a full collection then stalls the process
 for 50-100 ms of wall time, which lands in the p99 of the round it falls in (rounds at 119-191 ms
 instead of 64-69 ms). The `lowlat-direct` server runs with `lowlat-mw serve`'s settings, `gc_freeze`
-(the startup heap out of the collector's reach) and `gc_threshold` 10000 (a stream's objects die before
-they are promoted): 8 rounds measured apart, none above 77 ms. Found with this suite's gc counters and
+(the startup heap out of the collector's reach) and `gc_threshold` {SERVE_GC_THRESHOLD} (a stream's objects die before
+they are promoted). The threshold counts tracked objects made minus those freed, so it is set above what
+the running streams hold at once (1,000 streams: about 20,000): their objects come and go without a
+collection. At 10000 each round's burst crossed it twice (young collections of 4.5-12 ms per round, in
+the burst); at 100000, none in 10 rounds, and the TTFD p99 ratio to bare went 1.54x -> 1.29x (30 interleaved
+rounds; 1,000,000 gave no more); 50000, serve's value, also none in 10 rounds (docs/architecture.md).
+Found with this suite's gc counters and
 removed earlier: a loop-turn callback handle per direct write (now one per loop turn for every
 connection), a tuple per buffered Delta, and a reference cycle per Request with params (gen-0
 collections per 100,000 paced deltas ~600 -> ~200). A tight-loop model makes each stream run to
@@ -770,8 +777,8 @@ deadline bookkeeping of every timer tick, included.
 gets) and the middleware (default settings, a model streaming the same tokens), each in its own
 uvicorn server: `lowlat` on uvicorn's own WebSocket protocol (the ASGI path), `lowlat-direct` on
 lowlat-mw's (`lowlat_mw.servers.uvicorn:WebSocketProtocol`, what `lowlat-mw serve` runs; direct reads
-and writes; with serve's garbage-collector settings, `gc_freeze` on and `gc_threshold` 10000). Each server
-is warmed up ({size.warm} connections stream once
+and writes; with serve's garbage-collector settings, `gc_freeze` on and `gc_threshold`
+{SERVE_GC_THRESHOLD}). Each server is warmed up ({size.warm} connections stream once
 per model), then gets {size.streams:,} client connections (spread over the client processes); in each
 of {size.stream_rounds} rounds, for each model and each server (order rotated per round), every client
 sends one request at once and reads its reply. TTFD runs from each request's send to its first Delta

@@ -35,7 +35,7 @@ DEFAULT_METRICS_PATH = "/metrics"
 DEFAULT_ASYNCAPI_PATH = "/asyncapi.json"
 DEFAULT_HEALTH_PATH = "/healthz"
 DEFAULT_CLIENT_PATH = "/lowlat"
-SERVE_GC_THRESHOLD = 10_000  # allocations between young collections under `serve` (Settings.gc_threshold)
+SERVE_GC_THRESHOLD = 50_000  # net allocations between young collections under `serve` (Settings.gc_threshold)
 WORKER_ENV = "LOWLAT_SERVE_WORKER"  # what `serve --workers` hands each worker process (see worker_app)
 
 

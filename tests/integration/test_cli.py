@@ -204,7 +204,7 @@ def test_serve_metrics_path_options(monkeypatch):
     monkeypatch.setenv("LOWLAT_GC_FREEZE", "false")
     assert "gc_freeze" not in options()  # the environment decides
     monkeypatch.delenv("LOWLAT_GC_THRESHOLD", raising=False)
-    assert options()["gc_threshold"] == 10_000  # and a stream's objects die young
+    assert options()["gc_threshold"] == 50_000  # and a stream's objects die young
     assert options("set", ["gc_threshold=0"])["gc_threshold"] == 0
     monkeypatch.setenv("LOWLAT_GC_THRESHOLD", "0")
     assert "gc_threshold" not in options()

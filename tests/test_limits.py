@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import math
 import threading
@@ -13,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lowlat_mw.drivers.aio import run_authenticator
 from lowlat_mw.errors import CloseCode, ErrorCode
@@ -25,6 +28,7 @@ from lowlat_mw.protocol.server import (
     ConnState,
     ResumeSession,
     StartStream,
+    request_size,
 )
 from lowlat_mw.security import Handshake, load_authenticator
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
@@ -333,6 +337,22 @@ def test_request_over_max_request_size_fails_only_that_stream(subprotocol: str, 
     assert "max_request_size" in out[0].message
     assert c.conn.open and 2 not in c.conn.streams
     assert isinstance(c.request(3, model=model, text="small")[0], StartStream)
+
+
+
+_JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**400), max_value=10**400),
+                         st.floats(allow_nan=True, allow_infinity=True), st.text())
+_PARAMS = st.dictionaries(st.text(), st.recursive(_JSON_LEAVES, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(), inner, max_size=4)), max_leaves=12), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(params=_PARAMS)
+def test_the_params_count_as_json_dumps_writes_them(params: dict[str, Any]) -> None:
+    """request_size counts params as json.dumps(params, default=str) writes them: non-ASCII escaped,
+    NaN and infinities spelled out, big whole numbers in full."""
+    req = ev.Request(stream_id=1, model="", text="", params=params)
+    assert request_size(req) == (len(json.dumps(params, default=str)) if params else 0)
 
 
 # ---------------------------------------------------------------- max session lifetime

@@ -531,7 +531,21 @@ _INSTALLED = available_codecs()  # fixed at import
 
 STREAM_MESSAGES = 2  # control-budget tokens a Request brings: its stream's Ack{done} and a Cancel
 
-_PARAMS_JSON = json.JSONEncoder(default=str).encode  # json.dumps(params, default=str), its encoder made once
+
+
+def _params_json() -> Callable[[Any], str]:
+    """json.dumps(params, default=str), its C encoder made once: params come from a decoder, a tree, so
+    the circular-reference check (a dict per call, made by JSONEncoder.iterencode) is left out."""
+    from json.encoder import c_make_encoder, encode_basestring_ascii
+
+    if c_make_encoder is None:  # pragma: no cover - an interpreter without the _json accelerator
+        return json.JSONEncoder(default=str).encode
+    encode = c_make_encoder(None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    join = "".join
+    return lambda params: join(encode(params, 0))
+
+
+_PARAMS_JSON = _params_json()
 
 
 def request_size(req: ev.Request) -> int:

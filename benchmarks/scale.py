@@ -91,7 +91,7 @@ SIZES = {
     "quick": Size(levels=(200,), window=2.0, sample=0.5, fast=0.5, fast_max=200, rounds=1, clients=2, streams=100,
                   tokens=30, paced_tokens=20, stream_rounds=2, warm=16, settle=0.3, traced=0),
     "full": Size(levels=(1_000, 10_000), window=30.0, sample=2.0, fast=5.0, fast_max=1_000, rounds=2, clients=4,
-                 streams=1_000, tokens=30, paced_tokens=100, stream_rounds=4, warm=32, settle=2.0, traced=400),
+                 streams=1_000, tokens=30, paced_tokens=100, stream_rounds=8, warm=32, settle=2.0, traced=400),
 }
 
 

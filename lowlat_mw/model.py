@@ -16,6 +16,7 @@ Cancelling the consuming task closes the generator (``aclose()`` / ``close()``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib
 import inspect
 import threading
@@ -37,6 +38,7 @@ __all__ = [
     "shared_executor",
     "step_now",
     "stream_model",
+    "warm_up",
 ]
 
 ModelFn = Callable[["ModelRequest"], Any]
@@ -239,6 +241,25 @@ async def _stream_model(
         result = await asyncio.get_running_loop().run_in_executor(executor, call, request)
     async for chunk in chunks_of(result, executor, on_run if kind != "asyncgen" and kind != "async" else None):
         yield chunk
+
+
+async def warm_up(fn: ModelFn, request: ModelRequest, executor: Executor | None = None) -> bool:
+    """Run `fn`'s warm-up hook for `request` (a Request with ``warmup`` set, protocol v1.2): its ``warmup``
+    attribute, a callable taking the request, sync (run on `executor`, it may block: loading weights,
+    filling a cache) or async. False when `fn` has none: a warm-up then does nothing."""
+    hook = getattr(fn, "warmup", None)
+    if hook is None:
+        return False
+    if not callable(hook):
+        raise TypeError(f"the model's warmup attribute is not callable: {hook!r}")
+    if _kind(hook) == "async":
+        result = hook(request)
+    else:
+        context = contextvars.copy_context()  # (what the model would see: the stream's context)
+        result = await asyncio.get_running_loop().run_in_executor(executor, context.run, hook, request)
+    if inspect.isawaitable(result):
+        await result
+    return True
 
 
 READY, WAIT, DONE = 0, 1, 2  # what step_now found

@@ -43,6 +43,7 @@ SAMPLES = [
     ev.Subscribed(id=2, group="x", code=ev.ErrorCode.UNAUTHORIZED, message="no"),
     ev.Push(topic="group:news", text="hi"), ev.Push(topic="session:s", data=b"\x00"),
     ev.Hello(client="c", revision=1), ev.Welcome(session_id="s", revision=1),
+    ev.Request(stream_id=1, text="x", warmup=True), ev.Hello(revision=2), ev.Welcome(session_id="s", revision=2),
 ]
 
 

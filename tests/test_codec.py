@@ -59,11 +59,13 @@ chat = st.builds(ev.ChatMessage, role=st.text(max_size=10), content=st.text())
 finite = st.floats(allow_nan=False, allow_infinity=False)
 
 requests = st.one_of(
-    st.builds(ev.Request, stream_id=pos_u32, model=st.text(max_size=20), params=params),
-    st.builds(ev.Request, stream_id=pos_u32, model=st.text(max_size=20), text=st.text(), params=params),
-    st.builds(ev.Request, stream_id=pos_u32, model=st.text(max_size=20), data=st.binary(), params=params),
+    st.builds(ev.Request, stream_id=pos_u32, model=st.text(max_size=20), params=params, warmup=st.booleans()),
+    st.builds(ev.Request, stream_id=pos_u32, model=st.text(max_size=20), text=st.text(), params=params,
+              warmup=st.booleans()),
+    st.builds(ev.Request, stream_id=pos_u32, model=st.text(max_size=20), data=st.binary(), params=params,
+              warmup=st.booleans()),
     st.builds(ev.Request, stream_id=pos_u32, model=st.text(max_size=20),
-              messages=st.lists(chat, max_size=4).map(tuple), params=params),
+              messages=st.lists(chat, max_size=4).map(tuple), params=params, warmup=st.booleans()),
 )
 deltas = st.one_of(
     st.builds(ev.Delta, stream_id=u32, seq=u32, text=st.text()),
@@ -596,6 +598,9 @@ def test_encode_small_fast_text_requests_are_byte_identical_to_protobuf(stream_i
 
 def test_encode_small_fast_leaves_other_requests_to_protobuf() -> None:
     assert encode_small_fast(ev.Request(stream_id=1, text="x", params={"a": 1})) is None
+    warm = ev.Request(stream_id=1, text="x", warmup=True)  # (revision 2: its field must not be dropped)
+    assert encode_small_fast(warm) is None
+    assert PROTO.decode(PROTO.encode(warm), limit=LIMIT) == warm
     assert encode_small_fast(ev.Request(stream_id=1, data=b"x")) is None
     assert encode_small_fast(ev.Request(stream_id=1)) is None
     assert encode_small_fast(ev.Cancel(stream_id=1)) is None

@@ -376,6 +376,7 @@ class AsyncClient:
         auth: str = "",
         ssl: ssl_module.SSLContext | None = None,
         max_pushes: int = 1000,
+        warmup: Mapping[str, Any] | None = None,
     ) -> None:
         if mode not in ("proto", "json"):
             raise ValueError("mode must be 'proto' or 'json'")
@@ -425,6 +426,9 @@ class AsyncClient:
         self._pushes: deque[ev.Push | BaseException] = deque()
         self._push_waiter: asyncio.Future[None] | None = None
         self.pushes_dropped = 0  # pushes dropped because max_pushes were waiting unread
+        # Sent as a warm-up request (see warmup()) when a connection starts a new session: its arguments.
+        self.warmup_request: Mapping[str, Any] | None = None if warmup is None else dict(warmup)
+        self.warmups = 0  # warm-up requests the server ran
 
     # ------------------------------------------------------------------ state (the machine's)
     @property
@@ -589,6 +593,8 @@ class AsyncClient:
         self.last_close = None
         self._timer = _Timer(self, ws)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
+        if self.warmup_request is not None and not (first.resumed and resume):  # a new session: maybe a new process
+            _keep_running(self._io_tasks, self._warm_new_session())
         if self.groups and proto.pushes:  # a new session is in none; a resumed one may have lost the last one
             self._rejoining.clear()  # (written to Redis 10 ms after it was answered): joining again changes nothing
             for group in sorted(self.groups):
@@ -830,19 +836,53 @@ class AsyncClient:
         params: Mapping[str, Any] | None = None,
     ) -> Stream:
         """Start a streamed request; iterate the result for chunks (str, or bytes for data)."""
+        return Stream(self, self._request(text, messages, data, model, params, False))
+
+    def _request(self, text: str | None, messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None,
+                 data: bytes | None, model: str, params: Mapping[str, Any] | None, warmup: bool) -> ev.Request:
         msgs = None
         if messages is not None:
             msgs = tuple(
                 m if isinstance(m, ev.ChatMessage) else ev.ChatMessage(role=m["role"], content=m["content"])
                 for m in messages
             )
-        request = ev.Request(stream_id=next(self._ids), model=model, text=text, data=data,
-                             messages=msgs, params=dict(params or {}))
-        return Stream(self, request)
+        return ev.Request(stream_id=next(self._ids), model=model, text=text, data=data,
+                          messages=msgs, params=dict(params or {}), warmup=warmup)
 
     async def complete(self, text: str | None = None, **kwargs: Any) -> str:
         """Run a request and return the whole reply as text."""
         return await self.stream(text, **kwargs).text()
+
+    async def warmup(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None = None,
+        data: bytes | None = None,
+        model: str = "",
+        params: Mapping[str, Any] | None = None,
+    ) -> ev.End | None:
+        """Have the server run the model's warm-up hook for this input (load it, fill its caches) and wait
+        until it has, so that a later request finds the model ready; connects first if need be. Returns the
+        server's End (``finish_reason`` "warmup", no Delta before it; ``timings_ms`` says how long it took).
+        Protocol v1.2: against an older server nothing is sent and this returns None (such a server would run
+        the model as a plain request). The hook's failure raises :class:`StreamError` (``model_error``)."""
+        if not self.connected:
+            await self.open()
+        welcome = self.welcome
+        if welcome is None or welcome.revision < ev.WARMUP_REVISION:
+            return None
+        stream = Stream(self, self._request(text, messages, data, model, params, True))
+        await stream.text()  # (no Delta: the server sends End("warmup") at once when the hook returns)
+        self.warmups += 1
+        return stream.end
+
+    async def _warm_new_session(self) -> None:
+        """The ``warmup=`` option: a warm-up request on a new session, in the background (the caller goes on)."""
+        try:
+            await self.warmup(**self.warmup_request)  # type: ignore[arg-type]
+        except (ClientError, StreamError, ConnectionClosed) as exc:  # only a hint: a request works without it
+            log.warning("warm-up request failed: %s", exc)
 
     async def _wait_drained(self) -> None:
         """After a GoAway: wait until the server closes the draining connection."""

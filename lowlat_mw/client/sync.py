@@ -108,6 +108,11 @@ class SyncClient:
         """Run a request and return the whole reply as text."""
         return "".join(c if isinstance(c, str) else c.decode() for c in self.stream(text, **kwargs))
 
+    def warmup(self, text: str | None = None, **kwargs: Any) -> End | None:
+        """Have the server warm the model up for this input and wait until it has (:meth:`AsyncClient.warmup
+        <lowlat_mw.client.aio.AsyncClient.warmup>`): its End, or None against a server older than protocol v1.2."""
+        return self._call_soon(self._client.warmup(text, **kwargs))  # type: ignore[no-any-return]
+
     def subscribe(self, group: str, timeout: float = 10.0) -> None:
         """Join push group `group` (:meth:`AsyncClient.subscribe <lowlat_mw.client.aio.AsyncClient.subscribe>`)."""
         self._call_soon(self._client.subscribe(group, timeout))

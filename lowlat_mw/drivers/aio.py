@@ -32,7 +32,7 @@ from typing import Any
 
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
-from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model
+from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model, warm_up
 from ..observability import tracing
 from ..observability.logs import CLIENT_LOGS
 from ..observability.metrics import Metrics
@@ -311,6 +311,12 @@ class ModelRunner:
                 return
             mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
                                 messages=req.messages, params=req.params, session=self.info)
+            if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
+                if timer is not None:
+                    timer.model_started = timer.lap("queue")
+                await warm_up(fn, mreq, self.endpoint.executor)
+                ending = ("warmup",)
+                return
             if kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
                 if timer is not None:
                     timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)

@@ -77,7 +77,7 @@ _SPECS = (
           "Connections closed, by close code (name: idle_timeout = reaped, heartbeat_timeout = dead peer).",
           ("code", "name", "by")),
     _Spec("handshakes_refused", "counter", "WebSocket handshakes refused before a session began.", ("reason",)),
-    _Spec("streams_finished", "counter", "Streams ended, by model and outcome (stop, cancelled, error).",
+    _Spec("streams_finished", "counter", "Streams ended, by model and outcome (stop, cancelled, warmup, error).",
           ("model", "outcome")),
     _Spec("errors", "counter", "Error messages sent to clients, by error code.", ("code",)),
     _Spec("resumes", "counter", "Hellos that asked to resume a session, by outcome (resumed, failed).",
@@ -304,7 +304,8 @@ class Metrics:
         return first, between
 
     def stream_ended(self, label: str, outcome: str, seconds: float, timer: StreamTimer | None) -> None:
-        """A stream ended (`outcome`: stop, cancelled, error) after `seconds`: its counters, duration and stages."""
+        """A stream ended (`outcome`: stop, cancelled, warmup, error) after `seconds`: its counters, duration and
+        stages."""
         self.streams -= 1
         key = (label, outcome)
         series = self._values["streams_finished"]

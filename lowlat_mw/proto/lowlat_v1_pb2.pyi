@@ -145,20 +145,22 @@ class ChatMessages(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("stream_id", "model", "text", "data", "messages", "params")
+    __slots__ = ("stream_id", "model", "text", "data", "messages", "params", "warmup")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     model: str
     text: str
     data: bytes
     messages: ChatMessages
     params: _struct_pb2.Struct
-    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    warmup: bool
+    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., warmup: _Optional[bool] = ...) -> None: ...
 
 class Delta(_message.Message):
     __slots__ = ("stream_id", "seq", "text", "data")

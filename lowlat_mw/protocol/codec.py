@@ -142,7 +142,8 @@ def encode_small_fast(event: ev.Event) -> bytes | None:
         return _field(b"\x42", _uint(b"\x08", event.id))  # type: ignore[union-attr]
     if kind is ev.Pong:
         return _field(b"\x4a", _uint(b"\x08", event.id))  # type: ignore[union-attr]
-    if kind is ev.Request and event.text is not None and not event.params:  # type: ignore[union-attr]
+    if kind is ev.Request and event.text is not None and not event.params \
+            and not event.warmup:  # type: ignore[union-attr]
         model = event.model  # type: ignore[union-attr]
         return _field(b"\x1a", _uint(b"\x08", event.stream_id)  # type: ignore[union-attr]
                       + (_field(b"\x12", model.encode()) if model else b"")
@@ -398,6 +399,8 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
                 r.messages.items.add(role=m.role, content=m.content)
         if event.params:
             r.params.update(dict(event.params))
+        if event.warmup:
+            r.warmup = True
     elif isinstance(event, ev.Error):
         env.error.stream_id, env.error.code = event.stream_id, int(event.code)
         env.error.message, env.error.retryable = event.message, event.retryable
@@ -466,7 +469,7 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 params = _struct_to_dict(r.params) if r.HasField("params") else {}
             except ValueError as exc:  # NaN / Infinity numbers: JSON has none
                 raise _bad_request(f"request.params: {exc}", r.stream_id) from None
-            return ev.Request(stream_id=r.stream_id, model=r.model, params=params, **kw)
+            return ev.Request(stream_id=r.stream_id, model=r.model, params=params, warmup=r.warmup, **kw)
         if kind == "end":
             e = env.end
             return ev.End(stream_id=e.stream_id, last_seq=e.last_seq, finish_reason=e.finish_reason,
@@ -615,6 +618,8 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
             d["messages"] = [{"role": m.role, "content": m.content} for m in event.messages]
         if event.params:
             d["params"] = dict(event.params)
+        if event.warmup:
+            d["warmup"] = True
         return d
     if isinstance(event, ev.Error):
         return {"type": "error", "stream_id": event.stream_id, "code": event.code.wire_name,
@@ -731,7 +736,7 @@ def from_json_dict(obj: Any) -> ev.Event:
                                  for m in raw)
             return ev.Request(stream_id=f.u32("stream_id"), model=f.str("model"),
                               text=f.str("text", None), data=f.bytes("data"), messages=messages,
-                              params=f.mapping("params"))
+                              params=f.mapping("params"), warmup=f.bool("warmup"))
         if kind == "delta":
             return ev.Delta(stream_id=f.u32("stream_id"), seq=f.u32("seq"),
                             text=f.str("text", None), data=f.bytes("data"))

@@ -31,8 +31,12 @@ __all__ = [
     "Welcome",
 ]
 
-REVISION = 1
-"""The protocol revision this code implements: 1 is v1.1 (Subscribe, Subscribed, Push); 0 is v1.0."""
+REVISION = 2
+"""The protocol revision this code implements: 2 is v1.2 (Request.warmup), 1 is v1.1 (Subscribe, Subscribed,
+Push), 0 is v1.0."""
+WARMUP_REVISION = 2
+"""The revision that brought Request.warmup: a client sets it only after a Welcome of at least this revision (an
+older server ignores the field and would run the model as a plain request)."""
 
 _U32 = 0xFFFFFFFF
 
@@ -93,6 +97,8 @@ class Request:
     data: bytes | None = None
     messages: tuple[ChatMessage, ...] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    warmup: bool = False
+    """Revision 2 (v1.2): only run the model's warm-up hook for this input; no Delta, End("warmup")."""
 
     def __post_init__(self) -> None:
         sid = self.stream_id

@@ -190,3 +190,53 @@ async def announce(req):
 
 
 MODELS.update({"announce": announce})
+
+
+# ---------------------------------------------------------------- warm-up (protocol v1.2)
+# For test_conformance_warmup.py: models with a ``warmup`` hook. The hook keeps the warm-up's prompt per `tag`
+# (in this process) and writes ``<tag>.warmed``; the model answers with what its warm-up kept.
+
+WARMED: dict[str, str] = {}
+
+
+def _warm(req) -> None:
+    tag = req.params.get("tag", "")
+    WARMED[tag] = req.prompt
+    _mark(req, "warmed")
+
+
+async def warm_agen(req):
+    yield f"warm:{WARMED.get(req.params.get('tag', ''), 'cold')}"
+
+
+async def _warm_async(req) -> None:
+    await asyncio.sleep(0)
+    _warm(req)
+
+
+warm_agen.warmup = _warm_async
+
+
+def warm_sync(req):
+    return f"warm:{WARMED.get(req.params.get('tag', ''), 'cold')}"
+
+
+def _warm_blocking(req) -> None:
+    time.sleep(0.05)  # a blocking hook (loading weights) runs in the worker pool, not on the event loop
+    _warm(req)
+
+
+warm_sync.warmup = _warm_blocking
+
+
+def warm_broken(req):
+    return "never warmed"
+
+
+def _warm_fails(req) -> None:
+    raise RuntimeError("the weights are missing")
+
+
+warm_broken.warmup = _warm_fails
+
+MODELS.update({"warm_agen": warm_agen, "warm_sync": warm_sync, "warm_broken": warm_broken})

@@ -41,6 +41,13 @@ for (const mode of ["json", "proto"]) {
   const end = await stream.done;
   out.replies[mode] = { text, finish: end.finish_reason, deltas: end.usage.deltas, state: client.state,
                         ttfd: typeof stream.timeToFirstDelta, isClient: client instanceof LowLatClient };
+  // warm-up (v1.2): asked for, and as the option of a new connection (in the background)
+  const warm = await client.warmup(`warm ${mode}`, { params: { k: 1 } });
+  const option = await connect(process.argv[2], { mode, WebSocket, warmup: { text: `option ${mode}` } });
+  for (let i = 0; i < 500 && option.warmups === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  out.replies[mode].warmup = { finish: warm.finish_reason, last: warm.last_seq, warmups: client.warmups,
+                               option: option.warmups };
+  option.close();
   client.close();
 }
 console.log(JSON.stringify(out));
@@ -61,6 +68,9 @@ export async function main(url: string): Promise<string> {
     text += typeof chunk === "string" ? chunk : String(chunk.length);
   }
   const end: End = await stream.done;
+  const warmed: End | null = await client.warmup("system prompt", { model: "m" });  // v1.2
+  const warmClient: LowLatClient = new LowLatClient(url, { warmup: { text: "system prompt", model: "m" } });
+  const warmups: number = warmClient.warmups + (warmed?.last_seq ?? 0);
   const rtt: number = await client.ping();
   const off = client.on("statechange", (detail) => console.log(detail.state, detail.previous));
   off();
@@ -88,7 +98,8 @@ export async function main(url: string): Promise<string> {
     if (err instanceof StreamError) console.log(err.code, err.retryable);
   }
   client.close(1000);
-  return `${text}${end.usage["deltas"]}${rtt}${wait}${welcome?.session_id}${revision}${joined}${pushes.dropped}`;
+  const tail = `${joined}${pushes.dropped}${warmups}`;
+  return `${text}${end.usage["deltas"]}${rtt}${wait}${welcome?.session_id}${revision}${tail}`;
 }
 
 // @ts-expect-error: mode is "json" or "proto"
@@ -105,6 +116,10 @@ new LowLatClient().groups.add("news");
 async def words(req):
     for word in req.prompt.split():
         yield word
+
+
+WARMED: list[str] = []
+words.warmup = lambda req: WARMED.append(req.prompt)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +155,9 @@ def test_the_package_streams_under_node_in_both_modes(project: Path) -> None:
     out = json.loads(result.stdout)
     for mode in ("json", "proto"):
         assert out["replies"][mode] == {"text": "abc", "finish": "stop", "deltas": 2, "state": "connected",
-                                        "ttfd": "number", "isClient": True}
+                                        "ttfd": "number", "isClient": True,
+                                        "warmup": {"finish": "warmup", "last": 0, "warmups": 1, "option": 1}}
+    assert WARMED == ["warm json", "option json", "warm proto", "option proto"]
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert out["version"] == version == json.loads((STATIC / "package.json").read_text())["version"]
 

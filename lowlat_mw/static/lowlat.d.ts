@@ -4,8 +4,10 @@
 export declare const VERSION: string;
 export declare const SUBPROTOCOL_JSON: "lowlat.v1.json";
 export declare const SUBPROTOCOL_PROTO: "lowlat.v1.proto";
-/** The protocol revision the client implements (its Hello's `revision`): 1 is v1.1, with push. */
-export declare const PROTOCOL_REVISION: 1;
+/** The protocol revision the client implements (its Hello's `revision`): 2 is v1.2 (warm-up), 1 is v1.1 (push). */
+export declare const PROTOCOL_REVISION: 2;
+/** The revision that brought warm-up requests: `warmup()` sends one only to a server of at least this one. */
+export declare const WARMUP_REVISION: 2;
 /** What each close code means (docs/protocol.md section 12). */
 export declare const CLOSE_CODES: Readonly<Record<number, string>>;
 /** 4101-4199 are aliases of 1001-1099: the canonical code. */
@@ -104,7 +106,7 @@ export interface End extends Message {
   type: "end";
   stream_id: number;
   last_seq: number;
-  finish_reason: "stop" | "cancelled" | string;
+  finish_reason: "stop" | "cancelled" | "warmup" | string;
   timings_ms: Record<string, number>;
   usage: Record<string, number>;
 }
@@ -230,6 +232,8 @@ export interface ClientOptions {
   maxPushes?: number;
   /** Hello.auth, for the server's authenticate hook. */
   auth?: string;
+  /** A warm-up request (v1.2) sent in the background whenever a connection starts a new session. */
+  warmup?: StreamInput | null;
   clientName?: string;
   /** The WebSocket class (e.g. the `ws` package's in Node before 22). Default globalThis.WebSocket. */
   WebSocket?: unknown;
@@ -244,6 +248,8 @@ export interface ClientEvents {
   goaway: GoAway;
   /** A push to this client's session, user or one of its groups (v1.1). */
   push: Push;
+  /** The `warmup` option's background warm-up failed (the hook's error); requests work without it. */
+  warmupfailed: Error;
 }
 
 /** One WebSocket to a lowlat-mw server, many streams on it; reconnects with backoff and resumes. */
@@ -270,11 +276,18 @@ export declare class LowLatClient extends EventTarget {
   /** The push groups joined (joined again when the client reconnects to a new session). */
   readonly groups: ReadonlySet<string>;
   maxPushes: number;
+  /** The `warmup` option's request, if any. */
+  warmupRequest: StreamInput | null;
+  /** Warm-up requests the server ran. */
+  warmups: number;
   readonly connected: boolean;
   /** Connect now (with the backoff's retries); resolves with the Welcome. */
   connect(): Promise<Welcome>;
   stream(input: StreamInput, options?: StreamOptions): Stream;
   complete(input: StreamInput, options?: StreamOptions): Promise<string>;
+  /** Run the model's warm-up hook for this input (v1.2) and resolve with its End (finish_reason "warmup");
+   * null, with nothing sent, against an older server. */
+  warmup(input?: StreamInput, options?: StreamOptions): Promise<End | null>;
   /** Round trip of a protocol Ping, in milliseconds. */
   ping(timeout?: number): Promise<number>;
   close(code?: number, reason?: string): void;

@@ -10,14 +10,18 @@
 // streams, answers to the server's Pings and Pings of its own when the link is quiet, reconnects
 // with exponential backoff and full jitter, resumes open streams after a drop (Hello with
 // resume_token and last_seq, Acks as the application consumes) and reports close codes and
-// server errors as Error subclasses. It speaks protocol revision 1 (v1.1): push groups
-// (`await client.subscribe("news")`) and the server's pushes (the "push" event, `client.pushes()`).
+// server errors as Error subclasses. It speaks protocol revision 2 (v1.2): push groups
+// (`await client.subscribe("news")`) and the server's pushes (the "push" event, `client.pushes()`), and
+// warm-up requests (`await client.warmup("system prompt")`, or the `warmup` option on every new session).
 
 export const VERSION = "0.1.0";
 export const SUBPROTOCOL_JSON = "lowlat.v1.json";
 export const SUBPROTOCOL_PROTO = "lowlat.v1.proto";
-/** The protocol revision this client implements (Hello.revision): 1 is v1.1 (Subscribe, Subscribed, Push). */
-export const PROTOCOL_REVISION = 1;
+/** The protocol revision this client implements (Hello.revision): 2 is v1.2 (Request.warmup), 1 is v1.1
+ * (Subscribe, Subscribed, Push). */
+export const PROTOCOL_REVISION = 2;
+/** The revision that brought Request.warmup: sent only to a server whose Welcome says at least this. */
+export const WARMUP_REVISION = 2;
 const CLIENT_NAME = `lowlat-mw-js/${VERSION}`;
 
 // ----------------------------------------------------------------------------- close codes
@@ -252,6 +256,7 @@ const ENCODERS = {
       w.msg(5, (l) => m.messages.forEach((c) => l.msg(1, (x) => x.str(1, c.role).str(2, c.content))));
     }
     if (m.params && Object.keys(m.params).length) w.msg(6, (s) => writeStruct(s, m.params));
+    w.bool(7, m.warmup); // (v1.2)
   }],
   cancel: [7, (w, m) => w.uint(1, m.stream_id)],
   ping: [8, (w, m) => w.uint(1, m.id)],
@@ -642,6 +647,7 @@ function wsHeaderSize(payload, masked) {
  * - "goaway": detail = the GoAway message;  "servererror": detail = an Error on stream 0
  * - "message" / "send": detail {msg, bytes} for every frame received / sent (for inspection)
  * - "push": detail = a Push the server published to this client's session, user or one of its groups
+ * - "warmupfailed": detail = the error of the `warmup` option's background warm-up (v1.2)
  *
  * States: "idle" (no connection; the next request opens one), "connecting", "connected",
  * "reconnecting" (after a drop, with backoff; streams are kept and resumed), "closed" (final: you
@@ -664,6 +670,9 @@ export class LowLatClient extends EventTarget {
     this.heartbeatInterval = options.heartbeatInterval ?? null; // ms; default: Welcome.heartbeat_interval_ms
     this.keepAlive = Boolean(options.keepAlive);
     this.maxPushes = options.maxPushes ?? 1000;
+    // {text | messages | data, model, params}: a warm-up request sent whenever a connection starts a new session.
+    this.warmupRequest = options.warmup || null;
+    this.warmups = 0; // warm-up requests the server ran
     this.auth = options.auth || "";
     this.clientName = options.clientName || CLIENT_NAME;
     this.WebSocket = options.WebSocket || globalThis.WebSocket;
@@ -735,12 +744,17 @@ export class LowLatClient extends EventTarget {
    * (without callbacks, iterate the returned Stream).
    */
   stream(input, options = {}) {
+    return this._stream(input, options, false);
+  }
+
+  _stream(input, options, warmup) {
     if (this._userClosed) throw new LowLatError("client is closed");
     if (input && typeof input === "object" && !(input instanceof Uint8Array)) {
       options = { ...input, ...options };
       input = undefined;
     }
     const request = { type: "request", stream_id: this._ids++, model: options.model || "" };
+    if (warmup) request.warmup = true;
     if (typeof input === "string") request.text = input;
     else if (input instanceof Uint8Array) request.data = input;
     if (options.text !== undefined) request.text = options.text;
@@ -764,6 +778,22 @@ export class LowLatClient extends EventTarget {
   /** Run a request and return the whole reply as text. */
   complete(input, options = {}) {
     return this.stream(input, options).text();
+  }
+
+  /**
+   * Have the server run the model's warm-up hook for this input (`input` and options as for `stream()`) and
+   * resolve when it has, with the server's End (finish_reason "warmup", no Delta before it; timings_ms.total:
+   * how long it took), so that the first real request finds the model ready. Connects first if need be.
+   * Protocol v1.2: against an older server nothing is sent and it resolves with null (such a server would
+   * run the model as a plain request). A failing hook rejects with a StreamError (model_error).
+   */
+  async warmup(input, options = {}) {
+    if (!this.connected) await this.connect();
+    if (!(this.welcome && this.welcome.revision >= WARMUP_REVISION)) return null;
+    const stream = this._stream(input, options, true);
+    await stream.text();
+    this.warmups++;
+    return stream.end;
   }
 
   /** Send a protocol Ping and resolve with the round-trip time to its Pong in milliseconds. */
@@ -1003,6 +1033,10 @@ export class LowLatClient extends EventTarget {
     this._heartbeatTimer = setInterval(() => this._heartbeat(ws, interval), every);
     this._emit("welcome", welcome);
     this._setState("connected", { resumed: this.resumed, resume: Boolean(resume && hadToken) });
+    if (this.warmupRequest && !this.resumed && welcome.revision >= WARMUP_REVISION && this._ws === ws) {
+      // A new session (maybe on another server process): warm the model up in the background; only a hint.
+      this.warmup(this.warmupRequest).catch((error) => this._emit("warmupfailed", error));
+    }
     if (this.groups.size && welcome.revision >= 1 && this._ws === ws) {
       // A new session is in no group yet; a resumed one in another process may have missed the last join (written
       // there 10 ms after its answer). Join the client's groups again: it changes nothing where it is in them.

@@ -162,6 +162,44 @@ def test_the_package_streams_under_node_in_both_modes(project: Path) -> None:
     assert out["version"] == version == json.loads((STATIC / "package.json").read_text())["version"]
 
 
+OLDER_SERVER_PROGRAM = """
+import WebSocket from "ws";
+import { connect, Backoff } from "lowlat-mw";
+
+const out = {};
+for (const mode of ["json", "proto"]) {
+  const client = await connect(process.argv[2], { mode, WebSocket, backoff: new Backoff({ retries: 0 }) });
+  const skipped = await client.warmup("w");
+  let refused = null;  // a resend that meets an older server (what every send goes through)
+  try { await client._stream("w", {}, true).text(); } catch (error) { refused = [error.noWarmup, error.message]; }
+  out[mode] = { revision: client.welcome.revision, skipped, refused, warmups: client.warmups,
+                text: await client.complete("a b") };
+  client.close();
+}
+console.log(JSON.stringify(out));
+"""
+
+
+@needs_node
+def test_the_package_sends_no_warm_up_to_an_older_server(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lowlat_mw.protocol import events as ev
+
+    (project / "older.mjs").write_text(OLDER_SERVER_PROGRAM)
+    monkeypatch.setattr(ev, "REVISION", 1)  # the server's Welcome says v1.1
+    WARMED.clear()
+    server = RunningServer(LowLatASGI(words, registry=CollectorRegistry()), path="/").start()
+    try:
+        result = subprocess.run([NODE, "older.mjs", server.url], cwd=project, capture_output=True, text=True,
+                                timeout=60)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    refused = [True, "the server speaks protocol revision 1: it has no warm-up"]
+    for mode, seen in json.loads(result.stdout).items():
+        assert seen == {"revision": 1, "skipped": None, "refused": refused, "warmups": 0, "text": "ab"}, mode
+    assert WARMED == []  # the hook never ran
+
+
 @needs_node
 def test_the_type_declarations_check_a_strict_program(project: Path) -> None:
     (project / "check.ts").write_text(TYPED_PROGRAM)

@@ -11,6 +11,8 @@ import pytest
 from starlette.applications import Starlette
 
 from lowlat_mw.adapters.starlette import LowLatMiddleware
+from lowlat_mw.client.aio import AsyncClient, Stream
+from lowlat_mw.errors import ClientError, LocalProtocolError
 from lowlat_mw.model import ModelRequest, SessionInfo, warm_up
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.testing.inprocess import AppClient
@@ -116,3 +118,47 @@ async def test_against_an_older_server_nothing_is_sent(monkeypatch: pytest.Monke
         assert await client.warmup("s") is None
         assert await client.complete("q") == "cold"
     assert model.warmed == [] and model.ran == 1
+
+
+async def test_a_warm_up_request_is_never_sent_to_an_older_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The revision is checked where the Request is sent, which a resend after a drain or a lost Request may do on
+    a connection to another (older) server: the stream ends in the client, the model never runs."""
+    monkeypatch.setattr(ev, "REVISION", 1)
+    model = Warmable()
+    async with AppClient(app_of(model), "/ws") as client:
+        stream = Stream(client, client._request("s", None, None, "", None, True))  # (what warmup() starts)
+        with pytest.raises(ClientError, match="revision 1: it has no warm-up"):
+            await stream.text()
+        assert client._streams == {} and await client.complete("q") == "cold"
+    assert model.warmed == [] and model.ran == 1
+
+
+def test_the_warmup_option_is_checked_when_the_client_is_made() -> None:
+    with pytest.raises(TypeError, match="not prompt"):
+        AsyncClient("ws://127.0.0.1:1/ws", warmup={"prompt": "x"})
+    with pytest.raises(LocalProtocolError, match="at most one of text, data, messages"):
+        AsyncClient("ws://127.0.0.1:1/ws", warmup={"text": "a", "data": b"b"})
+    AsyncClient("ws://127.0.0.1:1/ws", warmup={"messages": [{"role": "system", "content": "be brief"}], "model": "m"})
+
+
+async def test_a_request_sent_while_connecting_goes_before_the_background_warm_up() -> None:
+    """The warmup= option never puts its request ahead of the caller's: with max_streams=1 the caller's request
+    still runs (the warm-up then waits its turn or is refused, only a hint)."""
+    started: list[str] = []
+
+    async def model(req: ModelRequest) -> Any:
+        started.append("request")
+        yield "ok"
+
+    async def hook(req: ModelRequest) -> None:
+        started.append("warm-up")
+
+    model.warmup = hook  # type: ignore[attr-defined]
+    app = Starlette()
+    app.add_middleware(LowLatMiddleware, model=model, path="/ws", max_streams=1)
+    client = AppClient(app, "/ws", warmup={"text": "w"})
+    try:
+        assert await client.complete("q") == "ok"  # connects: this request is sent first
+    finally:
+        await client.close()
+    assert started[0] == "request"

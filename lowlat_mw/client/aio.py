@@ -426,8 +426,11 @@ class AsyncClient:
         self._pushes: deque[ev.Push | BaseException] = deque()
         self._push_waiter: asyncio.Future[None] | None = None
         self.pushes_dropped = 0  # pushes dropped because max_pushes were waiting unread
-        # Sent as a warm-up request (see warmup()) when a connection starts a new session: its arguments.
+        # Sent as a warm-up request (see warmup()) when a connection starts a new session: its arguments, checked
+        # here (a wrong name or a bad combination is this call's TypeError or LocalProtocolError, not a failure later).
         self.warmup_request: Mapping[str, Any] | None = None if warmup is None else dict(warmup)
+        if self.warmup_request is not None:
+            _check_warmup(self.warmup_request)
         self.warmups = 0  # warm-up requests the server ran
 
     # ------------------------------------------------------------------ state (the machine's)
@@ -869,20 +872,30 @@ class AsyncClient:
         the model as a plain request). The hook's failure raises :class:`StreamError` (``model_error``)."""
         if not self.connected:
             await self.open()
-        welcome = self.welcome
-        if welcome is None or welcome.revision < ev.WARMUP_REVISION:
+        if not self._speaks_warmup():
             return None
         stream = Stream(self, self._request(text, messages, data, model, params, True))
-        await stream.text()  # (no Delta: the server sends End("warmup") at once when the hook returns)
+        try:
+            await stream.text()  # (no Delta: the server sends End("warmup") at once when the hook returns)
+        except _NoWarmup:  # the Request was to be sent again, on a connection to an older server
+            return None
+        end = stream.end
+        if end is None or end.finish_reason != "warmup":
+            return None
         self.warmups += 1
-        return stream.end
+        return end
+
+    def _speaks_warmup(self) -> bool:
+        welcome = self.welcome
+        return welcome is not None and welcome.revision >= ev.WARMUP_REVISION
 
     async def _warm_new_session(self) -> None:
         """The ``warmup=`` option: a warm-up request on a new session, in the background (the caller goes on)."""
         try:
             await self.warmup(**self.warmup_request)  # type: ignore[arg-type]
-        except (ClientError, StreamError, ConnectionClosed) as exc:  # only a hint: a request works without it
-            log.warning("warm-up request failed: %s", exc)
+        except Exception as exc:  # only a hint: requests work without it
+            if not self._user_closed:
+                log.warning("warm-up request failed: %s: %s", type(exc).__name__, exc)
 
     async def _wait_drained(self) -> None:
         """After a GoAway: wait until the server closes the draining connection."""
@@ -908,6 +921,11 @@ class AsyncClient:
                 await self._wait_drained()  # new streams go to the next connection
             if not self.connected:
                 await self.open()
+            if stream.request.warmup and not self._speaks_warmup():  # (a resend may meet an older server)
+                stream._done = True
+                self._drop(stream)
+                raise _NoWarmup(f"the server at {self.url} speaks protocol revision "
+                                f"{self.welcome.revision if self.welcome else 0}: it has no warm-up")
             stream._sent = True
             self._streams[sid] = stream
             stream.started_at = time.perf_counter()
@@ -921,6 +939,24 @@ class AsyncClient:
                 if attempt or self._closed_final is not None:
                     stream._done = True
                     raise
+
+
+class _NoWarmup(ClientError):
+    """A warm-up request met a server older than protocol v1.2 (see AsyncClient.warmup)."""
+
+
+def _check_warmup(options: Mapping[str, Any]) -> None:
+    """The ``warmup=`` option as :meth:`AsyncClient.warmup`'s arguments: TypeError for an unknown name, and the
+    Request they make must be valid (LocalProtocolError: more than one of text, messages, data)."""
+    unknown = set(options) - {"text", "messages", "data", "model", "params"}
+    if unknown:
+        raise TypeError(f"warmup= takes text, messages, data, model and params, not {', '.join(sorted(unknown))}")
+    messages = options.get("messages")
+    ev.Request(stream_id=1, text=options.get("text"), data=options.get("data"), model=options.get("model", ""),
+               params=dict(options.get("params") or {}), warmup=True,
+               messages=None if messages is None else tuple(
+                   m if isinstance(m, ev.ChatMessage) else ev.ChatMessage(role=m["role"], content=m["content"])
+                   for m in messages))
 
 
 _P = ParamSpec("_P")

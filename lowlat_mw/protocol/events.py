@@ -136,7 +136,7 @@ class Delta:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class End:
-    """A stream finished normally ("stop") or by Cancel ("cancelled")."""
+    """A stream finished normally ("stop"), by Cancel ("cancelled"), or as a warm-up request ("warmup", v1.2)."""
 
     stream_id: int
     last_seq: int = 0

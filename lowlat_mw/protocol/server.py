@@ -437,7 +437,8 @@ class ServerProtocol(Protocol):
     def finish_stream(self, stream_id: int, now: float, *, reason: str = "stop",
                       timings_ms: Mapping[str, float] | None = None,
                       error: ev.Error | ev.End | None = None) -> list[Any]:
-        """The model of `stream_id` finished (reason "stop") or was cancelled ("cancelled"): its End; or it
+        """The model of `stream_id` finished (reason "stop"; "warmup" for a warm-up request) or was cancelled
+        ("cancelled"): its End; or it
         failed: `error`, its Error (or a followed stream's End, as made elsewhere). Recorded in the session (for
         a resume) and framed while the socket is open."""
         session = self.session

@@ -18,6 +18,7 @@ connection; the client's :class:`~lowlat_mw.protocol.client.ClientStream` mirror
 
     Request --> running --Cancel--> cancelling --model stops--> finished (End "cancelled")
                 running --model ends / fails--> finished (End "stop" / Error)
+                running --warm-up hook ends--> finished (End "warmup", a Request with warmup set: v1.2)
                 finished --Ack(done) or resume without it--> forgotten
 
 While no connection is attached, running streams go on into the session's replay buffer until it

@@ -671,7 +671,7 @@ export class LowLatClient extends EventTarget {
     this.keepAlive = Boolean(options.keepAlive);
     this.maxPushes = options.maxPushes ?? 1000;
     // {text | messages | data, model, params}: a warm-up request sent whenever a connection starts a new session.
-    this.warmupRequest = options.warmup || null;
+    this.warmupRequest = options.warmup ?? null;
     this.warmups = 0; // warm-up requests the server ran
     this.auth = options.auth || "";
     this.clientName = options.clientName || CLIENT_NAME;
@@ -789,11 +789,21 @@ export class LowLatClient extends EventTarget {
    */
   async warmup(input, options = {}) {
     if (!this.connected) await this.connect();
-    if (!(this.welcome && this.welcome.revision >= WARMUP_REVISION)) return null;
+    if (!this._speaksWarmup()) return null;
     const stream = this._stream(input, options, true);
-    await stream.text();
+    try {
+      await stream.text();
+    } catch (error) {
+      if (error instanceof LowLatError && error.noWarmup) return null; // a resend met an older server
+      throw error;
+    }
+    if (!stream.end || stream.end.finish_reason !== "warmup") return null;
     this.warmups++;
     return stream.end;
+  }
+
+  _speaksWarmup() {
+    return Boolean(this.welcome && this.welcome.revision >= WARMUP_REVISION);
   }
 
   /** Send a protocol Ping and resolve with the round-trip time to its Pong in milliseconds. */
@@ -1034,8 +1044,11 @@ export class LowLatClient extends EventTarget {
     this._emit("welcome", welcome);
     this._setState("connected", { resumed: this.resumed, resume: Boolean(resume && hadToken) });
     if (this.warmupRequest && !this.resumed && welcome.revision >= WARMUP_REVISION && this._ws === ws) {
-      // A new session (maybe on another server process): warm the model up in the background; only a hint.
-      this.warmup(this.warmupRequest).catch((error) => this._emit("warmupfailed", error));
+      // A new session (maybe on another server process): warm the model up in the background, only a hint, after
+      // the requests queued while connecting (sent as this connection's Welcome is taken), so it never goes first.
+      setTimeout(() => {
+        if (this._ws === ws) this.warmup(this.warmupRequest).catch((error) => this._emit("warmupfailed", error));
+      }, 0);
     }
     if (this.groups.size && welcome.revision >= 1 && this._ws === ws) {
       // A new session is in no group yet; a resumed one in another process may have missed the last join (written
@@ -1243,6 +1256,16 @@ export class LowLatClient extends EventTarget {
   }
 
   _sendRequest(stream) {
+    if (stream.request.warmup && !this._speaksWarmup()) {
+      // Checked here, where every (re)send goes: a resend after a drain or a lost Request may meet an older server,
+      // which would ignore the flag and run the model.
+      this.streams.delete(stream.id);
+      const error = new LowLatError(`the server speaks protocol revision ${this.welcome ? this.welcome.revision : 0}: `
+        + "it has no warm-up");
+      error.noWarmup = true;
+      stream._finish(null, error);
+      return;
+    }
     stream._sent = true;
     this.streams.set(stream.id, stream);
     stream.startedAt ??= performance.now();

@@ -1,0 +1,73 @@
+"""The warm-up benchmark's server: ``python -m benchmarks._warmup_server --fd N --load-ms MS``.
+
+Serves :func:`model` under uvicorn on lowlat-mw's own protocol (as ``lowlat-mw serve`` runs it) with the
+Starlette middleware, on the listening socket inherited as file descriptor N. The model stands for one
+that must prepare per input before it can answer (load an adapter, fill a prefix cache for a system
+prompt): the first request for a ``params["key"]`` waits ``--load-ms`` (an awaited load, as fetching
+weights or a remote cache), later ones do not; its ``warmup`` hook does that preparation alone, which is
+what a warm-up request (protocol v1.2) runs. Stops on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+LOAD_S = 0.1
+_ready: dict[str, asyncio.Future[None]] = {}  # key -> its preparation (done: ready)
+
+
+async def _prepare(key: str) -> None:
+    """The per-input preparation, once per key (concurrent callers share it)."""
+    ready = _ready.get(key)
+    if ready is None:
+        ready = _ready[key] = asyncio.get_running_loop().create_future()
+        await asyncio.sleep(LOAD_S)
+        ready.set_result(None)
+    await ready
+
+
+async def model(req: Any) -> AsyncIterator[str]:
+    await _prepare(str(req.params.get("key", "")))
+    yield "ready"
+
+
+async def _warmup(req: Any) -> None:
+    await _prepare(str(req.params.get("key", "")))
+
+
+model.warmup = _warmup  # type: ignore[attr-defined]
+
+
+def make_app() -> Any:
+    from prometheus_client import CollectorRegistry
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+
+    from lowlat_mw.adapters.starlette import LowLatMiddleware
+
+    return Starlette(middleware=[Middleware(LowLatMiddleware, model=model, registry=CollectorRegistry(), rate_limit=0)])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    from lowlat_mw.servers.uvicorn import WebSocketProtocol
+
+    global LOAD_S
+    parser = argparse.ArgumentParser(prog="python -m benchmarks._warmup_server")
+    parser.add_argument("--fd", type=int, required=True, help="inherited listening TCP socket")
+    parser.add_argument("--load-ms", type=float, default=100.0, help="the model's preparation per key")
+    args = parser.parse_args(argv)
+    LOAD_S = args.load_ms / 1000
+    sock = socket.socket(fileno=args.fd)
+    config = uvicorn.Config(make_app(), ws=WebSocketProtocol, ws_ping_interval=None, ws_per_message_deflate=False,
+                            log_level="warning", lifespan="off", timeout_graceful_shutdown=3)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

@@ -29,6 +29,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .cache import ResultCache
 from .errors import CloseCode, SettingsError
 from .model import Models, ModelSpec, shared_executor
 from .observability.logs import CLIENT_LOGS
@@ -149,6 +150,8 @@ class Endpoint:
         self.limiter = limiter
         self.metrics = Metrics.for_registry(self.registry) if settings.metrics else None
         self.executor: Executor = shared_executor(settings.model_threads)
+        # Whole replies of deterministic models (setting cache_size; None: off).
+        self.cache = ResultCache(settings.cache_size, settings.cache_ttl) if settings.cache_size else None
 
     # ------------------------------------------------------------------ admission
     def admit(self, subprotocols: Sequence[str], origin: str | None, host: str | None,

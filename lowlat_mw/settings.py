@@ -133,6 +133,12 @@ class Settings:
     direct_writes: bool = True
     """Where the server offers it (lowlat-mw's uvicorn protocols), frame output here and write it straight
     to the socket, a loop turn's frames in one write, instead of one ASGI send per frame (docs/architecture.md)."""
+    cache_size: int = 0
+    """Bytes of whole replies kept by the result cache (0: off). Only models marked deterministic
+    (``generate.deterministic = True``: the reply depends on the request alone) are cached: a request with the same
+    model, input and params then gets the kept reply at once, without the model running (lowlat_mw/cache.py)."""
+    cache_ttl: float = 300.0
+    """Seconds a reply stays in the result cache."""
     gc_freeze: bool = False
     """When the first connection arrives, move what the process holds then (modules, classes, your app) out of
     the garbage collector's reach (gc.freeze()), so a full collection visits only what came after and stalls
@@ -164,9 +170,11 @@ class Settings:
         if self.max_frame_size < 64:
             raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
         for name in ("max_connections", "max_connections_per_client", "rate_limit", "control_rate_limit",
-                     "max_session_lifetime", "drain_grace", "gc_threshold"):
+                     "max_session_lifetime", "drain_grace", "gc_threshold", "cache_size"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
+        if not self.cache_ttl > 0:
+            raise SettingsError(f"setting 'cache_ttl' must be > 0, got {self.cache_ttl!r}")
         if self.rate_burst < 1 or self.max_request_size < 1 or self.control_rate_burst < 1:
             raise SettingsError("settings 'rate_burst', 'control_rate_burst' and 'max_request_size' must be >= 1")
         if self.compression_min_size < 0:

@@ -27,7 +27,7 @@ LAYERS = {
     "lowlat_mw.protocol": 1,
     "lowlat_mw.observability": 2,
     "lowlat_mw.model": 3, "lowlat_mw.security": 3, "lowlat_mw.static_files": 3, "lowlat_mw.endpoint": 3,
-    "lowlat_mw.demo": 3, "lowlat_mw.docs": 3, "lowlat_mw.asyncapi": 3,
+    "lowlat_mw.demo": 3, "lowlat_mw.docs": 3, "lowlat_mw.asyncapi": 3, "lowlat_mw.cache": 3,
     "lowlat_mw.drivers": 4,
     "lowlat_mw.client": 5, "lowlat_mw.testing": 5,
     "lowlat_mw.servers": 6, "lowlat_mw.testing.pytest_plugin": 6,

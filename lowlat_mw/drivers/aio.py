@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Mutable
 from concurrent.futures import Executor
 from typing import Any
 
+from ..cache import is_deterministic, request_key
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
 from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model, warm_up
@@ -102,6 +103,17 @@ PUSH_BACKLOG = 4 * 1024 * 1024  # bytes of pushes a connection may have waiting 
 PUSH_LISTEN_WAIT = 5.0  # seconds a Subscribe's answer waits for this process to listen to the shared push channel
 RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared store does not have (yet): it writes
 # every 10 ms (shared.WRITE_EVERY), so a session whose first Request came just before the drop may be on its way
+
+
+async def _recorded(agen: Any, kept: list[Any]) -> AsyncIterator[Any]:
+    """`agen`'s chunks, each also put in `kept` (copied if mutable): a reply for the result cache. Closed, it
+    closes `agen` at once."""
+    try:
+        async for chunk in agen:
+            kept.append(bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk)
+            yield chunk
+    finally:
+        await agen.aclose()
 
 
 # ================================================================================ the model runner
@@ -317,6 +329,22 @@ class ModelRunner:
                 await warm_up(fn, mreq, self.endpoint.executor)
                 ending = ("warmup",)
                 return
+            kept: list[Any] | None = None  # the reply's chunks, for the result cache
+            key = b""
+            cache = self.endpoint.cache
+            if cache is not None and is_deterministic(fn):
+                key = request_key(req)
+                cached = cache.get(key, self.monotonic())
+                if self.metrics is not None:
+                    self.metrics.inc("cache_lookups", label, "miss" if cached is None else "hit")
+                if cached is not None:  # the reply kept for this request, at once: the model does not run
+                    if timer is not None:
+                        timer.model_started = timer.lap("queue")
+                    for chunk in cached:
+                        await self._emit(sid, chunk, timer)
+                    ending = ("stop",)
+                    return
+                kept = []
             if kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
                 if timer is not None:
                     timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)
@@ -328,11 +356,15 @@ class ModelRunner:
                 if isinstance(result, WHOLE_REPLY):  # one chunk (as chunks_of would yield it)
                     await self._emit(sid, result, timer)
                     ending = ("stop",)
+                    if kept is not None:
+                        self._cache_reply(key, [result])
                     return
                 agen = chunks_of(result, self.endpoint.executor)
             else:
                 agen = stream_model(fn, mreq, self.endpoint.executor,
                                     timer.model_running if timer is not None else None, kind)
+            if kept is not None:
+                agen = _recorded(agen, kept)
             try:
                 if self.settings.merge_deltas:
                     await self._pump_merged(sid, agen, timer)
@@ -351,6 +383,8 @@ class ModelRunner:
             finally:
                 await agen.aclose()
             ending = ("stop",)
+            if kept is not None:
+                self._cache_reply(key, kept)
         except asyncio.CancelledError:
             if self.destroyed:
                 raise
@@ -386,6 +420,12 @@ class ModelRunner:
                     tracing.end_stream(span, terminal, timer)
             if self.shared is not None and not self.destroyed:
                 self.shared.touch(session)
+
+    def _cache_reply(self, key: bytes, chunks: list[Any]) -> None:
+        """A deterministic model's reply ended normally: keep it for the same request (the result cache)."""
+        cache = self.endpoint.cache
+        if cache is not None:
+            cache.put(key, [bytes(c) if isinstance(c, bytearray | memoryview) else c for c in chunks], self.monotonic())
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """One chunk out: through the attached connection, else into the session for the resume."""

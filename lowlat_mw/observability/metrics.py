@@ -80,6 +80,9 @@ _SPECS = (
     _Spec("streams_finished", "counter", "Streams ended, by model and outcome (stop, cancelled, warmup, error).",
           ("model", "outcome")),
     _Spec("errors", "counter", "Error messages sent to clients, by error code.", ("code",)),
+    _Spec("cache_lookups", "counter",
+          "Requests for deterministic models looked up in the result cache (setting cache_size), by model and outcome "
+          "(hit: the kept reply was sent, miss: the model ran).", ("model", "outcome")),
     _Spec("resumes", "counter", "Hellos that asked to resume a session, by outcome (resumed, failed).",
           ("outcome",)),
     _Spec("session_store_errors", "counter",

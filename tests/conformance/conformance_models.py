@@ -240,3 +240,36 @@ def _warm_fails(req) -> None:
 warm_broken.warmup = _warm_fails
 
 MODELS.update({"warm_agen": warm_agen, "warm_sync": warm_sync, "warm_broken": warm_broken})
+
+
+# ---------------------------------------------------------------- result cache (setting cache_size)
+# For test_conformance_cache.py: a deterministic model; each run appends a line to ``<tag>.runs``, so a test sees
+# whether a reply came from the model or from the cache.
+
+
+def _log_run(req) -> None:
+    tag = req.params.get("tag")
+    if tag:
+        with open(MARKS / f"{tag}.runs", "a") as f:
+            f.write("run\n")
+
+
+async def det(req):
+    _log_run(req)
+    for word in req.prompt.split():
+        yield f"{word};"
+    if req.params.get("fail"):
+        raise RuntimeError("a failed reply is not kept")
+
+
+det.deterministic = True
+
+
+def det_sync(req):
+    _log_run(req)
+    return f"sync:{req.prompt}"
+
+
+det_sync.deterministic = True
+
+MODELS.update({"det": det, "det_sync": det_sync})

@@ -210,10 +210,13 @@ def base_env(conformance_dir: Path, extra: Mapping[str, str] | None = None) -> d
 
     ``drain_grace`` is 1 s: stopping a server (SIGTERM) drains it, and a stream still running then
     must not hold the stop for the default 30 s (test_conformance_shutdown.py tests the drain itself).
+    The result cache is on (``cache_size`` 1 MiB): it only ever touches the models marked deterministic
+    (conformance_models.det, test_conformance_cache.py), so every other test sees default behaviour.
     """
     return server_env({
         "LOWLAT_MODEL": "conformance_models:MODELS",
         "LOWLAT_DRAIN_GRACE": "1",
+        "LOWLAT_CACHE_SIZE": "1048576",
         "CONFORMANCE_MARKS": str(conformance_dir / "marks"),
         "DJANGO_DB": str(conformance_dir / "django.sqlite3"),
         **(extra or {}),

@@ -1,0 +1,102 @@
+"""The result cache: whole replies of deterministic models, replayed at once for the same request.
+
+Opt-in twice: the ``cache_size`` setting (bytes, 0: off) turns the cache on, and only models marked
+deterministic (``generate.deterministic = True``: the reply depends on the request alone, not on the user,
+the time or chance) are cached. A reply is kept when its stream ended normally ("stop"); a later request
+with the same model, input and params (the key: :func:`request_key`) gets the same chunks as its Deltas at
+once, then its End, without the model running. Bounded by bytes (least recently used first out) and by
+``cache_ttl`` seconds. One cache per endpoint, in process memory, shared by its connections' threads.
+
+Time is passed in (``now``): the cache reads no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from .protocol import events as ev
+
+__all__ = ["ResultCache", "is_deterministic", "request_key"]
+
+ENTRY_OVERHEAD = 64  # bytes charged per entry beyond its chunks (key, bookkeeping)
+
+
+def is_deterministic(fn: Any) -> bool:
+    """Whether model callable `fn` is marked deterministic (its ``deterministic`` attribute is true)."""
+    return bool(getattr(fn, "deterministic", False))
+
+
+def _canonical(value: Any) -> Any:
+    """`value` with whole floats as ints: 1.0 in a JSON frame and 1 in a Protobuf one are the same number."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def request_key(req: ev.Request) -> bytes:
+    """What identifies a reply of a deterministic model: model name, input and params (params by value: key order
+    and the JSON spelling of numbers do not matter), as a SHA-256 digest."""
+    doc = {"model": req.model, "text": req.text, "params": _canonical(dict(req.params)),
+           "data": req.data.hex() if req.data is not None else None,
+           "messages": [[m.role, m.content] for m in req.messages] if req.messages is not None else None}
+    canon = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canon.encode("utf-8", "surrogatepass")).digest()
+
+
+def _size(chunks: Sequence[str | bytes]) -> int:
+    return ENTRY_OVERHEAD + sum(len(c) if isinstance(c, bytes) else len(c.encode("utf-8", "surrogatepass"))
+                                for c in chunks)
+
+
+class ResultCache:
+    """Whole replies by key, at most `capacity` bytes (least recently used out first), each for `ttl` seconds."""
+
+    def __init__(self, capacity: int, ttl: float) -> None:
+        self.capacity = capacity
+        self.ttl = ttl
+        self.max_entry = max(1, capacity // 4)  # one reply never takes more than a quarter of the cache
+        self.bytes = 0
+        self._entries: OrderedDict[bytes, tuple[float, int, tuple[str | bytes, ...]]] = OrderedDict()
+        self._lock = threading.Lock()  # (Flask's connections run on one loop, but publish-style callers may not)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes, now: float) -> tuple[str | bytes, ...] | None:
+        """The chunks kept for `key`, if any and not expired."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            expires, size, chunks = entry
+            if now >= expires:
+                del self._entries[key]
+                self.bytes -= size
+                return None
+            self._entries.move_to_end(key)
+            return chunks
+
+    def put(self, key: bytes, chunks: Sequence[str | bytes], now: float) -> bool:
+        """Keep `chunks` as the reply for `key` (False: too big for the cache)."""
+        size = _size(chunks)
+        if size > self.max_entry:
+            return False
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._entries[key] = (now + self.ttl, size, tuple(chunks))
+            self.bytes += size
+            while self.bytes > self.capacity:
+                _, (_, dropped, _) = self._entries.popitem(last=False)
+                self.bytes -= dropped
+        return True

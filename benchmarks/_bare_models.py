@@ -3,7 +3,10 @@
 ``tokens`` streams ``params["n"]`` copies of :data:`TOKEN` with no delay (it yields to the event
 loop every 64 tokens, as the bare stream endpoint does, so other connections are served);
 ``echo`` returns the request's text as one chunk (one Delta, then the End); ``count`` streams numbered
-tokens at a pace (the shared suite's failover part checks each reply for gaps and repeats).
+tokens at a pace (the shared suite's failover part checks each reply for gaps and repeats); ``cached`` is
+``echo`` marked deterministic, after 20 ms of work, its reply numbered by its runs in the process: served where
+the result cache is on (the bare server's ``/ws``), a repeated request gets the first reply from the cache (the
+warmup suite's cache-hit round trip; the number shows that the model did not run again).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["MODELS", "TOKEN", "YIELD_EVERY", "count", "echo", "tokens"]
+__all__ = ["MODELS", "TOKEN", "YIELD_EVERY", "cached", "count", "echo", "tokens"]
 
 TOKEN = " token"  # one small model token: what the bare stream endpoint sends per frame too
 YIELD_EVERY = 64
@@ -41,4 +44,17 @@ async def count(req: Any) -> AsyncIterator[str]:
         await asyncio.sleep(gap)
 
 
-MODELS = {"tokens": tokens, "echo": echo, "count": count}
+_runs = [0]
+
+
+async def cached(req: Any) -> str:
+    """The request's text and ``#<run>`` as one delta, after 20 ms of work; marked deterministic, so the result
+    cache may keep it (and a kept reply keeps its run number)."""
+    await asyncio.sleep(0.02)
+    _runs[0] += 1
+    return f"{req.text or ''}#{_runs[0]}"
+
+
+cached.deterministic = True  # type: ignore[attr-defined]
+
+MODELS = {"tokens": tokens, "echo": echo, "count": count, "cached": cached}

@@ -9,7 +9,8 @@ for uvicorn's own) serving, on the listening socket inherited as file descriptor
   frames of :data:`~benchmarks._bare_models.TOKEN` and then the text frame ``"end"`` (yielding to
   the loop every 64 frames, as the lowlat-mw model does);
 * ``/ws``: ``LowLatMiddleware`` with its default settings (metrics into a private registry, End
-  stage timings, tracing) but no rate limit, serving :data:`~benchmarks._bare_models.MODELS`;
+  stage timings, tracing) but no rate limit and the result cache on (16 MiB: it keeps only the replies of
+  the ``cached`` model, the one marked deterministic), serving :data:`~benchmarks._bare_models.MODELS`;
 * ``/ws-lean``: the same with metrics, stage timings and tracing off;
 * ``/ws-send``: the same as ``/ws`` with ``direct_writes`` off: every frame through ASGI ``send``;
 * ``GET /cpu``: the process's CPU seconds so far (``time.process_time``);
@@ -98,7 +99,8 @@ def make_app() -> Any:
         routes=[WebSocketRoute("/echo", echo), WebSocketRoute("/stream", stream), Route("/cpu", cpu),
                 Route("/profile", profile)],
         middleware=[
-            Middleware(LowLatMiddleware, model=MODELS, path="/ws", registry=CollectorRegistry(), rate_limit=0),
+            Middleware(LowLatMiddleware, model=MODELS, path="/ws", registry=CollectorRegistry(), rate_limit=0,
+                       cache_size=16 * 1024 * 1024),
             Middleware(LowLatMiddleware, model=MODELS, path="/ws-lean", registry=CollectorRegistry(), rate_limit=0,
                        **lean),
             Middleware(LowLatMiddleware, model=MODELS, path="/ws-merge", registry=CollectorRegistry(), rate_limit=0,

@@ -1,4 +1,5 @@
-"""Warm-up (protocol v1.2): the first request after a warm-up against one on an already warm model.
+"""Warm-up (protocol v1.2) and the result cache: the first request after a warm-up against one on an already
+warm model; a cache hit's round trip against a bare WebSocket echo's.
 
 One server (benchmarks._warmup_server: uvicorn, lowlat-mw's protocol) whose model prepares per input
 (``params["key"]``) for ``load_ms`` before it can answer, and does the same in its ``warmup`` hook. One
@@ -19,6 +20,12 @@ the next request's first delta came about 0.09 ms (14%) later than after a reply
 ends had not run for a while. After a 50 ms pause the two were alike (0.835 vs 0.818 ms).
 
 Issue 19's target: the request after a warm-up is at most as slow as one on an already warm model.
+
+The cache part runs the bare suite's server (benchmarks._bare_server: its ``/echo`` is a bare Starlette
+WebSocket echo, its ``/ws`` lowlat-mw with the result cache on) and times, interleaved in rounds, the bare
+echo's round trip (the ``websockets`` client: message -> echo) and a cache hit's (Request -> first Delta of
+the ``cached`` model, a deterministic echo whose reply the cache keeps after the first request), with the
+AsyncClient and with the raw client (server cost only). Issue 19's target: a hit within 1.2x the bare echo.
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .core import SuiteResult, machine_facts, markdown_table, median, paired_ratios, quantiles, rotated, suite
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADING = "Warm-up: the first request after a warm-up"
+HEADING = "Warm-up and the result cache"
+CACHE_TARGET = 1.2  # issue 19: a cache hit's time to first delta within 1.2x a bare echo round trip
+CACHE_CONFIGS = ("bare echo", "cache hit, AsyncClient", "cache hit, raw client")
 CONFIGS = ("warm", "warm (again)", "after warm-up", "cold")
 TARGET_RATIO = 1.0  # issue 19: after a warm-up, at most a warm model's time to first delta
 NOISE = 0.05  # a ratio within this of the target is met: the two are the same warm path
@@ -46,10 +56,13 @@ class Size:
     rounds: int
     load_ms: float
     think_ms: float  # between the preparation and the measured request (the user reads, types)
+    cache_rounds: int
+    round_trips: int  # per configuration and round (its median is the round's value)
 
 
-SIZES = {"tiny": Size(rounds=2, load_ms=20.0, think_ms=5.0), "quick": Size(rounds=4, load_ms=20.0, think_ms=20.0),
-         "full": Size(rounds=100, load_ms=100.0, think_ms=50.0)}
+SIZES = {"tiny": Size(rounds=2, load_ms=20.0, think_ms=5.0, cache_rounds=2, round_trips=5),
+         "quick": Size(rounds=4, load_ms=20.0, think_ms=20.0, cache_rounds=3, round_trips=20),
+         "full": Size(rounds=100, load_ms=100.0, think_ms=50.0, cache_rounds=30, round_trips=100)}
 
 
 class _Server:
@@ -127,10 +140,70 @@ async def _measure(size: Size) -> tuple[dict[str, list[float]], list[float]]:
     return ttfd, warmups
 
 
+async def _cache_hits(size: Size) -> dict[str, list[float]]:
+    """Round trip (ms) per cache configuration: the median of `round_trips` per round, rounds interleaved."""
+    import tempfile
+
+    from ._bare_models import cached
+    from .bare import PAYLOAD, BareDriver, BareServer, Driver, RawDriver
+
+    class Hits(Driver):  # the AsyncClient's Request -> first Delta, on the cached model
+        def __init__(self, url: str) -> None:
+            from lowlat_mw.client import AsyncClient
+
+            self.client = AsyncClient(url, open_timeout=30.0)
+            self.first: str | None = None  # the reply of the one run of the model: every hit repeats it
+
+        async def open(self) -> None:
+            await self.client.open()
+
+        async def roundtrip(self) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            stream = self.client.stream(PAYLOAD, model="cached")
+            chunk = await anext(stream)
+            t1 = time.perf_counter()
+            async for extra in stream:
+                raise RuntimeError(f"the cached model sent a second delta {extra!r}")
+            if self.first is None:
+                self.first = chunk
+            elif chunk != self.first:  # (its run number moved on: the model ran again)
+                raise RuntimeError(f"not a cache hit: {chunk!r} after {self.first!r}")
+            return t1 - t0, time.perf_counter() - t0
+
+        async def close(self) -> None:
+            await self.client.close()
+
+    assert getattr(cached, "deterministic", False)
+    server = BareServer(Path(tempfile.mkdtemp(prefix="lowlat-warmup-")), name="warmup-bare-server")
+    raw = RawDriver(server.url("/ws"), "proto")
+    raw.echo_request = raw.raw.request("cached", text=PAYLOAD)
+    drivers: dict[str, Driver] = dict(zip(CACHE_CONFIGS, (BareDriver(server), Hits(server.url("/ws")), raw),
+                                          strict=True))
+    out: dict[str, list[float]] = {c: [] for c in CACHE_CONFIGS}
+    try:
+        await server.ready()
+        for driver in drivers.values():
+            await driver.open()
+        await drivers["cache hit, AsyncClient"].roundtrip()  # the miss: the model runs (20 ms), its reply is kept
+        for r in range(1 + size.cache_rounds):  # round 0 warms up
+            for config in rotated(CACHE_CONFIGS, r):
+                driver = drivers[config]
+                times = [(await driver.roundtrip())[0] * 1000 for _ in range(size.round_trips)]
+                if r:
+                    out[config].append(median(times))
+    finally:
+        for driver in drivers.values():
+            with contextlib.suppress(Exception):
+                await driver.close()
+        server.stop()
+    return out
+
+
 @suite("warmup", HEADING)
 def run(mode: str) -> SuiteResult:
     size = SIZES[mode]
     ttfd, warmups = asyncio.run(_measure(size))
+    hits = asyncio.run(_cache_hits(size))
     rows: dict[str, dict[str, float]] = {}
     table = []
     for config in CONFIGS:
@@ -147,22 +220,49 @@ def run(mode: str) -> SuiteResult:
                f"{NOISE:.0%}). Without the warm-up the request waits for the preparation: cold "
                f"{rows['cold']['vs_warm']:.1f}x. The warm-up request itself took {median(warmups):.1f} ms (p50).")
     header = ["configuration", "TTFD p50 (ms)", "TTFD p90 (ms)", "vs warm (median of per-round ratios)"]
+    cache_table = []
+    for config in CACHE_CONFIGS:
+        p50 = median(hits[config])
+        ratio = median(paired_ratios(hits[config], hits["bare echo"]))
+        rows[config] = {"rt_p50_ms": p50, "vs_bare_echo": ratio}
+        cache_table.append([config, f"{p50:.3f}", f"{ratio:.2f}x"])
+    hit, hit_raw = rows["cache hit, AsyncClient"]["vs_bare_echo"], rows["cache hit, raw client"]["vs_bare_echo"]
+    cache_verdict = (f"**Verdict** (issue 19: a cache hit's time to first delta within {CACHE_TARGET}x a bare echo "
+                     f"round trip): {hit:.3f}x with the AsyncClient, {hit_raw:.3f}x with the raw client (medians of "
+                     f"{size.cache_rounds} per-round ratios): **{'met' if hit <= CACHE_TARGET else 'missed'}**"
+                     + ("" if hit <= CACHE_TARGET else
+                        f" with the AsyncClient; {'met' if hit_raw <= CACHE_TARGET else 'missed'} for the server's "
+                        "own part (the raw client)") + ". The model, run, takes 20 ms.")
+    cache_header = ["configuration", "round trip p50 (ms)", "vs bare echo (median of per-round ratios)"]
+    text = "\n\n".join((markdown_table(header, table, "lrrr"), verdict, markdown_table(cache_header, cache_table),
+                         cache_verdict))
     body = f"""{machine_facts(mode)}
 
-Reproduce: `.venv/bin/python -m benchmarks --suite warmup` (`--quick`: the CI-sized run). One uvicorn server on
-lowlat-mw's protocol (`benchmarks/_warmup_server.py`) whose model prepares for {size.load_ms:g} ms per input
-(`params["key"]`, an awaited load, as fetching an adapter or filling a prefix cache) before it answers, and does
-the same in its `warmup` hook; one Python `AsyncClient` connection, Protobuf frames. {size.rounds} rounds after
-one of warm-up; in each, fresh keys and one request per configuration, in an order rotated per round: `warm` (the
-key prepared by an earlier request), `warm (again)` (the same, on another key: this run's spread between two
-identical configurations), `after warm-up` (`await client.warmup(...)` for the key first) and `cold` (never
-prepared). The measured request goes {size.think_ms:g} ms after the preparation, as a user reads or types (sent at
-once, it measured what came just before it: after a warm-up's reply, an End without a Delta, the first delta came
-about 0.09 ms later than after a reply with a Delta, the server's own time being the same; benchmarks/warmup.py).
-Time to first delta is the client's, from sending the Request to the first Delta.
+Reproduce: `.venv/bin/python -m benchmarks --suite warmup` (`--quick`: the CI-sized run).
+
+**Warm-up.** One uvicorn server on lowlat-mw's protocol (`benchmarks/_warmup_server.py`) whose model prepares for
+{size.load_ms:g} ms per input (`params["key"]`, an awaited load, as fetching an adapter or filling a prefix cache)
+before it answers, and does the same in its `warmup` hook; one Python `AsyncClient` connection, Protobuf frames.
+{size.rounds} rounds after one of warm-up; in each, fresh keys and one request per configuration, in an order
+rotated per round: `warm` (the key prepared by an earlier request), `warm (again)` (the same, on another key: this
+run's spread between two identical configurations), `after warm-up` (`await client.warmup(...)` for the key
+first) and `cold` (never prepared). The measured request goes {size.think_ms:g} ms after the preparation, as a user
+reads or types (sent at once, it measured what came just before it: after a warm-up's reply, an End without a
+Delta, the first delta came about 0.09 ms later than after a reply with a Delta, the server's own time being the
+same; benchmarks/warmup.py). Time to first delta is the client's, from sending the Request to the first Delta.
 
 {markdown_table(header, table, "lrrr")}
 
 {verdict}
+
+**Result cache.** The bare suite's server (uvicorn, lowlat-mw's protocol): its `/echo`, a bare Starlette WebSocket
+echo, with the `websockets` client (message -> echo), and its `/ws`, lowlat-mw with `cache_size` set, asked for
+the `cached` model (a deterministic echo that takes 20 ms to run; its reply kept after the first request) with
+the AsyncClient and with the raw client (Request -> first Delta; Protobuf). {size.cache_rounds} rounds after one of
+warm-up, configurations rotated; each round's value is the median of {size.round_trips} round trips.
+
+{markdown_table(cache_header, cache_table)}
+
+{cache_verdict}
 """
-    return SuiteResult("warmup", HEADING, body, markdown_table(header, table, "lrrr") + "\n\n" + verdict, rows)
+    return SuiteResult("warmup", HEADING, body, text, rows)

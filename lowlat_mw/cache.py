@@ -45,6 +45,10 @@ def _canonical(value: Any) -> Any:
 def request_key(req: ev.Request) -> bytes:
     """What identifies a reply of a deterministic model: model name, input and params (params by value: key order
     and the JSON spelling of numbers do not matter), as a SHA-256 digest."""
+    text = req.text
+    if text is not None and not req.params:  # a prompt alone (the common case): no JSON, lengths keep it unambiguous
+        model = req.model
+        return hashlib.sha256(f"t{len(model)}:{model}{text}".encode("utf-8", "surrogatepass")).digest()
     doc = {"model": req.model, "text": req.text, "params": _canonical(dict(req.params)),
            "data": req.data.hex() if req.data is not None else None,
            "messages": [[m.role, m.content] for m in req.messages] if req.messages is not None else None}

@@ -31,6 +31,8 @@ def test_the_key_is_the_request_by_value() -> None:
     others = [ev.Request(stream_id=1, data=b"a"), ev.Request(stream_id=1, model="m", text="a"),
               ev.Request(stream_id=1, messages=(ev.ChatMessage(role="user", content="a"),))]
     assert len({key("a"), key("b"), key("a", x=1), key("a", x=True), key("a", x="1"), *map(request_key, others)}) == 8
+    assert request_key(ev.Request(stream_id=1, model="a:", text="b")) != request_key(ev.Request(stream_id=1, model="a",
+                                                                                                text=":b"))
 
 
 def test_bounded_by_bytes_least_recently_used_out_first() -> None:

@@ -321,18 +321,10 @@ class ModelRunner:
                 served = ", ".join(self.endpoint.models.names())
                 ending = (ErrorCode.UNKNOWN_MODEL, f"unknown model {req.model!r}; served: {served}")
                 return
-            mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
-                                messages=req.messages, params=req.params, session=self.info)
-            if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
-                if timer is not None:
-                    timer.model_started = timer.lap("queue")
-                await warm_up(fn, mreq, self.endpoint.executor)
-                ending = ("warmup",)
-                return
-            kept: list[Any] | None = None  # the reply's chunks, for the result cache
-            key = b""
+            kept: list[Any] | None = None  # the reply's chunks, for the result cache (looked up first: a hit needs
+            key = b""  # no ModelRequest)
             cache = self.endpoint.cache
-            if cache is not None and is_deterministic(fn):
+            if cache is not None and not req.warmup and is_deterministic(fn):
                 key = request_key(req)
                 cached = cache.get(key, self.monotonic())
                 if self.metrics is not None:
@@ -345,6 +337,14 @@ class ModelRunner:
                     ending = ("stop",)
                     return
                 kept = []
+            mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
+                                messages=req.messages, params=req.params, session=self.info)
+            if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
+                if timer is not None:
+                    timer.model_started = timer.lap("queue")
+                await warm_up(fn, mreq, self.endpoint.executor)
+                ending = ("warmup",)
+                return
             if kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
                 if timer is not None:
                     timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)

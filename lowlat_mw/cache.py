@@ -23,7 +23,10 @@ from .protocol import events as ev
 
 __all__ = ["ResultCache", "is_deterministic", "request_key"]
 
-ENTRY_OVERHEAD = 64  # bytes charged per entry beyond its chunks (key, bookkeeping)
+ENTRY_OVERHEAD = 200  # bytes charged per entry beyond its chunks (the key, the tuple, the dict's slot)
+CHUNK_OVERHEAD = 56  # bytes charged per chunk beyond its content (a str or bytes object's header, its slot)
+MERGE_TEXT = 32 * 1024  # adjacent text chunks are kept joined up to this many characters: fewer, larger Deltas
+MIN_SIZE = 4096  # the smallest cache_size that can keep anything
 
 
 def is_deterministic(fn: Any) -> bool:
@@ -31,25 +34,15 @@ def is_deterministic(fn: Any) -> bool:
     return bool(getattr(fn, "deterministic", False))
 
 
-def _canonical(value: Any) -> Any:
-    """`value` with whole floats as ints: 1.0 in a JSON frame and 1 in a Protobuf one are the same number."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _canonical(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
-    return value
-
-
 def request_key(req: ev.Request) -> bytes:
-    """What identifies a reply of a deterministic model: model name, input and params (params by value: key order
-    and the JSON spelling of numbers do not matter), as a SHA-256 digest."""
+    """What identifies a reply of a deterministic model: model name, input and params, as a SHA-256 digest. Params
+    by value, key order aside: 1 and 1.0 are different requests, as the model may tell them apart (JSON frames keep
+    1.0 a float, Protobuf makes whole numbers ints)."""
     text = req.text
     if text is not None and not req.params:  # a prompt alone (the common case): no JSON, lengths keep it unambiguous
         model = req.model
         return hashlib.sha256(f"t{len(model)}:{model}{text}".encode("utf-8", "surrogatepass")).digest()
-    doc = {"model": req.model, "text": req.text, "params": _canonical(dict(req.params)),
+    doc = {"model": req.model, "text": req.text, "params": req.params,
            "data": req.data.hex() if req.data is not None else None,
            "messages": [[m.role, m.content] for m in req.messages] if req.messages is not None else None}
     canon = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -57,8 +50,32 @@ def request_key(req: ev.Request) -> bytes:
 
 
 def _size(chunks: Sequence[str | bytes]) -> int:
-    return ENTRY_OVERHEAD + sum(len(c) if isinstance(c, bytes) else len(c.encode("utf-8", "surrogatepass"))
-                                for c in chunks)
+    """What keeping `chunks` costs, about (Python objects included, not only their bytes)."""
+    return ENTRY_OVERHEAD + sum(CHUNK_OVERHEAD + (len(c) if isinstance(c, bytes) else len(c.encode("utf-8",
+                                "surrogatepass"))) for c in chunks)
+
+
+def merged(chunks: Sequence[str | bytes]) -> list[str | bytes]:
+    """`chunks` with runs of adjacent text joined (up to MERGE_TEXT characters each): a hit then goes out in
+    a few Deltas, not one per token, and costs less to keep. Binary chunks keep their boundaries."""
+    out: list[str | bytes] = []
+    run: list[str] = []
+    size = 0
+    for chunk in chunks:
+        if isinstance(chunk, str) and size + len(chunk) <= MERGE_TEXT:
+            run.append(chunk)
+            size += len(chunk)
+            continue
+        if run:
+            out.append("".join(run))
+            run, size = [], 0
+        if isinstance(chunk, str):
+            run, size = [chunk], len(chunk)
+        else:
+            out.append(chunk)
+    if run:
+        out.append("".join(run))
+    return out
 
 
 class ResultCache:
@@ -90,17 +107,25 @@ class ResultCache:
             return chunks
 
     def put(self, key: bytes, chunks: Sequence[str | bytes], now: float) -> bool:
-        """Keep `chunks` as the reply for `key` (False: too big for the cache)."""
+        """Keep `chunks` (text runs joined: :func:`merged`) as the reply for `key` (False: too big for the cache)."""
+        chunks = merged(chunks)
         size = _size(chunks)
         if size > self.max_entry:
             return False
         with self._lock:
-            old = self._entries.pop(key, None)
+            entries = self._entries
+            old = entries.pop(key, None)
             if old is not None:
                 self.bytes -= old[1]
-            self._entries[key] = (now + self.ttl, size, tuple(chunks))
+            while entries:  # expired entries at the least recently used end go now, not when next looked up
+                oldest = next(iter(entries.values()))
+                if now < oldest[0]:
+                    break
+                entries.popitem(last=False)
+                self.bytes -= oldest[1]
+            entries[key] = (now + self.ttl, size, tuple(chunks))
             self.bytes += size
             while self.bytes > self.capacity:
-                _, (_, dropped, _) = self._entries.popitem(last=False)
+                _, (_, dropped, _) = entries.popitem(last=False)
                 self.bytes -= dropped
         return True

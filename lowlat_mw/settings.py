@@ -133,6 +133,12 @@ class Settings:
     direct_writes: bool = True
     """Where the server offers it (lowlat-mw's uvicorn protocols), frame output here and write it straight
     to the socket, a loop turn's frames in one write, instead of one ASGI send per frame (docs/architecture.md)."""
+    max_batch_size: int = 16
+    """Micro-batching: at most this many requests in one call of a model marked batch-capable
+    (``generate.batch = True``: it takes a list of requests and returns one reply per request;
+    lowlat_mw/drivers/batch.py)."""
+    max_batch_wait: float = 0.002
+    """Micro-batching: seconds the first request of a batch waits for more to join it (a full batch goes at once)."""
     cache_size: int = 0
     """Bytes of whole replies kept by the result cache (0: off). Only models marked deterministic
     (``generate.deterministic = True``: the reply depends on the request alone) are cached: a request with the same
@@ -170,9 +176,13 @@ class Settings:
         if self.max_frame_size < 64:
             raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
         for name in ("max_connections", "max_connections_per_client", "rate_limit", "control_rate_limit",
-                     "max_session_lifetime", "drain_grace", "gc_threshold", "cache_size"):
+                     "max_session_lifetime", "drain_grace", "gc_threshold", "cache_size", "max_batch_wait"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
+        if self.max_batch_size < 1:
+            raise SettingsError(f"setting 'max_batch_size' must be >= 1, got {self.max_batch_size!r}")
+        if 0 < self.cache_size < 4096:
+            raise SettingsError(f"setting 'cache_size' must be 0 (off) or at least 4096 bytes, got {self.cache_size!r}")
         if not self.cache_ttl > 0:
             raise SettingsError(f"setting 'cache_ttl' must be > 0, got {self.cache_ttl!r}")
         if self.rate_burst < 1 or self.max_request_size < 1 or self.control_rate_burst < 1:

@@ -11,7 +11,15 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from lowlat_mw.adapters.starlette import LowLatMiddleware
-from lowlat_mw.cache import ENTRY_OVERHEAD, ResultCache, is_deterministic, request_key
+from lowlat_mw.cache import (
+    CHUNK_OVERHEAD,
+    ENTRY_OVERHEAD,
+    MERGE_TEXT,
+    ResultCache,
+    is_deterministic,
+    merged,
+    request_key,
+)
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.model import ModelRequest
 from lowlat_mw.protocol import events as ev
@@ -26,8 +34,9 @@ def key(text: str, **params: Any) -> bytes:
 
 
 def test_the_key_is_the_request_by_value() -> None:
-    same = ev.Request(stream_id=9, text="a", params={"y": [1, {"z": 2.0}], "x": 1.0})  # (JSON's 1.0 is Protobuf's 1)
+    same = ev.Request(stream_id=9, text="a", params={"y": [1, {"z": 2}], "x": 1})  # (key order aside)
     assert key("a", x=1, y=[1, {"z": 2}]) == request_key(same)
+    assert key("a", x=1) != key("a", x=1.0)  # a JSON frame's 1.0 stays a float: the model may tell them apart
     others = [ev.Request(stream_id=1, data=b"a"), ev.Request(stream_id=1, model="m", text="a"),
               ev.Request(stream_id=1, messages=(ev.ChatMessage(role="user", content="a"),))]
     assert len({key("a"), key("b"), key("a", x=1), key("a", x=True), key("a", x="1"), *map(request_key, others)}) == 8
@@ -36,27 +45,38 @@ def test_the_key_is_the_request_by_value() -> None:
 
 
 def test_bounded_by_bytes_least_recently_used_out_first() -> None:
-    cache = ResultCache(capacity=4 * (ENTRY_OVERHEAD + 10), ttl=60)  # four of these entries (each a quarter)
+    entry = ENTRY_OVERHEAD + CHUNK_OVERHEAD + 10
+    cache = ResultCache(capacity=4 * entry, ttl=60)  # four of these entries (each a quarter)
     for name in "abcd":
         assert cache.put(key(name), ["0123456789"], now=0)
     assert cache.get(key("a"), now=1) == ("0123456789",)  # a is now the most recent
     assert cache.put(key("e"), ["0123456789"], now=2)  # b goes
     assert cache.get(key("b"), now=3) is None and cache.get(key("c"), now=3) is not None
-    assert len(cache) == 4 and cache.bytes == 4 * (ENTRY_OVERHEAD + 10)
-    assert not cache.put(key("big"), ["x" * cache.max_entry], now=4)  # over a quarter of the cache: not kept
+    assert len(cache) == 4 and cache.bytes == 4 * entry
+    assert not cache.put(key("big"), [b"x" * cache.max_entry], now=4)  # over a quarter of the cache: not kept
     assert cache.put(key("é"), ["é"], now=5) and cache.bytes <= cache.capacity  # UTF-8 bytes are counted
 
 
-def test_an_entry_expires_after_the_ttl() -> None:
+def test_an_entry_expires_after_the_ttl_and_leaves_at_the_next_put() -> None:
     cache = ResultCache(capacity=1 << 20, ttl=10)
     cache.put(key("a"), ["x", b"y"], now=100)
     assert cache.get(key("a"), now=109.9) == ("x", b"y")
     assert cache.get(key("a"), now=110) is None and cache.bytes == 0 and len(cache) == 0
+    cache.put(key("b"), ["x"], now=200)
+    cache.put(key("c"), ["x"], now=215)  # b expired at 210: gone now, not when next looked up
+    assert len(cache) == 1
+
+
+def test_text_runs_are_kept_joined_and_binary_chunks_apart() -> None:
+    assert merged(["a", "b", b"\x00", b"\x01", "c", "d"]) == ["ab", b"\x00", b"\x01", "cd"]
+    assert merged(["x" * MERGE_TEXT, "y"]) == ["x" * MERGE_TEXT, "y"]
 
 
 def test_the_settings_are_checked() -> None:
     with pytest.raises(SettingsError, match="cache_size"):
         Settings(cache_size=-1)
+    with pytest.raises(SettingsError, match="at least 4096"):
+        Settings(cache_size=100)
     with pytest.raises(SettingsError, match="cache_ttl"):
         Settings(cache_ttl=0)
 
@@ -114,3 +134,44 @@ async def test_a_cancelled_reply_is_not_kept_and_without_the_setting_nothing_is(
         for _ in range(2):
             assert await client.complete("q") == "one two"
     assert off.runs == 2
+
+
+async def test_a_reply_too_big_to_keep_is_not_recorded_and_a_cancel_the_model_swallows_is_not_kept() -> None:
+    class Big:
+        deterministic = True
+        runs = 0
+
+        async def __call__(self, req: ModelRequest) -> Any:
+            self.runs += 1
+            for _ in range(100):
+                yield "x" * 1000  # 100 KB: more than a quarter of a 64 KiB cache
+
+    class Swallows:
+        deterministic = True
+        runs = 0
+        started = asyncio.Event()
+
+        async def __call__(self, req: ModelRequest) -> Any:
+            self.runs += 1
+            yield "one "
+            try:
+                if self.runs == 1:  # (the first run waits to be cancelled)
+                    self.started.set()
+                    await asyncio.sleep(30)
+                yield "two"
+            except asyncio.CancelledError:
+                return  # (cleans up and returns: the loop ends as if the reply were whole)
+
+    big, swallows = Big(), Swallows()
+    async with AppClient(app_of({"big": big, "swallows": swallows}, CollectorRegistry(), cache_size=64 * 1024),
+                         "/ws") as client:
+        for _ in range(2):
+            assert len(await client.complete("q", model="big")) == 100_000
+        assert big.runs == 2
+        stream = client.stream("q", model="swallows")
+        assert await anext(stream) == "one "
+        await swallows.started.wait()
+        await stream.cancel()
+        assert [c async for c in stream] == [] and stream.end is not None and stream.end.finish_reason == "cancelled"
+        assert await client.complete("q", model="swallows") == "one two"  # not the cut reply: the model ran again
+        assert swallows.runs == 2

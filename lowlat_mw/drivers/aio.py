@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Mutable
 from concurrent.futures import Executor
 from typing import Any
 
-from ..cache import is_deterministic, request_key
+from ..cache import CHUNK_OVERHEAD, is_deterministic, request_key
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
 from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model, warm_up
@@ -52,6 +52,7 @@ from ..protocol.server import (
 from ..protocol.session import Session
 from ..security import Handshake, load_authenticator
 from . import eager, push
+from .batch import batcher_for
 from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
 from .push import principal_name
 from .shared import SharedSessions, principal_key, process_id, shared_sessions
@@ -105,12 +106,21 @@ RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared st
 # every 10 ms (shared.WRITE_EVERY), so a session whose first Request came just before the drop may be on its way
 
 
-async def _recorded(agen: Any, kept: list[Any]) -> AsyncIterator[Any]:
-    """`agen`'s chunks, each also put in `kept` (copied if mutable): a reply for the result cache. Closed, it
-    closes `agen` at once."""
+_TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
+
+
+async def _recorded(agen: Any, kept: list[Any], limit: int) -> AsyncIterator[Any]:
+    """`agen`'s chunks, each also put in `kept` (copied if mutable): a reply for the result cache, recorded up to
+    about `limit` bytes (past it, `kept` holds only _TOO_BIG). Closed, it closes `agen` at once."""
+    size = 0
     try:
         async for chunk in agen:
-            kept.append(bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk)
+            if size <= limit:
+                size += len(chunk) + CHUNK_OVERHEAD if isinstance(chunk, str | bytes | bytearray) else limit + 1
+                if size <= limit:
+                    kept.append(bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk)
+                else:
+                    kept[:] = [_TOO_BIG]
             yield chunk
     finally:
         await agen.aclose()
@@ -345,7 +355,19 @@ class ModelRunner:
                 await warm_up(fn, mreq, self.endpoint.executor)
                 ending = ("warmup",)
                 return
-            if kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
+            if getattr(fn, "batch", False):  # (micro-batching, batch.is_batched) this request's reply, from its batch
+                if timer is not None:
+                    timer.model_started = timer.lap("queue")  # (the batch's wait counts as the model's time)
+                s = self.settings
+                result = await batcher_for(fn, self.endpoint.executor, s.max_batch_size, s.max_batch_wait).reply(mreq)
+                if isinstance(result, WHOLE_REPLY):
+                    await self._emit(sid, result, timer)
+                    ending = ("stop",)
+                    if kept is not None:
+                        self._cache_reply(key, [result], sid)
+                    return
+                agen = chunks_of(result, self.endpoint.executor)
+            elif kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
                 if timer is not None:
                     timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)
                 agen = fn(mreq)
@@ -357,14 +379,14 @@ class ModelRunner:
                     await self._emit(sid, result, timer)
                     ending = ("stop",)
                     if kept is not None:
-                        self._cache_reply(key, [result])
+                        self._cache_reply(key, [result], sid)
                     return
                 agen = chunks_of(result, self.endpoint.executor)
             else:
                 agen = stream_model(fn, mreq, self.endpoint.executor,
                                     timer.model_running if timer is not None else None, kind)
             if kept is not None:
-                agen = _recorded(agen, kept)
+                agen = _recorded(agen, kept, self.endpoint.cache.max_entry)  # type: ignore[union-attr]
             try:
                 if self.settings.merge_deltas:
                     await self._pump_merged(sid, agen, timer)
@@ -382,9 +404,12 @@ class ModelRunner:
                             await self._paused(timer)
             finally:
                 await agen.aclose()
-            ending = ("stop",)
-            if kept is not None:
-                self._cache_reply(key, kept)
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                ending = ("cancelled",)  # (the model caught its cancellation and returned: a Cancel's End all the same)
+            else:
+                ending = ("stop",)
+                if kept is not None:
+                    self._cache_reply(key, kept, sid)
         except asyncio.CancelledError:
             if self.destroyed:
                 raise
@@ -421,11 +446,14 @@ class ModelRunner:
             if self.shared is not None and not self.destroyed:
                 self.shared.touch(session)
 
-    def _cache_reply(self, key: bytes, chunks: list[Any]) -> None:
-        """A deterministic model's reply ended normally: keep it for the same request (the result cache)."""
+    def _cache_reply(self, key: bytes, chunks: list[Any], sid: int) -> None:
+        """A deterministic model's reply ended normally: keep it for the same request (the result cache), unless it
+        grew too big to keep, or its stream was cancelled (the client's Cancel, even if the model went on)."""
         cache = self.endpoint.cache
-        if cache is not None:
-            cache.put(key, [bytes(c) if isinstance(c, bytearray | memoryview) else c for c in chunks], self.monotonic())
+        st = self.session.streams.get(sid)
+        if cache is None or (chunks and chunks[0] is _TOO_BIG) or (st is not None and st.cancelling):
+            return
+        cache.put(key, [bytes(c) if isinstance(c, bytearray | memoryview) else c for c in chunks], self.monotonic())
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """One chunk out: through the attached connection, else into the session for the resume."""

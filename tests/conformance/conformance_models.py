@@ -273,3 +273,26 @@ def det_sync(req):
 det_sync.deterministic = True
 
 MODELS.update({"det": det, "det_sync": det_sync})
+
+
+# ---------------------------------------------------------------- micro-batching (setting max_batch_size)
+# For test_conformance_batch.py: a batch-capable model; each reply says how many requests its call had.
+
+
+async def batched(reqs):
+    async def reply(req, n):
+        yield f"{req.prompt}|"
+        yield f"batch of {n}"
+    return [reply(req, len(reqs)) for req in reqs]
+
+
+batched.batch = True
+
+
+def batched_sync(reqs):
+    return [f"{req.prompt}|batch of {len(reqs)}" for req in reqs]
+
+
+batched_sync.batch = True
+
+MODELS.update({"batched": batched, "batched_sync": batched_sync})

@@ -211,12 +211,16 @@ def base_env(conformance_dir: Path, extra: Mapping[str, str] | None = None) -> d
     ``drain_grace`` is 1 s: stopping a server (SIGTERM) drains it, and a stream still running then
     must not hold the stop for the default 30 s (test_conformance_shutdown.py tests the drain itself).
     The result cache is on (``cache_size`` 1 MiB): it only ever touches the models marked deterministic
-    (conformance_models.det, test_conformance_cache.py), so every other test sees default behaviour.
+    (conformance_models.det, test_conformance_cache.py), so every other test sees default behaviour. Batches of the
+    models marked batch-capable hold 4 requests and wait for them as long as 30 s (a batch goes when full:
+    test_conformance_batch.py sends 8 at once and gets two calls, whatever the load); no other model batches.
     """
     return server_env({
         "LOWLAT_MODEL": "conformance_models:MODELS",
         "LOWLAT_DRAIN_GRACE": "1",
         "LOWLAT_CACHE_SIZE": "1048576",
+        "LOWLAT_MAX_BATCH_SIZE": "4",
+        "LOWLAT_MAX_BATCH_WAIT": "30",
         "CONFORMANCE_MARKS": str(conformance_dir / "marks"),
         "DJANGO_DB": str(conformance_dir / "django.sqlite3"),
         **(extra or {}),

@@ -68,7 +68,7 @@ SIZES = {"tiny": Size(rounds=2, load_ms=20.0, think_ms=5.0, cache_rounds=2, roun
 class _Server:
     """benchmarks._warmup_server in a child process, on a socket bound here (clients queue until it accepts)."""
 
-    def __init__(self, load_ms: float, call_ms: float = 10.0) -> None:
+    def __init__(self, load_ms: float, call_ms: float = 10.0, item_ms: float = 0.5) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
@@ -77,7 +77,7 @@ class _Server:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks._warmup_server", "--fd", str(self.sock.fileno()),
-             "--load-ms", str(load_ms), "--call-ms", str(call_ms)],
+             "--load-ms", str(load_ms), "--call-ms", str(call_ms), "--item-ms", str(item_ms)],
             pass_fds=(self.sock.fileno(),), cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
 
     @property

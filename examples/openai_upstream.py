@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 PASSED = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "presence_penalty",
-          "frequency_penalty", "logit_bias", "user", "response_format", "n")
+          "frequency_penalty", "logit_bias", "user", "response_format")  # (not n: one stream carries one choice)
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
 
@@ -81,6 +81,7 @@ async def generate(req: Any) -> AsyncIterator[str]:
                 raise UpstreamError(f"upstream error: {event['error']}")
             for choice in event.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content")
-                if piece:
+                if piece and choice.get("index", 0) == 0:
                     yield piece
-    raise UpstreamError("upstream stream ended without [DONE]")
+    # (an upstream that ends its stream without "data: [DONE]" ends here: some OpenAI-compatible servers do,
+    # and their replies end at the close; a cut connection raises in aiter_lines above.)

@@ -125,3 +125,77 @@ async def test_a_request_cancelled_while_it_waits_leaves_its_batch() -> None:
             await first  # (the stream ended with End("cancelled"), before any Delta)
         assert gone.end is not None and gone.end.finish_reason == "cancelled"
     assert model.calls == [["b", "c"]]
+
+
+class Held:
+    """A reply holding a resource: records whether it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    def __aiter__(self) -> Held:
+        return self
+
+    async def __anext__(self) -> str:
+        raise StopAsyncIteration
+
+
+async def test_a_reply_answered_then_cancelled_before_it_is_read_is_closed() -> None:
+    from lowlat_mw.drivers.batch import Batcher
+
+    replies: list[Held] = []
+    task: asyncio.Task[Any]
+
+    async def model(reqs: list[Any]) -> list[Held]:
+        asyncio.get_running_loop().call_soon(task.cancel)  # (a Cancel handled in the same loop turn as the answer)
+        replies[:] = [Held() for _ in reqs]
+        return replies
+
+    batcher = Batcher(model, None, 1, 0.0)
+    task = asyncio.ensure_future(batcher.reply(object()))  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await until(lambda: replies and replies[0].closed)
+
+
+async def test_replies_of_a_failed_batch_are_closed_and_the_loop_is_not_held() -> None:
+    import gc
+
+    from lowlat_mw.drivers import batch
+
+    made: list[Held] = []
+
+    async def short(reqs: list[Any]) -> list[Held]:
+        made.append(Held())
+        return made[-1:]  # one reply for two requests
+
+    b = batch.Batcher(short, None, 2, 5.0)
+    outcomes = await asyncio.gather(b.reply(object()), b.reply(object()), return_exceptions=True)  # type: ignore[arg-type]
+    assert all(isinstance(o, RuntimeError) and "1 replies for 2 requests" in str(o) for o in outcomes)
+    assert made[0].closed
+
+    def run_on_a_loop_of_its_own() -> None:
+        async def go() -> None:
+            batch.batcher_for(short, None, 2, 5.0)
+
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(go())
+        loop.close()
+
+    before = len(batch._BATCHERS)
+    await asyncio.to_thread(run_on_a_loop_of_its_own)  # (another thread: this one's loop is running)
+    gc.collect()
+    assert len(batch._BATCHERS) == before  # (the closed loop and its batchers are gone)
+
+
+async def test_an_async_generator_batch_model_fails_with_a_clear_error() -> None:
+    async def wrong(reqs: list[Any]) -> Any:
+        yield "x"
+
+    wrong.batch = True  # type: ignore[attr-defined]
+    async with AppClient(app_of(wrong, max_batch_size=1, expose_model_errors=True), "/ws") as client:
+        with pytest.raises(StreamError, match="an async generator function cannot"):
+            await client.complete("q")

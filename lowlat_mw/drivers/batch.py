@@ -6,7 +6,7 @@ return (a whole reply, an iterable or async iterable of chunks, an awaitable of 
 arrive within ``max_batch_wait`` seconds of the first waiting one, up to ``max_batch_size`` of them, go to
 one call; a full batch goes at once. Each reply then streams on its own request's stream: Cancel, errors
 (a reply's iterator that fails fails that stream only) and flow control stay per stream. A call that fails
-fails every request of its batch. One batcher per model and event loop.
+fails every request of its batch. One batcher per model, settings and executor, per event loop.
 """
 
 from __future__ import annotations
@@ -29,13 +29,23 @@ def is_batched(fn: Any) -> bool:
     return bool(getattr(fn, "batch", False))
 
 
-class Batcher:
-    """Groups the requests for one batch-capable model on one event loop into calls of up to `max_size`."""
+async def _close(reply: Any) -> None:
+    """Close a reply nobody will read (an async generator, a generator, a coroutine...)."""
+    close = getattr(reply, "aclose", None) or getattr(reply, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            result = close()
+            if inspect.isawaitable(result):
+                await result
 
-    def __init__(self, fn: Callable[[list[ModelRequest]], Any], loop: asyncio.AbstractEventLoop,
-                 executor: Executor | None, max_size: int, max_wait: float) -> None:
+
+class Batcher:
+    """Groups the requests for one batch-capable model on one event loop into calls of up to `max_size`.
+    (It keeps no reference to its loop: the loop's table of batchers is weak, see :func:`batcher_for`.)"""
+
+    def __init__(self, fn: Callable[[list[ModelRequest]], Any], executor: Executor | None, max_size: int,
+                 max_wait: float) -> None:
         self.fn = fn
-        self.loop = loop
         self.executor = executor
         self.max_size = max_size
         self.max_wait = max_wait
@@ -43,27 +53,37 @@ class Batcher:
         self._pending: list[tuple[ModelRequest, asyncio.Future[Any]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(type(fn), "__call__", None))  # noqa: B004
+        call = getattr(type(fn), "__call__", None)  # noqa: B004
+        self._kind = ("asyncgen" if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(call) else
+                      "async" if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call) else "sync")
 
     async def reply(self, request: ModelRequest) -> Any:
         """Wait for `request`'s batch to run and return its reply (cancelled: it leaves the batch, or its reply
         is closed unread)."""
-        future = self.loop.create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         pending = self._pending
         pending.append((request, future))
         if len(pending) >= self.max_size:
             self._flush()
         elif self._timer is None:
-            self._timer = self.loop.call_later(self.max_wait, self._flush)
+            self._timer = loop.call_later(self.max_wait, self._flush)
         try:
             return await future
-        except asyncio.CancelledError:  # (cancelled while it waits: it leaves the batch, which then waits for another)
-            self._pending = [p for p in self._pending if p[1] is not future]
-            if not self._pending and self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._spawn(_close(future.result()))  # (answered, then cancelled before it woke up)
+            else:  # still waiting: it leaves the batch, which then waits for another
+                self._pending = [p for p in self._pending if p[1] is not future]
+                if not self._pending and self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
             raise
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -72,54 +92,55 @@ class Batcher:
         batch = [(r, f) for r, f in self._pending if not f.done()]  # (a cancelled request left it)
         self._pending = []
         if batch:
-            task = self.loop.create_task(self._call(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._call(batch))
 
     async def _call(self, batch: list[tuple[ModelRequest, asyncio.Future[Any]]]) -> None:
         requests = [r for r, _ in batch]
         self.calls += 1
+        replies: list[Any] = []
         try:
-            if self._is_async:
-                replies = await self.fn(requests)
-            else:
-                replies = await self.loop.run_in_executor(self.executor, self.fn, requests)
-                if inspect.isawaitable(replies):
-                    replies = await replies
-            replies = list(replies)
+            if self._kind == "asyncgen":
+                raise TypeError("a batch model returns a list of replies: an async generator function cannot")
+            if self._kind == "async":
+                replies = list(await self.fn(requests))
+            else:  # in the pool, the list made there too: a lazy iterable's work stays off the loop
+                fn = self.fn
+                replies = await asyncio.get_running_loop().run_in_executor(self.executor, lambda: list(fn(requests)))
             if len(replies) != len(batch):
                 raise RuntimeError(f"the batch model returned {len(replies)} replies for {len(batch)} requests")
-        except BaseException as exc:  # every request of the batch fails with it
+        except BaseException as exc:  # every request of the batch fails with it; what it did return is closed
+            error = exc if isinstance(exc, Exception) else RuntimeError("the batch call was cancelled")
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+                    future.set_exception(error)
+            for reply in replies:
+                await _close(reply)
             if not isinstance(exc, Exception):
                 raise
             return
+        unread = []
         for (_, future), reply in zip(batch, replies, strict=True):
-            if not future.done():
+            if future.done():  # its stream was cancelled meanwhile
+                unread.append(reply)
+            else:
                 future.set_result(reply)
-            else:  # its stream was cancelled meanwhile: close what it would have read
-                close = getattr(reply, "aclose", None) or getattr(reply, "close", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        result = close()
-                        if inspect.isawaitable(result):
-                            await result
+        for reply in unread:  # (after every other member has its reply)
+            await _close(reply)
 
 
-_BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, int, float], Batcher]] = (
+_BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, int, float, int], Batcher]] = (
     weakref.WeakKeyDictionary())
 
 
 def batcher_for(fn: Any, executor: Executor | None, max_size: int, max_wait: float) -> Batcher:
-    """The batcher of model `fn` on the running event loop (made on first use)."""
+    """The batcher of model `fn` (with these settings and executor) on the running event loop (made on first use;
+    forgotten with the loop)."""
     loop = asyncio.get_running_loop()
     mine = _BATCHERS.get(loop)
     if mine is None:
         mine = _BATCHERS[loop] = {}
-    key = (id(fn), max_size, max_wait)  # (two endpoints may serve one model with different settings)
+    key = (id(fn), max_size, max_wait, id(executor))
     found = mine.get(key)
     if found is None or found.fn is not fn:
-        found = mine[key] = Batcher(fn, loop, executor, max_size, max_wait)
+        found = mine[key] = Batcher(fn, executor, max_size, max_wait)
     return found

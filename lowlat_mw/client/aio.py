@@ -843,14 +843,8 @@ class AsyncClient:
 
     def _request(self, text: str | None, messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None,
                  data: bytes | None, model: str, params: Mapping[str, Any] | None, warmup: bool) -> ev.Request:
-        msgs = None
-        if messages is not None:
-            msgs = tuple(
-                m if isinstance(m, ev.ChatMessage) else ev.ChatMessage(role=m["role"], content=m["content"])
-                for m in messages
-            )
         return ev.Request(stream_id=next(self._ids), model=model, text=text, data=data,
-                          messages=msgs, params=dict(params or {}), warmup=warmup)
+                          messages=_chat(messages), params=dict(params or {}), warmup=warmup)
 
     async def complete(self, text: str | None = None, **kwargs: Any) -> str:
         """Run a request and return the whole reply as text."""
@@ -951,12 +945,16 @@ def _check_warmup(options: Mapping[str, Any]) -> None:
     unknown = set(options) - {"text", "messages", "data", "model", "params"}
     if unknown:
         raise TypeError(f"warmup= takes text, messages, data, model and params, not {', '.join(sorted(unknown))}")
-    messages = options.get("messages")
     ev.Request(stream_id=1, text=options.get("text"), data=options.get("data"), model=options.get("model", ""),
-               params=dict(options.get("params") or {}), warmup=True,
-               messages=None if messages is None else tuple(
-                   m if isinstance(m, ev.ChatMessage) else ev.ChatMessage(role=m["role"], content=m["content"])
-                   for m in messages))
+               params=dict(options.get("params") or {}), warmup=True, messages=_chat(options.get("messages")))
+
+
+def _chat(messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None) -> tuple[ev.ChatMessage, ...] | None:
+    """Chat messages as a Request carries them (dicts with role and content, or ChatMessages)."""
+    if messages is None:
+        return None
+    return tuple(m if isinstance(m, ev.ChatMessage) else ev.ChatMessage(role=m["role"], content=m["content"])
+                 for m in messages)
 
 
 _P = ParamSpec("_P")

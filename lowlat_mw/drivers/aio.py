@@ -107,6 +107,7 @@ RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared st
 
 
 _TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
+_NO_RESULT = object()  # (ModelRunner._run: the model was not awaited for a result)
 
 
 async def _recorded(agen: Any, kept: list[Any], limit: int) -> AsyncIterator[Any]:
@@ -355,18 +356,12 @@ class ModelRunner:
                 await warm_up(fn, mreq, self.endpoint.executor)
                 ending = ("warmup",)
                 return
+            result: Any = _NO_RESULT  # (what an awaited call returned: a whole reply, or something to iterate)
             if getattr(fn, "batch", False):  # (micro-batching, batch.is_batched) this request's reply, from its batch
                 if timer is not None:
                     timer.model_started = timer.lap("queue")  # (the batch's wait counts as the model's time)
                 s = self.settings
                 result = await batcher_for(fn, self.endpoint.executor, s.max_batch_size, s.max_batch_wait).reply(mreq)
-                if isinstance(result, WHOLE_REPLY):
-                    await self._emit(sid, result, timer)
-                    ending = ("stop",)
-                    if kept is not None:
-                        self._cache_reply(key, [result], sid)
-                    return
-                agen = chunks_of(result, self.endpoint.executor)
             elif kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
                 if timer is not None:
                     timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)
@@ -375,16 +370,20 @@ class ModelRunner:
                 if timer is not None:
                     timer.model_started = timer.lap("queue")
                 result = await fn(mreq)
-                if isinstance(result, WHOLE_REPLY):  # one chunk (as chunks_of would yield it)
-                    await self._emit(sid, result, timer)
-                    ending = ("stop",)
-                    if kept is not None:
-                        self._cache_reply(key, [result], sid)
-                    return
-                agen = chunks_of(result, self.endpoint.executor)
             else:
                 agen = stream_model(fn, mreq, self.endpoint.executor,
                                     timer.model_running if timer is not None else None, kind)
+            if result is not _NO_RESULT:
+                if isinstance(result, WHOLE_REPLY):  # one chunk (as chunks_of would yield it)
+                    await self._emit(sid, result, timer)
+                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                        ending = ("cancelled",)  # (it caught its cancellation and returned: see below)
+                    else:
+                        ending = ("stop",)
+                        if kept is not None:
+                            self._cache_reply(key, [result], sid)
+                    return
+                agen = chunks_of(result, self.endpoint.executor)
             if kept is not None:
                 agen = _recorded(agen, kept, self.endpoint.cache.max_entry)  # type: ignore[union-attr]
             try:

@@ -31,6 +31,7 @@ from pathlib import Path
 __all__ = [
     "MODES",
     "SUITE_MODULES",
+    "ChildServer",
     "Suite",
     "SuiteResult",
     "all_suites",
@@ -241,3 +242,38 @@ async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, byt
     except (IndexError, ValueError):
         status = 0
     return status, body
+
+
+class ChildServer:
+    """A benchmark server module (``python -m <module> --fd N <args>``) in a child process, on a listening socket
+    bound here: the port is known at once, and clients queue in its backlog until the child accepts."""
+
+    def __init__(self, module: str, *args: str) -> None:
+        import socket
+        import subprocess
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        root = Path(__file__).resolve().parents[1]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-m", module, "--fd", str(self.sock.fileno()), *args],
+                                     pass_fds=(self.sock.fileno(),), cwd=root, env=env, stdin=subprocess.DEVNULL)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def stop(self) -> None:
+        import subprocess
+
+        self.sock.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

@@ -31,7 +31,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from lowlat_mw.protocol.codec import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 from .core import (
+    ChildServer,
     SuiteResult,
     http_get,
     log,
@@ -289,33 +289,9 @@ def instructions_per_delta() -> dict[tuple[str, str], float] | None:
 
 
 # ================================================================================ end to end
-class _Server:
-    """A benchmark server (benchmarks._server) in a child process, on a socket bound here."""
-
-    def __init__(self, observability: str) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)  # clients queue here until the child accepts
-        self.port = self.sock.getsockname()[1]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks._server", observability, "--fd", str(self.sock.fileno())],
-            pass_fds=(self.sock.fileno(),), cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def stop(self) -> None:
-        self.sock.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+def _Server(observability: str) -> ChildServer:
+    """A benchmark server (benchmarks._server) in a child process."""
+    return ChildServer("benchmarks._server", observability)
 
 
 async def _server_cpu(port: int) -> float:

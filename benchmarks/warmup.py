@@ -32,15 +32,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core import SuiteResult, machine_facts, markdown_table, median, paired_ratios, quantiles, rotated, suite
+from .core import (
+    ChildServer,
+    SuiteResult,
+    machine_facts,
+    markdown_table,
+    median,
+    paired_ratios,
+    quantiles,
+    rotated,
+    suite,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "Warm-up and the result cache"
@@ -65,34 +71,10 @@ SIZES = {"tiny": Size(rounds=2, load_ms=20.0, think_ms=5.0, cache_rounds=2, roun
          "full": Size(rounds=100, load_ms=100.0, think_ms=50.0, cache_rounds=30, round_trips=100)}
 
 
-class _Server:
-    """benchmarks._warmup_server in a child process, on a socket bound here (clients queue until it accepts)."""
-
-    def __init__(self, load_ms: float, call_ms: float = 10.0, item_ms: float = 0.5) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.port = self.sock.getsockname()[1]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks._warmup_server", "--fd", str(self.sock.fileno()),
-             "--load-ms", str(load_ms), "--call-ms", str(call_ms), "--item-ms", str(item_ms)],
-            pass_fds=(self.sock.fileno(),), cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def stop(self) -> None:
-        self.sock.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+def _Server(load_ms: float, call_ms: float = 10.0, item_ms: float = 0.5) -> ChildServer:
+    """benchmarks._warmup_server in a child process."""
+    return ChildServer("benchmarks._warmup_server", "--load-ms", str(load_ms), "--call-ms", str(call_ms),
+                       "--item-ms", str(item_ms))
 
 
 async def _measure(size: Size) -> tuple[dict[str, list[float]], list[float]]:

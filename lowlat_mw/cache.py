@@ -26,7 +26,6 @@ __all__ = ["ResultCache", "is_deterministic", "request_key"]
 ENTRY_OVERHEAD = 200  # bytes charged per entry beyond its chunks (the key, the tuple, the dict's slot)
 CHUNK_OVERHEAD = 56  # bytes charged per chunk beyond its content (a str or bytes object's header, its slot)
 MERGE_TEXT = 32 * 1024  # adjacent text chunks are kept joined up to this many characters: fewer, larger Deltas
-MIN_SIZE = 4096  # the smallest cache_size that can keep anything
 
 
 def is_deterministic(fn: Any) -> bool:

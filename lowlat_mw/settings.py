@@ -22,6 +22,7 @@ SUBPROTOCOL_PROTO = "lowlat.v1.proto"
 SUBPROTOCOL_JSON = "lowlat.v1.json"
 KNOWN_CODECS = ("zstd", "lz4", "snappy")
 MiB = 1024 * 1024
+MIN_CACHE_SIZE = 4096  # the smallest result cache that can keep a reply (cache.py: one is at most a quarter of it)
 # LOWLAT_* variables that are read elsewhere (the demo model, dev.py) and are not settings.
 NOT_SETTINGS = frozenset({"LOWLAT_DEMO_DELAY", "LOWLAT_DEV_VENV", "LOWLAT_MODEL", "LOWLAT_SERVE_WORKER"})
 
@@ -181,8 +182,9 @@ class Settings:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
         if self.max_batch_size < 1:
             raise SettingsError(f"setting 'max_batch_size' must be >= 1, got {self.max_batch_size!r}")
-        if 0 < self.cache_size < 4096:
-            raise SettingsError(f"setting 'cache_size' must be 0 (off) or at least 4096 bytes, got {self.cache_size!r}")
+        if 0 < self.cache_size < MIN_CACHE_SIZE:
+            raise SettingsError(f"setting 'cache_size' must be 0 (off) or at least {MIN_CACHE_SIZE} bytes, "
+                                f"got {self.cache_size!r}")
         if not self.cache_ttl > 0:
             raise SettingsError(f"setting 'cache_ttl' must be > 0, got {self.cache_ttl!r}")
         if self.rate_burst < 1 or self.max_request_size < 1 or self.control_rate_burst < 1:

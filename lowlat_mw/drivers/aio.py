@@ -110,6 +110,11 @@ _TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, 
 _NO_RESULT = object()  # (ModelRunner._run: the model was not awaited for a result)
 
 
+def _kept(chunk: Any) -> Any:
+    """A chunk as the result cache keeps it: a mutable buffer copied, as it is when it comes."""
+    return bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk
+
+
 async def _recorded(agen: Any, kept: list[Any], limit: int) -> AsyncIterator[Any]:
     """`agen`'s chunks, each also put in `kept` (copied if mutable): a reply for the result cache, recorded up to
     about `limit` bytes (past it, `kept` holds only _TOO_BIG). Closed, it closes `agen` at once."""
@@ -117,9 +122,10 @@ async def _recorded(agen: Any, kept: list[Any], limit: int) -> AsyncIterator[Any
     try:
         async for chunk in agen:
             if size <= limit:
-                size += len(chunk) + CHUNK_OVERHEAD if isinstance(chunk, str | bytes | bytearray) else limit + 1
+                sized = isinstance(chunk, str | bytes | bytearray | memoryview)
+                size += len(chunk) + CHUNK_OVERHEAD if sized else limit + 1
                 if size <= limit:
-                    kept.append(bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk)
+                    kept.append(_kept(chunk))
                 else:
                     kept[:] = [_TOO_BIG]
             yield chunk
@@ -376,33 +382,31 @@ class ModelRunner:
             if result is not _NO_RESULT:
                 if isinstance(result, WHOLE_REPLY):  # one chunk (as chunks_of would yield it)
                     await self._emit(sid, result, timer)
-                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                        ending = ("cancelled",)  # (it caught its cancellation and returned: see below)
-                    else:
-                        ending = ("stop",)
-                        if kept is not None:
-                            self._cache_reply(key, [result], sid)
-                    return
-                agen = chunks_of(result, self.endpoint.executor)
-            if kept is not None:
-                agen = _recorded(agen, kept, self.endpoint.cache.max_entry)  # type: ignore[union-attr]
-            try:
-                if self.settings.merge_deltas:
-                    await self._pump_merged(sid, agen, timer)
-                else:  # (_emit, written out: once per token)
-                    shared = self.shared
-                    async for chunk in agen:
-                        driver = self.driver
-                        if driver is not None:
-                            await driver.chunk(sid, chunk, timer)
-                        else:
-                            self._keep(sid, chunk, timer)
-                        if shared is not None:
-                            shared.touch(session)
-                        if session.buffered >= session.pause_at:  # (Session.blocked)
-                            await self._paused(timer)
-            finally:
-                await agen.aclose()
+                    agen = None
+                    if kept is not None:
+                        kept.append(_kept(result))
+                else:
+                    agen = chunks_of(result, self.endpoint.executor)
+            if agen is not None:
+                if kept is not None:
+                    agen = _recorded(agen, kept, self.endpoint.cache.max_entry)  # type: ignore[union-attr]
+                try:
+                    if self.settings.merge_deltas:
+                        await self._pump_merged(sid, agen, timer)
+                    else:  # (_emit, written out: once per token)
+                        shared = self.shared
+                        async for chunk in agen:
+                            driver = self.driver
+                            if driver is not None:
+                                await driver.chunk(sid, chunk, timer)
+                            else:
+                                self._keep(sid, chunk, timer)
+                            if shared is not None:
+                                shared.touch(session)
+                            if session.buffered >= session.pause_at:  # (Session.blocked)
+                                await self._paused(timer)
+                finally:
+                    await agen.aclose()
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 ending = ("cancelled",)  # (the model caught its cancellation and returned: a Cancel's End all the same)
             else:
@@ -452,7 +456,7 @@ class ModelRunner:
         st = self.session.streams.get(sid)
         if cache is None or (chunks and chunks[0] is _TOO_BIG) or (st is not None and st.cancelling):
             return
-        cache.put(key, [bytes(c) if isinstance(c, bytearray | memoryview) else c for c in chunks], self.monotonic())
+        cache.put(key, chunks, self.monotonic())
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """One chunk out: through the attached connection, else into the session for the resume."""

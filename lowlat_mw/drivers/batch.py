@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from ..model import ModelRequest
+from ..model import ModelRequest, _kind
 
 __all__ = ["Batcher", "batcher_for", "is_batched"]
 
@@ -53,9 +53,7 @@ class Batcher:
         self._pending: list[tuple[ModelRequest, asyncio.Future[Any]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        call = getattr(type(fn), "__call__", None)  # noqa: B004
-        self._kind = ("asyncgen" if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(call) else
-                      "async" if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call) else "sync")
+        self._kind = _kind(fn)  # (as a model's: asyncgen, async, gen or sync)
 
     async def reply(self, request: ModelRequest) -> Any:
         """Wait for `request`'s batch to run and return its reply (cancelled: it leaves the batch, or its reply
@@ -103,7 +101,7 @@ class Batcher:
                 raise TypeError("a batch model returns a list of replies: an async generator function cannot")
             if self._kind == "async":
                 replies = list(await self.fn(requests))
-            else:  # in the pool, the list made there too: a lazy iterable's work stays off the loop
+            else:  # sync or gen: in the pool, the list made there too (a lazy iterable's work stays off the loop)
                 fn = self.fn
                 replies = await asyncio.get_running_loop().run_in_executor(self.executor, lambda: list(fn(requests)))
             if len(replies) != len(batch):

@@ -42,7 +42,8 @@ class Settings:
     idle_timeout: float = 600.0
     """Close with 4000 after this long with no application traffic, no stream running and no push group joined."""
     handshake_timeout: float = 10.0
-    """Close with 4004 when no Hello arrives this long after the WebSocket opens."""
+    """Close with 4004 when the handshake is not done this long after the WebSocket opens: no Hello yet, or
+    the authenticate hook (or the resume's lookup) still running."""
     max_frame_size: int = MiB
     """Largest WebSocket message accepted, in bytes (1009 above it)."""
     max_decompressed_size: int = 8 * MiB

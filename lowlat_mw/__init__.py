@@ -26,10 +26,10 @@ from .errors import (
     SettingsError,
     StreamError,
 )
-from .model import ModelRequest, SessionInfo
+from .model import InputEnded, Inputs, ModelRequest, SessionInfo
 from .observability.metrics import Metrics
 from .observability.timing import STAGES
-from .protocol.events import Delta, End, Push
+from .protocol.events import Delta, End, Push, ToolCall, ToolResult
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 __all__ = [
@@ -44,6 +44,8 @@ __all__ = [
     "Delta",
     "End",
     "ErrorCode",
+    "InputEnded",
+    "Inputs",
     "LocalProtocolError",
     "LowLatError",
     "Metrics",
@@ -61,6 +63,8 @@ __all__ = [
     "StreamError",
     "StreamTimings",
     "SyncClient",
+    "ToolCall",
+    "ToolResult",
     "__version__",
     "apublish",
     "connect",

@@ -45,6 +45,8 @@ MESSAGES: dict[str, tuple[type, str, str]] = {
     "subscribe": (ev.Subscribe, "client", "v1.1: joins (or, with leave, leaves) a named push group."),
     "subscribed": (ev.Subscribed, "server", "v1.1: the answer to a Subscribe with the same id: done, or refused."),
     "push": (ev.Push, "server", "v1.1: a message the server published to the client's session, user or group."),
+    "input": (ev.Input, "client", "v1.3: more input for a running stream (text, bytes, a tool call's result) "
+                                  "and/or its end; numbered by seq from 1."),
 }
 
 
@@ -69,6 +71,14 @@ def _schema(hint: Any) -> dict[str, Any]:
     if hint is ev.ChatMessage:
         return {"type": "object", "required": ["role", "content"],
                 "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}
+    if hint is ev.ToolCall:
+        return {"type": "object", "required": ["name"], "description": "v1.3: the model asks the client to run a tool",
+                "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                               "arguments": {"type": "string", "description": "JSON text"}}}
+    if hint is ev.ToolResult:
+        return {"type": "object", "required": ["id"], "description": "v1.3: the answer to the tool call `id`",
+                "properties": {"id": {"type": "string"}, "content": {"type": "string"},
+                               "is_error": {"type": "boolean"}}}
     if origin is tuple:
         return {"type": "array", "items": _schema(typing.get_args(hint)[0])}
     if origin is Mapping or origin is dict:

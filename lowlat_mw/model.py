@@ -11,14 +11,21 @@ Accepted callables, each taking a :class:`ModelRequest`:
 
 A sync function may also return an iterable or awaitable; it is handled like the matching kind.
 Cancelling the consuming task closes the generator (``aclose()`` / ``close()``).
+
+Full-duplex streams (protocol v1.3): a model may read what the client sends while it runs from
+``req.inputs`` (:class:`Inputs`), and yield a :class:`ToolCall` (``req.tool_call(name, args)``) to ask
+the client to run a tool, then wait for its answer with ``await req.inputs.result(call)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import importlib
 import inspect
+import itertools
+import json
 import threading
 import types
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -26,14 +33,18 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .protocol.events import ChatMessage
+from .protocol.events import ChatMessage, ToolCall, ToolResult
 
 __all__ = [
+    "InputEnded",
+    "Inputs",
     "ModelFn",
     "ModelRequest",
     "ModelSpec",
     "Models",
     "SessionInfo",
+    "ToolCall",
+    "ToolResult",
     "load_callable",
     "shared_executor",
     "step_now",
@@ -59,6 +70,87 @@ class SessionInfo:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+class InputEnded(EOFError):
+    """The client ended a stream's input (or the stream ended) before what a model waited for came."""
+
+
+_CALL_IDS = itertools.count(1)
+
+
+class Inputs(collections.deque):  # type: ignore[type-arg]
+    """(Protocol v1.3) What the client sends a running stream after its Request, in order: text (str), bytes,
+    and :class:`ToolResult` answers to the model's tool calls. ``async for item in req.inputs`` reads them until
+    the client ends the input; :meth:`result` waits for the answer to one tool call. Sync models (run in worker
+    threads) use :meth:`get_sync` and :meth:`result_sync`. At most ``max_unread_inputs`` wait unread: past
+    that the stream fails (Error bad_request), since the model is not reading them."""
+
+    ended = False  # the client sent Input.end (or the stream is over): nothing more will come
+    waiter: asyncio.Future[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None  # (the stream's loop: for the sync methods)
+
+    def put(self, item: str | bytes | ToolResult | None, end: bool) -> None:
+        """An Input arrived (called by the driver, on the loop)."""
+        if item is not None:
+            self.append(item)
+        if end:
+            self.ended = True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+
+    async def get(self) -> str | bytes | ToolResult:
+        """The next input; :class:`InputEnded` once the client has ended the input and all of it was read."""
+        while not self:
+            if self.ended:
+                raise InputEnded("the client ended this stream's input")
+            await self._wait()
+        return self.popleft()
+
+    async def result(self, call: ToolCall | str) -> ToolResult:
+        """The client's :class:`ToolResult` for `call` (a ToolCall the model yielded, or its id), taken out of
+        the inputs; other inputs stay, in order. :class:`InputEnded` if the input ends first."""
+        call_id = call.id if isinstance(call, ToolCall) else call
+        while True:
+            for i, item in enumerate(self):
+                if type(item) is ToolResult and (item.id == call_id or not call_id):
+                    del self[i]
+                    return item
+            if self.ended:
+                raise InputEnded(f"the client ended this stream's input without answering tool call {call_id!r}")
+            await self._wait()
+
+    def __aiter__(self) -> Inputs:
+        return self
+
+    async def __anext__(self) -> str | bytes | ToolResult:
+        try:
+            return await self.get()
+        except InputEnded:
+            raise StopAsyncIteration from None
+
+    def get_sync(self, timeout: float | None = None) -> str | bytes | ToolResult:
+        """:meth:`get` for a sync model in a worker thread (TimeoutError after `timeout` seconds)."""
+        return self._sync(self.get(), timeout)
+
+    def result_sync(self, call: ToolCall | str, timeout: float | None = None) -> ToolResult:
+        """:meth:`result` for a sync model in a worker thread (TimeoutError after `timeout` seconds)."""
+        return self._sync(self.result(call), timeout)
+
+    def _sync(self, coro: Any, timeout: float | None) -> Any:
+        loop = self.loop
+        if loop is None:
+            coro.close()
+            raise RuntimeError("this stream's inputs are read on its event loop")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest:
     """What a model callable receives."""
@@ -70,6 +162,15 @@ class ModelRequest:
     messages: tuple[ChatMessage, ...] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     session: SessionInfo
+    inputs: Inputs = field(default_factory=Inputs)
+    """(v1.3) What the client sends while the model runs: see :class:`Inputs`."""
+
+    @staticmethod
+    def tool_call(name: str, arguments: Any = None) -> ToolCall:
+        """A :class:`ToolCall` for the model to yield (it reaches the client as a Delta), with an id of its own;
+        `arguments` are JSON-encoded unless already a string. Then ``await req.inputs.result(call)``."""
+        args = arguments if isinstance(arguments, str) else json.dumps({} if arguments is None else arguments)
+        return ToolCall(name, args, id=f"call_{next(_CALL_IDS)}")
 
     @property
     def prompt(self) -> str:

@@ -76,6 +76,9 @@ class Settings:
     close 1008 (0: no limit)."""
     control_rate_burst: int = 1000
     """Such messages a connection may send at once before control_rate_limit applies."""
+    max_unread_inputs: int = 256
+    """(Protocol v1.3) Inputs a running stream's model may leave unread (``req.inputs``); one more fails the stream
+    with Error bad_request: a client cannot pile up memory behind a model that does not read."""
     max_request_size: int = MiB
     """Bytes of a Request's input (text, data, messages, params); larger gets Error message_too_big."""
     max_session_lifetime: float = 0.0
@@ -171,7 +174,7 @@ class Settings:
         if self.heartbeat_max_interval < self.heartbeat_interval:
             raise SettingsError("setting 'heartbeat_max_interval' must be >= 'heartbeat_interval'")
         for name in ("max_frame_size", "max_decompressed_size", "max_streams", "model_threads",
-                     "resume_buffer_size", "flow_window"):
+                     "resume_buffer_size", "flow_window", "max_unread_inputs"):
             value = getattr(self, name)
             if not 0 < value <= 0xFFFFFFFF:
                 raise SettingsError(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")

@@ -44,6 +44,10 @@ SAMPLES = [
     ev.Push(topic="group:news", text="hi"), ev.Push(topic="session:s", data=b"\x00"),
     ev.Hello(client="c", revision=1), ev.Welcome(session_id="s", revision=1),
     ev.Request(stream_id=1, text="x", warmup=True), ev.Hello(revision=2), ev.Welcome(session_id="s", revision=2),
+    ev.Delta(stream_id=1, seq=3, tool_call=ev.ToolCall("lookup", '{"q": 1}', id="c1")),
+    ev.Input(stream_id=1, seq=1, tool_result=ev.ToolResult(id="c1", content="r", is_error=True)),
+    ev.Input(stream_id=1, seq=2, text="more"), ev.Input(stream_id=1, seq=3, data=b"\x00", end=True),
+    ev.Input(stream_id=1, seq=4, end=True), ev.Welcome(session_id="s", revision=3, resumed=True, input_seq={1: 2}),
 ]
 
 
@@ -71,7 +75,8 @@ def test_every_message_kind_is_described_and_its_schema_fits_the_real_encoding()
     kinds = {codec.to_json_dict(sample)["type"] for sample in SAMPLES}
     assert kinds == set(MESSAGES) == set(doc["components"]["messages"]) == set(doc["channels"]["lowlat"]["messages"])
     event_classes = {getattr(ev, n) for n in ev.__all__ if isinstance(getattr(ev, n), type)
-                     and getattr(getattr(ev, n), "__dataclass_fields__", None) and n != "ChatMessage"}
+                     and getattr(getattr(ev, n), "__dataclass_fields__", None)
+                     and n not in ("ChatMessage", "ToolCall", "ToolResult")}  # (parts of messages)
     assert event_classes == {cls for cls, _, _ in MESSAGES.values()}  # a new message kind must be described
     schemas = doc["components"]["schemas"]
     for sample in SAMPLES:
@@ -82,7 +87,7 @@ def test_every_message_kind_is_described_and_its_schema_fits_the_real_encoding()
         jsonschema.validate({"type": "delta", "stream_id": -1, "seq": 1}, schemas["Delta"])
     received = {m["$ref"].rsplit("/", 1)[1] for m in doc["operations"]["receiveFromClients"]["messages"]}
     sent = {m["$ref"].rsplit("/", 1)[1] for m in doc["operations"]["sendToClients"]["messages"]}
-    assert {"hello", "request", "cancel", "ack", "ping", "pong", "subscribe"} == received
+    assert {"hello", "request", "cancel", "ack", "ping", "pong", "subscribe", "input"} == received
     assert {"welcome", "delta", "end", "error", "goaway", "ping", "pong", "subscribed", "push"} == sent
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import json
 import logging
 import math
 import ssl as ssl_module
@@ -121,8 +122,10 @@ class Stream:
     `time_to_first_delta` the client-side latency in seconds.
     """
 
-    def __init__(self, client: AsyncClient, request: ev.Request) -> None:
+    def __init__(self, client: AsyncClient, request: ev.Request,
+                 tools: Mapping[str, Callable[..., Any]] | None = None) -> None:
         self._client = client
+        self.tools = tools  # (v1.3) tool name -> function: the stream answers the model's calls of these itself
         self.request = request
         self.stream_id = request.stream_id
         self.state = ClientStream(request)  # what the protocol machine knows of it (seqs, Acks, resends)
@@ -176,11 +179,60 @@ class Stream:
     def __aiter__(self) -> Stream:
         return self
 
-    async def __anext__(self) -> str | bytes:
-        item = await self._next()
-        if type(item) is ev.Delta:
-            return item.chunk
-        raise StopAsyncIteration
+    async def __anext__(self) -> str | bytes | ev.ToolCall:
+        while True:
+            item = await self._next()
+            if type(item) is not ev.Delta:
+                raise StopAsyncIteration
+            if item.tool_call is None or self.tools is None or item.tool_call.name not in self.tools:
+                return item.chunk
+            _keep_running(self._client._io_tasks, self._run_tool(item.tool_call))
+
+    # ------------------------------------------------------------------ full-duplex (protocol v1.3)
+    async def send(self, item: str | bytes, *, end: bool = False) -> None:
+        """Send the running model more input (text or bytes; it reads ``req.inputs``); `end`: the last of it.
+        Kept until the stream ends: after a dropped connection the resume sends again what the server lacks.
+        LocalProtocolError if the server is older than protocol v1.3."""
+        if isinstance(item, str):
+            await self._input(text=item, end=end)
+        else:
+            await self._input(data=bytes(item), end=end)
+
+    async def send_result(self, call: ev.ToolCall | str, content: Any, *, is_error: bool = False,
+                          end: bool = False) -> None:
+        """Answer the model's tool call `call` (or its id) with `content` (a str, else sent as JSON text);
+        `is_error`: the tool failed and `content` says how."""
+        call_id = call.id if isinstance(call, ev.ToolCall) else call
+        text = content if isinstance(content, str) else json.dumps(content)
+        await self._input(tool_result=ev.ToolResult(id=call_id, content=text, is_error=is_error), end=end)
+
+    async def end_input(self) -> None:
+        """No more input for this stream (the model's ``async for item in req.inputs`` ends)."""
+        await self._input(end=True)
+
+    async def _input(self, **item: Any) -> None:
+        client = self._client
+        if not self._sent:
+            await client._start(self)
+        if self._done or self.state.stream_id not in client.protocol.streams:
+            raise ClientError(f"stream {self.stream_id} has ended: it takes no more input")
+        client.protocol.add_input(self.state, **item)
+        await client._flush_inputs(self)
+
+    async def _run_tool(self, call: ev.ToolCall) -> None:
+        """Answer `call` with the stream's own tool (the `tools` given to ``client.stream``)."""
+        fn = self.tools[call.name]  # type: ignore[index]
+        try:
+            args = call.args
+            args = args if isinstance(args, dict) else {} if args is None else {"arguments": args}
+            result = await fn(**args) if inspect.iscoroutinefunction(fn) else await asyncio.to_thread(fn, **args)
+            content, failed = result, False
+        except Exception as exc:  # the tool failed: the model is told, and decides
+            content, failed = f"{type(exc).__name__}: {exc}", True
+        try:
+            await self.send_result(call, content, is_error=failed)
+        except ClientError as exc:  # the stream ended meanwhile
+            log.debug("tool result for %s not sent: %s", call.id, exc)
 
     async def events(self) -> AsyncIterator[ev.Delta | ev.End]:
         """The stream as typed events: each :class:`~lowlat_mw.Delta` (``seq``, ``text`` or ``data``), then the
@@ -596,6 +648,9 @@ class AsyncClient:
         self.last_close = None
         self._timer = _Timer(self, ws)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
+        for stream in list(self._streams.values()):  # (v1.3) the Inputs the server lacks (Welcome.input_seq)
+            if stream.state.inputs:
+                _keep_running(self._io_tasks, self._flush_inputs(stream))
         if self.warmup_request is not None and not (first.resumed and resume):  # a new session: maybe a new process
             _keep_running(self._io_tasks, self._warm_new_session())
         if self.groups and proto.pushes:  # a new session is in none; a resumed one may have lost the last one
@@ -614,6 +669,28 @@ class AsyncClient:
             await ws.send(frame)
         except websockets.exceptions.ConnectionClosed as exc:
             raise ConnectionClosed(exc.rcvd.code if exc.rcvd else None, "connection closed") from exc
+
+    async def _flush_inputs(self, stream: Stream) -> None:
+        """(v1.3) Send `stream`'s Inputs the server does not have yet, in order, one sender at a time: the same
+        loop goes on over a new connection if this one drops under it (a resume resets what it has)."""
+        st = stream.state
+        if st.flushing:
+            return
+        st.flushing = True
+        try:
+            while True:
+                ws = self._ws
+                if ws is None or stream._done or st.sent_inputs >= len(st.inputs):
+                    return
+                inp = st.inputs[st.sent_inputs]
+                st.sent_inputs += 1
+                try:
+                    await ws.send(self.protocol.input_frame(inp))
+                except websockets.exceptions.ConnectionClosed:
+                    if self._ws is ws or self._ws is None:
+                        return  # the resume sends the rest
+        finally:
+            st.flushing = False
 
     async def _send_quietly(self, ws: ClientConnection, frame: bytes | str) -> None:
         try:
@@ -837,9 +914,13 @@ class AsyncClient:
         data: bytes | None = None,
         model: str = "",
         params: Mapping[str, Any] | None = None,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
     ) -> Stream:
-        """Start a streamed request; iterate the result for chunks (str, or bytes for data)."""
-        return Stream(self, self._request(text, messages, data, model, params, False))
+        """Start a streamed request; iterate the result for chunks (str, or bytes for data; a
+        :class:`~lowlat_mw.ToolCall` when the model asks for a tool, v1.3). `tools`: name -> function (sync or
+        async, called with the call's JSON arguments as keywords) that the stream runs itself to answer the
+        model's calls of that name; the stream's :meth:`Stream.send` and :meth:`Stream.send_result` send input."""
+        return Stream(self, self._request(text, messages, data, model, params, False), tools)
 
     def _request(self, text: str | None, messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None,
                  data: bytes | None, model: str, params: Mapping[str, Any] | None, warmup: bool) -> ev.Request:
@@ -925,6 +1006,9 @@ class AsyncClient:
             stream.started_at = time.perf_counter()
             try:
                 await self._send(self.protocol.request(stream.state))
+                if stream.state.inputs:  # sent again (the server never saw it): so is its input
+                    stream.state.sent_inputs = 0
+                    await self._flush_inputs(stream)
                 return
             except ConnectionClosed:
                 if await self._resume_carries(stream):

@@ -44,6 +44,7 @@ from ..protocol.server import (
     Authenticate,
     CancelStream,
     ConnState,
+    DeliverInput,
     Membership,
     ResumeSession,
     ServerProtocol,
@@ -151,6 +152,8 @@ class ModelRunner:
         self.driver: ConnectionDriver | None = driver
         self.info = driver.info
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.inputs: dict[int, Any] = {}  # running stream id -> its model's req.inputs (protocol v1.3)
+        self.loop = asyncio.get_running_loop()
         # Set while models may run; made by the first model that must wait (an Event is a deque: ~600 B).
         self.window: asyncio.Event | None = None
         self.waiting = 0  # models paused for the flow-control window
@@ -320,6 +323,19 @@ class ModelRunner:
         else:
             self.session.finish(sid, self.monotonic(), reason="cancelled")
 
+    def deliver(self, inp: ev.Input) -> str | None:
+        """(v1.3) Hand the client's Input to its stream's model; why not, if it cannot take it."""
+        inputs = self.inputs.get(inp.stream_id)
+        if inputs is None:
+            if inp.stream_id in self.session.followed:
+                return "input to a stream running on another process is not supported: start it again"
+            return None  # ending (its End is on its way), or answered from the result cache
+        if len(inputs) >= self.settings.max_unread_inputs:
+            return (f"more than {self.settings.max_unread_inputs} inputs the model has not read "
+                    "(max_unread_inputs)")
+        inputs.put(inp.item, inp.end)
+        return None
+
     def cancel(self, stream_id: int) -> None:
         """Stop the model of `stream_id` (it ends with End("cancelled"))."""
         task = self.tasks.get(stream_id)
@@ -356,6 +372,8 @@ class ModelRunner:
                 kept = []
             mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
                                 messages=req.messages, params=req.params, session=self.info)
+            inputs = self.inputs[sid] = mreq.inputs  # (v1.3: what the client sends while it runs)
+            inputs.loop = self.loop
             if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
                 if timer is not None:
                     timer.model_started = timer.lap("queue")
@@ -425,6 +443,11 @@ class ModelRunner:
             if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
                 timer.lap("model")
             self.tasks.pop(sid, None)
+            inputs = self.inputs.pop(sid, None)
+            if inputs is not None:  # no more input comes (for a sync model still waiting in a thread, say)
+                inputs.ended = True
+                if inputs.waiter is not None:
+                    inputs.put(None, True)
             # The stream is observed, then its End or Error recorded, the span ended, and only then is the End
             # sent: whoever reads it finds the metrics and the span already there. The timings are read first:
             # that splits what the timer lumped together (StreamTimer.tick) before the metrics see the stages.
@@ -569,6 +592,9 @@ class ModelRunner:
 
 
 # ================================================================================ the connection driver
+_BACKGROUND: set[asyncio.Task[Any]] = set()  # tasks nobody awaits (referenced until done)
+
+
 class ConnectionDriver:
     """Runs one WebSocket: frames in, frames out through the ASGI `send`, its timers from the loop's scheduler.
 
@@ -759,7 +785,8 @@ class ConnectionDriver:
             elif kind is Membership:
                 if not self._member_now():
                     return False
-            elif kind is not StartStream and kind is not CancelStream and kind is not Measured:
+            elif kind is not StartStream and kind is not CancelStream and kind is not Measured \
+                    and kind is not DeliverInput:
                 return False
         frames: list[bytes | str] = []
         for action in actions:
@@ -783,6 +810,8 @@ class ConnectionDriver:
             elif kind is CancelStream:
                 if self.runner is not None:
                     self.runner.cancel(action.stream_id)
+            elif kind is DeliverInput:
+                self._deliver(action.input)
             elif kind is Membership:
                 self._membership(action)
             elif self.metrics is not None:  # Measured
@@ -813,6 +842,16 @@ class ConnectionDriver:
             if self._handshake_span is not None:
                 self._end_handshake()
         return True
+
+    def _deliver(self, inp: ev.Input) -> None:
+        """(v1.3) An Input for a running stream: to its model, or the stream fails (the model is not reading)."""
+        problem = self.runner.deliver(inp) if self.runner is not None else None
+        if problem is not None:
+            actions = self.protocol.refuse_input(inp.stream_id, self.monotonic(), ErrorCode.BAD_REQUEST, problem)
+            if not self._act_now(actions):  # (the socket is busy: in order, after what is being written)
+                task = asyncio.get_running_loop().create_task(self._act(actions))
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
 
     async def _read_inbox(self) -> None:
         inbox = self._inbox

@@ -80,7 +80,7 @@ WRITE_EVERY = 0.010      # seconds between writes: a pipelined write costs ~50 u
 #                          10 ms, +55 us at 2 ms, docs/benchmarks.md); a kill may lose 10 ms of output (no gap)
 JOURNAL_MAX = 65_536     # records a session may hold while a write is in flight; past it its Deltas are dropped
 
-_DELTA_TEXT, _DELTA_BYTES, _START, _END, _ERROR = range(5)
+_DELTA_TEXT, _DELTA_BYTES, _START, _END, _ERROR, _DELTA_TOOL_CALL = range(6)
 _HEAD = struct.Struct(">BIII")  # kind, stream id, seq, payload length
 
 
@@ -96,6 +96,9 @@ def pack(journal: list[Any]) -> bytes:
             if type(item) is str:
                 data = item.encode("utf-8", "surrogatepass")
                 out.append(head(_DELTA_TEXT, sid, seq, len(data)))
+            elif type(item) is ev.ToolCall:  # (v1.3)
+                data = json.dumps([item.id, item.name, item.arguments]).encode()
+                out.append(head(_DELTA_TOOL_CALL, sid, seq, len(data)))
             else:
                 data = item
                 out.append(head(_DELTA_BYTES, sid, seq, len(data)))
@@ -127,6 +130,9 @@ def unpack(data: bytes) -> list[tuple[int, int, Any]]:
             records.append((sid, seq, payload.decode("utf-8", "surrogatepass")))
         elif kind == _DELTA_BYTES:
             records.append((sid, seq, bytes(payload)))
+        elif kind == _DELTA_TOOL_CALL:
+            call_id, name, arguments = json.loads(payload)
+            records.append((sid, seq, ev.ToolCall(name, arguments, id=call_id)))
         elif kind == _START:
             records.append((sid, 0, None))
         elif kind == _END:

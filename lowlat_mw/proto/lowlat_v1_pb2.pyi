@@ -44,7 +44,7 @@ DRAINING: ErrorCode
 UNKNOWN_MODEL: ErrorCode
 
 class Envelope(_message.Message):
-    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway", "ack", "subscribe", "subscribed", "push")
+    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway", "ack", "subscribe", "subscribed", "push", "input")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class Envelope(_message.Message):
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     PUSH_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     welcome: Welcome
     request: Request
@@ -73,7 +74,8 @@ class Envelope(_message.Message):
     subscribe: Subscribe
     subscribed: Subscribed
     push: Push
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., push: _Optional[_Union[Push, _Mapping]] = ...) -> None: ...
+    input: Input
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., push: _Optional[_Union[Push, _Mapping]] = ..., input: _Optional[_Union[Input, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window", "auth", "revision")
@@ -101,7 +103,14 @@ class Hello(_message.Message):
     def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ..., auth: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window", "revision")
+    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window", "revision", "input_seq")
+    class InputSeqEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +124,7 @@ class Welcome(_message.Message):
     RESUME_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SEQ_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_token: str
     compression: _containers.RepeatedScalarFieldContainer[str]
@@ -128,7 +138,8 @@ class Welcome(_message.Message):
     resume_window_ms: int
     flow_window: int
     revision: int
-    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ..., resume_window_ms: _Optional[int] = ..., flow_window: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+    input_seq: _containers.ScalarMap[int, int]
+    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ..., resume_window_ms: _Optional[int] = ..., flow_window: _Optional[int] = ..., revision: _Optional[int] = ..., input_seq: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -163,16 +174,54 @@ class Request(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., warmup: _Optional[bool] = ...) -> None: ...
 
 class Delta(_message.Message):
-    __slots__ = ("stream_id", "seq", "text", "data")
+    __slots__ = ("stream_id", "seq", "text", "data", "tool_call")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     seq: int
     text: str
     data: bytes
-    def __init__(self, stream_id: _Optional[int] = ..., seq: _Optional[int] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    tool_call: ToolCall
+    def __init__(self, stream_id: _Optional[int] = ..., seq: _Optional[int] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ..., tool_call: _Optional[_Union[ToolCall, _Mapping]] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class Input(_message.Message):
+    __slots__ = ("stream_id", "seq", "text", "data", "tool_result", "end")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULT_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    seq: int
+    text: str
+    data: bytes
+    tool_result: ToolResult
+    end: bool
+    def __init__(self, stream_id: _Optional[int] = ..., seq: _Optional[int] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ..., tool_result: _Optional[_Union[ToolResult, _Mapping]] = ..., end: _Optional[bool] = ...) -> None: ...
+
+class ToolResult(_message.Message):
+    __slots__ = ("id", "content", "is_error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    content: str
+    is_error: bool
+    def __init__(self, id: _Optional[str] = ..., content: _Optional[str] = ..., is_error: _Optional[bool] = ...) -> None: ...
 
 class End(_message.Message):
     __slots__ = ("stream_id", "last_seq", "finish_reason", "timings_ms", "usage")

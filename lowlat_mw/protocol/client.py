@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CloseCode, ErrorCode, RemoteProtocolError
+from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
 from .base import Protocol
@@ -39,6 +39,9 @@ class ClientStream:
     unacked: int = 0  # bytes consumed since the last Ack
     resends: int = 0  # times the Request was sent again because the server never saw it
     drain_resent: bool = False  # sent again after a GoAway refused it
+    inputs: list[ev.Input] = field(default_factory=list)  # (v1.3) every Input of the stream, kept for a resume
+    sent_inputs: int = 0  # how many of them went out on this connection (a resume resets it to what the server has)
+    flushing: bool = False  # a task is sending them
 
     @property
     def stream_id(self) -> int:
@@ -113,6 +116,10 @@ class ClientProtocol(Protocol):
     def _on_welcome(self, welcome: ev.Welcome, now: float) -> list[Any]:
         self.welcome = welcome
         self.connections += 1
+        have = welcome.input_seq if welcome.resumed else {}
+        for sid, st in self.streams.items():  # (v1.3) what to send (again) of each stream's input
+            if st.inputs:
+                st.sent_inputs = have.get(sid, 0)
         self._negotiated(tuple(c for c in welcome.compression if c in self.offered))
         interval = (welcome.heartbeat_interval_ms or 30_000) / 1000
         self.heartbeat = Heartbeat(interval, 4 * interval, self.heartbeat_timeout, now)
@@ -145,6 +152,22 @@ class ClientProtocol(Protocol):
     def forget(self, stream_id: int) -> None:
         """The caller gave the stream up (it will not resume it)."""
         self.streams.pop(stream_id, None)
+
+    def add_input(self, st: ClientStream, *, text: str | None = None, data: bytes | None = None,
+                  tool_result: ev.ToolResult | None = None, end: bool = False) -> ev.Input:
+        """(v1.3) More input for open stream `st`, numbered and kept until the stream ends (a resume sends again what
+        the server lacks): send it with :meth:`input_frame`. LocalProtocolError if the server is older than v1.3."""
+        revision = self.welcome.revision if self.welcome is not None else 0
+        if revision < ev.DUPLEX_REVISION:
+            raise LocalProtocolError(f"the server speaks protocol revision {revision}: stream input needs v1.3")
+        inp = ev.Input(stream_id=st.stream_id, seq=len(st.inputs) + 1, text=text, data=data, tool_result=tool_result,
+                       end=end)
+        st.inputs.append(inp)
+        return inp
+
+    def input_frame(self, inp: ev.Input) -> bytes | str:
+        """The message of Input `inp` on this connection."""
+        return self._frame(inp)
 
     def cancel(self, stream_id: int) -> bytes | str:
         """Ask the server to stop a stream: the Cancel message."""

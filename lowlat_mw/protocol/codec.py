@@ -373,6 +373,9 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         d.stream_id, d.seq = event.stream_id, event.seq
         if event.text is not None:
             d.text = event.text
+        elif event.tool_call is not None:
+            call = event.tool_call
+            d.tool_call.id, d.tool_call.name, d.tool_call.arguments = call.id, call.name, call.arguments
         else:
             d.data = event.data  # type: ignore[assignment]
     elif isinstance(event, ev.End):
@@ -425,6 +428,18 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         w.max_streams, w.heartbeat_interval_ms = event.max_streams, event.heartbeat_interval_ms
         w.idle_timeout_ms = event.idle_timeout_ms
         w.resume_window_ms, w.flow_window, w.revision = event.resume_window_ms, event.flow_window, event.revision
+        if event.input_seq:
+            w.input_seq.update(event.input_seq)
+    elif isinstance(event, ev.Input):
+        i = env.input
+        i.stream_id, i.seq, i.end = event.stream_id, event.seq, event.end
+        if event.text is not None:
+            i.text = event.text
+        elif event.data is not None:
+            i.data = event.data
+        elif event.tool_result is not None:
+            r = event.tool_result
+            i.tool_result.id, i.tool_result.content, i.tool_result.is_error = r.id, r.content, r.is_error
     elif isinstance(event, ev.Ack):
         env.ack.stream_id, env.ack.seq, env.ack.done = event.stream_id, event.seq, event.done
     elif isinstance(event, ev.GoAway):
@@ -456,6 +471,10 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
             which = d.WhichOneof("chunk")
             if which is None:
                 raise _bad_request("Delta without text or data")
+            if which == "tool_call":
+                call = d.tool_call
+                return ev.Delta(stream_id=d.stream_id, seq=d.seq,
+                                tool_call=ev.ToolCall(call.name, call.arguments, id=call.id))
             return ev.Delta(stream_id=d.stream_id, seq=d.seq, **{which: getattr(d, which)})
         if kind == "request":
             r = env.request
@@ -495,7 +514,18 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 max_frame_size=w.max_frame_size, max_decompressed_size=w.max_decompressed_size,
                 max_streams=w.max_streams, heartbeat_interval_ms=w.heartbeat_interval_ms,
                 idle_timeout_ms=w.idle_timeout_ms, server=w.server, resumed=w.resumed,
-                resume_window_ms=w.resume_window_ms, flow_window=w.flow_window, revision=w.revision)
+                resume_window_ms=w.resume_window_ms, flow_window=w.flow_window, revision=w.revision,
+                input_seq=dict(w.input_seq))
+        if kind == "input":
+            i = env.input
+            which = i.WhichOneof("item")
+            item: dict[str, Any] = {}
+            if which == "tool_result":
+                r = i.tool_result
+                item["tool_result"] = ev.ToolResult(id=r.id, content=r.content, is_error=r.is_error)
+            elif which is not None:
+                item[which] = getattr(i, which)
+            return ev.Input(stream_id=i.stream_id, seq=i.seq, end=i.end, **item)
         if kind == "goaway":
             return ev.GoAway(reason=env.goaway.reason, reconnect_after_ms=env.goaway.reconnect_after_ms)
         if kind == "push":
@@ -534,7 +564,7 @@ class ProtoCodec:
 
     def encode_frame(self, event: ev.Event, compressor: CompressionSelector | None = None) -> tuple[bytes, int, int]:
         """(frame, its size before compression, compression codec id)."""
-        if isinstance(event, ev.Delta):
+        if isinstance(event, ev.Delta) and event.tool_call is None:
             return self.encode_delta(event.stream_id, event.seq, event.chunk, compressor)
         kind = type(event)
         payload = (encode_small_fast(event) if kind is ev.Ack or kind is ev.Request or kind is ev.Ping
@@ -601,6 +631,9 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
         d: dict[str, Any] = {"type": "delta", "stream_id": event.stream_id, "seq": event.seq}
         if event.text is not None:
             d["text"] = event.text
+        elif event.tool_call is not None:
+            call = event.tool_call
+            d["tool_call"] = {"id": call.id, "name": call.name, "arguments": call.arguments}
         else:
             d["data"] = _b64(event.data)  # type: ignore[arg-type]
         return d
@@ -643,7 +676,20 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
                 "heartbeat_interval_ms": event.heartbeat_interval_ms,
                 "idle_timeout_ms": event.idle_timeout_ms, "server": event.server, "resumed": event.resumed,
                 "resume_window_ms": event.resume_window_ms, "flow_window": event.flow_window,
-                **({"revision": event.revision} if event.revision else {})}
+                **({"revision": event.revision} if event.revision else {}),
+                **({"input_seq": {str(k): v for k, v in event.input_seq.items()}} if event.input_seq else {})}
+    if isinstance(event, ev.Input):
+        d = {"type": "input", "stream_id": event.stream_id, "seq": event.seq}
+        if event.text is not None:
+            d["text"] = event.text
+        elif event.data is not None:
+            d["data"] = _b64(event.data)
+        elif event.tool_result is not None:
+            r = event.tool_result
+            d["tool_result"] = {"id": r.id, "content": r.content, **({"is_error": True} if r.is_error else {})}
+        if event.end:
+            d["end"] = True
+        return d
     if isinstance(event, ev.Ack):
         return {"type": "ack", "stream_id": event.stream_id, "seq": event.seq, "done": event.done}
     if isinstance(event, ev.GoAway):
@@ -711,6 +757,17 @@ class _Fields:
     def mapping(self, name: str) -> dict[str, Any]:
         return dict(self._get(name, dict, {}))
 
+    def seq_map(self, name: str) -> dict[int, int]:
+        """A map of stream ids (decimal strings) to seq numbers, e.g. hello.last_seq."""
+        out: dict[int, int] = {}
+        for k, v in self.mapping(name).items():
+            # isascii: int() refuses digits like "²"; the length check keeps int() cheap and in range
+            if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 10
+                    and int(k) <= 0xFFFFFFFF and isinstance(v, int) and 0 <= v <= 0xFFFFFFFF):
+                raise _invalid(f"{self.kind}.{name} must map stream ids to seq numbers")
+            out[int(k)] = v
+        return out
+
 
 def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
     return t if isinstance(t, tuple) else (t,)
@@ -738,8 +795,19 @@ def from_json_dict(obj: Any) -> ev.Event:
                               text=f.str("text", None), data=f.bytes("data"), messages=messages,
                               params=f.mapping("params"), warmup=f.bool("warmup"))
         if kind == "delta":
+            call = None
+            if "tool_call" in obj:
+                c = _Fields(f._get("tool_call", dict, {}), "delta.tool_call")
+                call = ev.ToolCall(c.str("name"), c.str("arguments"), id=c.str("id"))
             return ev.Delta(stream_id=f.u32("stream_id"), seq=f.u32("seq"),
-                            text=f.str("text", None), data=f.bytes("data"))
+                            text=f.str("text", None), data=f.bytes("data"), tool_call=call)
+        if kind == "input":
+            result = None
+            if "tool_result" in obj:
+                r = _Fields(f._get("tool_result", dict, {}), "input.tool_result")
+                result = ev.ToolResult(id=r.str("id"), content=r.str("content"), is_error=r.bool("is_error"))
+            return ev.Input(stream_id=f.u32("stream_id"), seq=f.u32("seq"), text=f.str("text", None),
+                            data=f.bytes("data"), tool_result=result, end=f.bool("end"))
         if kind == "end":
             timings = f.mapping("timings_ms")
             usage = f.mapping("usage")
@@ -758,13 +826,7 @@ def from_json_dict(obj: Any) -> ev.Event:
         if kind == "cancel":
             return ev.Cancel(stream_id=f.u32("stream_id"))
         if kind == "hello":
-            last_seq: dict[int, int] = {}
-            for k, v in f.mapping("last_seq").items():
-                # isascii: int() refuses digits like "²"; the length check keeps int() cheap and in range
-                if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 10
-                        and int(k) <= 0xFFFFFFFF and isinstance(v, int) and 0 <= v <= 0xFFFFFFFF):
-                    raise _invalid("hello.last_seq must map stream ids to seq numbers")
-                last_seq[int(k)] = v
+            last_seq = f.seq_map("last_seq")
             return ev.Hello(client=f.str("client"), compression=f.strs("compression"),
                             resume_token=f.str("resume_token"), last_seq=last_seq, flow_window=f.u32("flow_window"),
                             auth=f.str("auth"), revision=f.u32("revision"))
@@ -776,7 +838,7 @@ def from_json_dict(obj: Any) -> ev.Event:
                 heartbeat_interval_ms=f.u32("heartbeat_interval_ms"),
                 idle_timeout_ms=f.u32("idle_timeout_ms"), server=f.str("server"), resumed=f.bool("resumed"),
                 resume_window_ms=f.u32("resume_window_ms"), flow_window=f.u32("flow_window"),
-                revision=f.u32("revision"))
+                revision=f.u32("revision"), input_seq=f.seq_map("input_seq"))
         if kind == "ack":
             return ev.Ack(stream_id=f.u32("stream_id"), seq=f.u32("seq"), done=f.bool("done"))
         if kind == "goaway":

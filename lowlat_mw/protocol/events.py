@@ -6,6 +6,7 @@ map them one to one (docs/protocol.md, "Messages").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,21 +23,28 @@ __all__ = [
     "Event",
     "GoAway",
     "Hello",
+    "Input",
     "Ping",
     "Pong",
     "Push",
     "Request",
     "Subscribe",
     "Subscribed",
+    "ToolCall",
+    "ToolResult",
     "Welcome",
 ]
 
-REVISION = 2
-"""The protocol revision this code implements: 2 is v1.2 (Request.warmup), 1 is v1.1 (Subscribe, Subscribed,
-Push), 0 is v1.0."""
+REVISION = 3
+"""The protocol revision this code implements: 3 is v1.3 (full-duplex streams: Input, Delta.tool_call), 2 is v1.2
+(Request.warmup), 1 is v1.1 (Subscribe, Subscribed, Push), 0 is v1.0."""
 WARMUP_REVISION = 2
 """The revision that brought Request.warmup: a client sets it only after a Welcome of at least this revision (an
 older server ignores the field and would run the model as a plain request)."""
+
+DUPLEX_REVISION = 3
+"""The revision that brought full-duplex streams (Input, Delta.tool_call, Welcome.input_seq): a server sends a
+tool call only to a client of at least this revision, a client sends Input only after such a Welcome."""
 
 _U32 = 0xFFFFFFFF
 
@@ -77,6 +85,8 @@ class Welcome:
     resume_window_ms: int = 0
     flow_window: int = 0
     revision: int = 0
+    input_seq: Mapping[int, int] = field(default_factory=dict)
+    """Revision 3 (v1.3), on a resume: stream id -> seq of the last Input the server holds for it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,30 +118,58 @@ class Request:
             raise LocalProtocolError("a Request carries at most one of text, data, messages")
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """Revision 3 (v1.3): the model asks the client to run tool `name` with `arguments` (JSON text) and answer
+    with a :class:`ToolResult` of the same `id`. A model yields one as a chunk; it reaches the client as a Delta."""
+
+    name: str
+    arguments: str = "{}"
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not isinstance(self.arguments, str) or not isinstance(self.id, str):
+            raise LocalProtocolError("a ToolCall's name, arguments and id are strings")
+
+    def __len__(self) -> int:
+        """Its size in characters, as a text chunk's: what a replay buffer and flow control count for it."""
+        return len(self.id) + len(self.name) + len(self.arguments)
+
+    @property
+    def args(self) -> Any:
+        """`arguments` parsed as JSON (ValueError if they are not JSON)."""
+        return json.loads(self.arguments) if self.arguments else None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Delta:
-    """One chunk of a stream's output; exactly one of text or data."""
+    """One chunk of a stream's output; exactly one of text, data or (v1.3) tool_call."""
 
     stream_id: int
     seq: int
     text: str | None = None
     data: bytes | None = None
+    tool_call: ToolCall | None = None
 
     def __post_init__(self) -> None:
-        if (self.text is None) == (self.data is None):
-            raise LocalProtocolError("a Delta carries exactly one of text, data")
+        if (self.text is None) + (self.data is None) + (self.tool_call is None) != 2:
+            raise LocalProtocolError("a Delta carries exactly one of text, data, tool_call")
 
     @property
-    def chunk(self) -> str | bytes:
-        """The chunk, text or bytes."""
-        return self.text if self.text is not None else self.data  # type: ignore[return-value]
+    def chunk(self) -> str | bytes | ToolCall:
+        """The chunk: text, bytes or a tool call."""
+        if self.text is not None:
+            return self.text
+        return self.data if self.data is not None else self.tool_call  # type: ignore[return-value]
 
     @classmethod
-    def of(cls, stream_id: int, seq: int, chunk: str | bytes) -> Delta:
-        """The Delta carrying `chunk` as text (str) or data (bytes)."""
+    def of(cls, stream_id: int, seq: int, chunk: str | bytes | ToolCall) -> Delta:
+        """The Delta carrying `chunk` as text (str), data (bytes) or a tool call."""
         if isinstance(chunk, str):
             return cls(stream_id=stream_id, seq=seq, text=chunk)
-        return cls(stream_id=stream_id, seq=seq, data=chunk)
+        if type(chunk) is ToolCall:
+            return cls(stream_id=stream_id, seq=seq, tool_call=chunk)
+        return cls(stream_id=stream_id, seq=seq, data=chunk)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +198,43 @@ class Cancel:
     """Ask the server to stop stream `stream_id`."""
 
     stream_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult:
+    """Revision 3 (v1.3): the client's answer to :class:`ToolCall` `id`: its output, or (`is_error`) its error."""
+
+    id: str = ""
+    content: str = ""
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Input:
+    """Client (v1.3): more input for running stream `stream_id`: at most one of text, data or tool_result,
+    and/or `end` (no more input). `seq` counts the stream's Inputs from 1; a resend of one the server has is
+    ignored, so a client can send again everything after the Welcome's ``input_seq`` on a resume."""
+
+    stream_id: int
+    seq: int
+    text: str | None = None
+    data: bytes | None = None
+    tool_result: ToolResult | None = None
+    end: bool = False
+
+    def __post_init__(self) -> None:
+        _check_u32("stream_id", self.stream_id, positive=True)
+        _check_u32("seq", self.seq, positive=True)
+        items = (self.text is not None) + (self.data is not None) + (self.tool_result is not None)
+        if items > 1 or (items == 0 and not self.end):
+            raise LocalProtocolError("an Input carries one of text, data, tool_result, or end")
+
+    @property
+    def item(self) -> str | bytes | ToolResult | None:
+        """What it carries (None for an end alone)."""
+        if self.text is not None:
+            return self.text
+        return self.data if self.data is not None else self.tool_result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,4 +311,4 @@ class Push:
 
 
 Event = (Hello | Welcome | Request | Delta | End | Error | Cancel | Ping | Pong | GoAway | Ack | Subscribe | Subscribed
-         | Push)
+         | Push | Input)

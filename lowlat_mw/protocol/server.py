@@ -27,7 +27,7 @@ from .codec import PROTO_CODEC, encode_delta_frame
 from .compression import available_codecs
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
-from .session import Session, StreamState, encoded_len, normalize_chunk, split_chunk
+from .session import Session, StreamState, encoded_len, normalize_chunk, split_chunk, tool_call_for
 from .state import SERVER_RECEIVES, ConnState, handlers
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "CancelStream",
     "CloseConnection",
     "ConnState",
+    "DeliverInput",
     "Measured",
     "Membership",
     "ResumeSession",
@@ -55,6 +56,13 @@ class StartStream:
     ``finish_stream`` / ``fail_stream``."""
 
     request: ev.Request
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverInput:
+    """Hand `input` (v1.3: text, data, a tool result and/or its end) to the running model of its stream."""
+
+    input: ev.Input
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +278,7 @@ class ServerProtocol(Protocol):
         self.resumed = resumed
         if not resumed:
             session.principal = self.principal
+        session.revision = self.hello.revision
         window = session.set_client_window(self.hello.flow_window)
         self.state = ConnState.OPEN
         if self._welcome_moves:
@@ -290,6 +299,8 @@ class ServerProtocol(Protocol):
             resume_window_ms=round(s.resume_window * 1000),
             flow_window=window,
             revision=ev.REVISION,
+            # (v1.3) a resume: the Inputs this session holds, so the client sends the rest again
+            input_seq=session.input_seqs() if resumed and self.hello.revision >= ev.DUPLEX_REVISION else {},
         )
         # Welcome itself is never compressed: the client learns the codecs from it.
         compressor, self.compressor = self.compressor, None
@@ -341,6 +352,44 @@ class ServerProtocol(Protocol):
             return []  # already finished: the End/Error is on its way
         stream.cancelling = True
         return [CancelStream(cancel.stream_id)]
+
+    def _on_input(self, inp: ev.Input, now: float) -> list[Any]:
+        """(v1.3) More input for a running stream: delivered once, in seq order; a resend of one it has is ignored."""
+        if self.hello is None or self.hello.revision < ev.DUPLEX_REVISION:  # (as a v1.2 server answers)
+            return [self._error(0, ErrorCode.UNSUPPORTED_MESSAGE, "input is protocol v1.3: send Hello.revision 3")]
+        self.reaper.last_activity = now  # (IdleReaper.touch: application traffic)
+        sid = inp.stream_id
+        st = self.session.streams.get(sid)  # type: ignore[union-attr]
+        if st is None or not st.running or st.cancelling or inp.seq <= st.input_seq:
+            return []  # ended (its End is on its way), or a resend after a resume
+        problem = None
+        if inp.seq != st.input_seq + 1:
+            problem = f"input seq {inp.seq} after {st.input_seq}: inputs are numbered 1, 2, 3... per stream"
+        elif st.input_ended:
+            problem = "input after the stream's input ended"
+        else:
+            size = input_size(inp)
+            if size > self.settings.max_request_size:
+                return self.refuse_input(sid, now, ErrorCode.MESSAGE_TOO_BIG, f"input of {size} bytes exceeds "
+                                         f"max_request_size ({self.settings.max_request_size})")
+        if problem is not None:
+            return self.refuse_input(sid, now, ErrorCode.BAD_REQUEST, problem)
+        st.input_seq = inp.seq
+        st.input_ended = inp.end
+        return [DeliverInput(inp)]
+
+    def refuse_input(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
+        """End running stream `stream_id` with Error(`code`, `message`) and stop its model: an input it cannot take
+        (out of order, too big; or, from the driver, more than ``max_unread_inputs`` its model has not read)."""
+        session = self.session
+        st = session.streams.get(stream_id) if session is not None else None
+        if st is None or not st.running:
+            return []
+        st.cancelling = True
+        error = session.fail(stream_id, now, code, message)  # type: ignore[union-attr]
+        if error is None or self.state is not ConnState.OPEN:
+            return [CancelStream(stream_id)]
+        return [self._send_error(error), CancelStream(stream_id)]
 
     def _on_peer_error(self, error: ev.Error, now: float) -> list[Any]:
         return []  # the client reports a problem; nothing to answer
@@ -398,6 +447,8 @@ class ServerProtocol(Protocol):
             return []
         if type(chunk) is not str or not chunk.isascii():  # plain ASCII text (most tokens) needs no check
             chunk = normalize_chunk(chunk)
+            if type(chunk) is ev.ToolCall:  # (v1.3) one Delta of its own, never split or merged
+                return self._tool_call(stream_id, chunk, now)
         self.reaper.last_activity = now  # (IdleReaper.touch, inlined: once per Delta)
         limit = self.max_frame_size
         sent = self.stats.sent
@@ -433,6 +484,13 @@ class ServerProtocol(Protocol):
             self.stats.count_sent(codec_id, raw, size)
             out.append(data)
         return out
+
+    def _tool_call(self, stream_id: int, call: ev.ToolCall, now: float) -> list[bytes | str]:
+        session = self.session
+        call = tool_call_for(session, stream_id, call)  # type: ignore[arg-type]
+        self.reaper.last_activity = now  # (IdleReaper.touch)
+        seq = session.record(stream_id, call, now)  # type: ignore[union-attr]
+        return [self._frame(ev.Delta(stream_id=stream_id, seq=seq, tool_call=call))] if seq is not None else []
 
     def finish_stream(self, stream_id: int, now: float, *, reason: str = "stop",
                       timings_ms: Mapping[str, float] | None = None,
@@ -547,6 +605,16 @@ def _params_json() -> Callable[[Any], str]:
 
 
 _PARAMS_JSON = _params_json()
+
+
+def input_size(inp: ev.Input) -> int:
+    """Bytes of an Input's item (v1.3), for max_request_size."""
+    item = inp.item
+    if item is None:
+        return 0
+    if type(item) is ev.ToolResult:
+        return len(item.id) + len(item.content.encode("utf-8", "surrogatepass"))
+    return len(item.encode("utf-8", "surrogatepass")) if isinstance(item, str) else len(item)
 
 
 def request_size(req: ev.Request) -> int:

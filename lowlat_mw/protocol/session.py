@@ -49,6 +49,8 @@ class StreamState:
     pieces: deque[str | bytes] = field(default_factory=deque)
     costs: deque[int] = field(default_factory=deque)
     terminal: ev.End | ev.Error | None = None
+    input_seq: int = 0  # (v1.3) the seq of the last Input delivered to the model
+    input_ended: bool = False  # (v1.3) an Input with end came
 
     @property
     def buffer(self) -> list[tuple[int, str | bytes, int]]:
@@ -93,6 +95,7 @@ class Session:
         self.journal: list[Any] | None = None
         self.followed: set[int] | frozenset[int] = _NOTHING_FOLLOWED  # (a set of its own once there is one)
         self.groups: frozenset[str] = frozenset()  # push groups the session is in (protocol v1.1; replaced on change)
+        self.revision = 0  # the protocol revision of the client it was last welcomed to (Hello.revision)
 
     # ------------------------------------------------------------------ identity
 
@@ -180,7 +183,7 @@ class Session:
         if st.first_chunk_at is None:
             st.first_chunk_at = now
         seq = st.seq = st.seq + 1
-        n = len(piece) if type(piece) is bytes or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
+        n = len(piece) if type(piece) is not str or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
         st.out_bytes += n
         cost = n + DELTA_OVERHEAD
         if not st.pieces:
@@ -201,7 +204,11 @@ class Session:
         """A model's chunk while no connection is attached: record it for the resume, in pieces that
         each fit a frame (as a live connection would have sent them)."""
         if stream_id in self.streams:
-            for piece in split_chunk(normalize_chunk(chunk), self.settings.max_frame_size - 32):
+            chunk = normalize_chunk(chunk)
+            if type(chunk) is ev.ToolCall:  # (v1.3) one Delta, never split
+                self.record(stream_id, tool_call_for(self, stream_id, chunk), now)
+                return
+            for piece in split_chunk(chunk, self.settings.max_frame_size - 32):
                 self.record(stream_id, piece, now)
 
     def buffered_deltas(self, stream_id: int) -> list[ev.Delta]:
@@ -374,6 +381,11 @@ class Session:
         push groups it is in (the server's joins among them: a new session would be in none)."""
         return bool(self.streams or self._awaited or self.groups)
 
+    def input_seqs(self) -> dict[int, int]:
+        """(v1.3) Running stream id -> seq of the last Input it got, for streams that got any: a resume's Welcome
+        says so, and the client sends its later Inputs again."""
+        return {sid: st.input_seq for sid, st in self.streams.items() if st.input_seq and st.terminal is None}
+
     def replay(self, last_seq: Mapping[int, int]) -> tuple[list[ev.Event], list[int]]:
         """What a resuming client missed: (events to send in order, stream ids to cancel).
 
@@ -459,14 +471,32 @@ class MemorySessionStore:
         return list(self._items.values())
 
 
-def normalize_chunk(chunk: object) -> str | bytes:
-    """A model's chunk as str or bytes; LocalProtocolError for anything a frame cannot carry."""
+def tool_call_for(session: Session, stream_id: int, call: ev.ToolCall) -> ev.ToolCall:
+    """`call` as its Delta carries it: with an id (``call_<stream>_<seq>`` if it had none); LocalProtocolError
+    if the session's client does not speak v1.3, or the call would not fit a frame."""
+    if session.revision < ev.DUPLEX_REVISION:
+        raise LocalProtocolError(f"the client speaks protocol revision {session.revision}: a tool call needs v1.3 "
+                                 f"(Hello.revision {ev.DUPLEX_REVISION})")
+    size = len(call.name.encode()) + len(call.arguments.encode()) + len(call.id.encode())
+    if size > session.settings.max_frame_size - 64:
+        raise LocalProtocolError(f"a tool call of {size} bytes does not fit max_frame_size "
+                                 f"({session.settings.max_frame_size})")
+    if call.id:
+        return call
+    return ev.ToolCall(call.name, call.arguments, id=f"call_{stream_id}_{session.streams[stream_id].seq + 1}")
+
+
+def normalize_chunk(chunk: object) -> str | bytes | ev.ToolCall:
+    """A model's chunk as str or bytes (or, v1.3, a ToolCall); LocalProtocolError for anything a frame cannot
+    carry."""
     if isinstance(chunk, bytearray | memoryview):
         return bytes(chunk)
     if isinstance(chunk, bytes):
         return chunk
+    if type(chunk) is ev.ToolCall:
+        return chunk
     if not isinstance(chunk, str):
-        raise LocalProtocolError(f"model chunks must be str or bytes, got {type(chunk).__name__}")
+        raise LocalProtocolError(f"model chunks must be str or bytes (or a ToolCall), got {type(chunk).__name__}")
     if not chunk.isascii():
         try:  # an unpaired surrogate cannot go out in a text frame (the send would fail and mute the socket)
             chunk.encode("utf-8")

@@ -53,7 +53,7 @@ SERVER_RECEIVES: dict[ConnState, dict[type, str]] = {
     ConnState.AWAIT_HELLO: {ev.Hello: "hello"},
     ConnState.ADMITTING: {},  # a client sends nothing but Hello before Welcome (protocol.md 7)
     ConnState.OPEN: {ev.Request: "request", ev.Cancel: "cancel", ev.Ack: "ack", ev.Ping: "ping", ev.Pong: "pong",
-                     ev.Error: "peer_error", ev.Subscribe: "subscribe"},
+                     ev.Error: "peer_error", ev.Subscribe: "subscribe", ev.Input: "input"},
     ConnState.CLOSED: {},
 }
 """What a server does with each message a client may send, per state (handler ``_on_<name>``)."""

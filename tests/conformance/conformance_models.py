@@ -296,3 +296,37 @@ def batched_sync(reqs):
 batched_sync.batch = True
 
 MODELS.update({"batched": batched, "batched_sync": batched_sync})
+
+
+# For test_conformance_duplex.py (protocol v1.3): a model that asks the client to run a tool, waits for the
+# answer on the same stream, then echoes every further input until the client ends it; the same as a sync
+# generator in a worker thread (the sync ways to wait).
+async def agent(req):
+    yield "asking;"
+    call = req.tool_call("lookup", {"q": req.prompt})
+    yield call
+    result = await req.inputs.result(call)
+    yield f"got:{result.content}:{int(result.is_error)};"
+    async for item in req.inputs:
+        yield f"in:{item if isinstance(item, str) else item.decode()};"
+    yield "done;"
+
+
+def agent_sync(req):
+    from lowlat_mw import InputEnded
+
+    yield "asking;"
+    call = req.tool_call("lookup", {"q": req.prompt})
+    yield call
+    result = req.inputs.result_sync(call, timeout=60)
+    yield f"got:{result.content}:{int(result.is_error)};"
+    while True:
+        try:
+            item = req.inputs.get_sync(timeout=60)
+        except InputEnded:
+            break
+        yield f"in:{item if isinstance(item, str) else item.decode()};"
+    yield "done;"
+
+
+MODELS.update({"agent": agent, "agent_sync": agent_sync})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 
@@ -155,3 +156,60 @@ async def test_a_sync_model_waits_for_input_from_its_worker_thread() -> None:
     inputs.put("hi", False)
     await asyncio.to_thread(thread.join, 10)
     assert got == ["hi"]
+
+
+# ---------------------------------------------------------------- the clients, in process
+async def _agent(req: ModelRequest) -> Any:
+    yield "asking;"
+    call = req.tool_call("lookup", {"q": req.prompt})
+    yield call
+    result = await req.inputs.result(call)
+    yield f"got:{result.content};"
+    async for item in req.inputs:
+        yield f"in:{item};"
+
+
+def _app() -> Any:
+    from starlette.applications import Starlette
+
+    from lowlat_mw.adapters.starlette import LowLatMiddleware
+
+    app = Starlette()
+    app.add_middleware(LowLatMiddleware, model=_agent, path="/ws")
+    return app
+
+
+async def test_a_tool_call_nobody_answers_is_a_clear_client_error() -> None:
+    from lowlat_mw.errors import ClientError
+    from lowlat_mw.testing.inprocess import AppClient
+
+    async with AppClient(_app(), "/ws") as client:
+        with pytest.raises(ClientError, match="asked for tool 'lookup'"):
+            await client.complete("x")
+        # with the tool given, the same call completes; the tool gets the call's arguments as keywords
+        stream = client.stream("rome", tools={"lookup": lambda q: q.upper()})
+        got = []
+        async for chunk in stream:
+            got.append(chunk)
+            if chunk.startswith("got:"):
+                await stream.end_input()
+        assert got == ["asking;", "got:ROME;"]
+
+
+def test_the_sync_client_answers_and_sends_input() -> None:
+    from lowlat_mw.client import connect_sync
+    from lowlat_mw.testing.pytest_plugin import RunningServer
+
+    server = RunningServer(_app()).start()
+    try:
+        with connect_sync(server.url) as client:
+            stream = client.stream("oslo")
+            got = []
+            for chunk in stream:
+                got.append(chunk)
+                if isinstance(chunk, ev.ToolCall):
+                    stream.send_result(chunk, "cold")
+                    stream.send("bye", end=True)
+            assert got[0] == "asking;" and isinstance(got[1], ev.ToolCall) and got[2:] == ["got:cold;", "in:bye;"]
+    finally:
+        server.stop()

@@ -427,8 +427,9 @@ async def test_proto_errors(server_url: str, schema: Schema) -> None:
         async with _connect(server_url, [PROTO]) as ws:
             client = ProtoClient(ws, schema, [])
             await client.handshake()
-            # An Envelope whose message kind is unknown (field 15): unsupported_message, stays open.
-            await ws.send(b"\x10\x7a\x00")
+            # An Envelope whose message kind is unknown (field 100; 15 is Input since v1.3): unsupported_message,
+            # stays open.
+            await ws.send(b"\x10\xa2\x06\x00")
             env = await client.recv()
             assert env.WhichOneof("msg") == "error"
             assert (env.error.stream_id, schema.error_names[env.error.code]) == (0, "unsupported_message")

@@ -306,8 +306,18 @@ class Stream:
 
     async def text(self) -> str:
         """Consume the whole stream and return the text."""
-        parts = [c if isinstance(c, str) else c.decode() async for c in self]
+        parts = [_text_of(c) async for c in self]
         return "".join(parts)
+
+
+def _text_of(chunk: str | bytes | ev.ToolCall) -> str:
+    """A chunk as text; a tool call nobody answers is the caller's error (the model would wait for it)."""
+    if isinstance(chunk, str):
+        return chunk
+    if type(chunk) is ev.ToolCall:
+        raise ClientError(f"the model asked for tool {chunk.name!r}: pass tools={{{chunk.name!r}: ...}} to "
+                          "answer it, or iterate the stream and answer with send_result()")
+    return chunk.decode()  # type: ignore[union-attr]
 
 
 def _keep_running(tasks: set[asyncio.Task[Any]], coro: Any) -> None:

@@ -13,12 +13,45 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
-from ..protocol.events import Delta, End, Push
-from .aio import AsyncClient, Stream, parameters_of
+from ..protocol.events import Delta, End, Push, ToolCall
+from .aio import AsyncClient, Stream, _text_of, parameters_of
 
-__all__ = ["SyncClient", "connect_sync"]
+__all__ = ["SyncClient", "SyncStream", "connect_sync"]
 
 _T = TypeVar("_T")
+
+
+class SyncStream(Iterator["str | bytes | ToolCall"]):
+    """A streamed reply of the blocking client: iterate it for its chunks (stopping early, or :meth:`close`,
+    cancels it); :meth:`send`, :meth:`send_result` and :meth:`end_input` give a running model more input
+    (protocol v1.3: :class:`~lowlat_mw.client.aio.Stream`'s methods of those names)."""
+
+    def __init__(self, client: SyncClient, stream: Stream) -> None:
+        self._client = client
+        self.stream = stream
+        self._chunks = client._pump(stream, stream)
+
+    def __iter__(self) -> SyncStream:
+        return self
+
+    def __next__(self) -> str | bytes | ToolCall:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Stop reading: the stream is cancelled if it still runs."""
+        self._chunks.close()
+
+    def send(self, item: str | bytes, *, end: bool = False) -> None:
+        """More input for the running model (text or bytes); `end`: the last of it."""
+        self._client._call_soon(self.stream.send(item, end=end))
+
+    def send_result(self, call: ToolCall | str, content: Any, *, is_error: bool = False, end: bool = False) -> None:
+        """Answer the model's tool call `call` with `content` (a str, else JSON)."""
+        self._client._call_soon(self.stream.send_result(call, content, is_error=is_error, end=end))
+
+    def end_input(self) -> None:
+        """No more input for this stream."""
+        self._client._call_soon(self.stream.end_input())
 
 
 class SyncClient:
@@ -73,10 +106,9 @@ class SyncClient:
             self._thread.join(timeout=10)
             self._loop.close()
 
-    def stream(self, text: str | None = None, **kwargs: Any) -> Iterator[str | bytes]:
-        """Start a request and yield its chunks as they arrive."""
-        stream = self._client.stream(text, **kwargs)
-        return self._pump(stream, stream)
+    def stream(self, text: str | None = None, **kwargs: Any) -> SyncStream:
+        """Start a request and yield its chunks as they arrive (a :class:`SyncStream`, which also takes input)."""
+        return SyncStream(self, self._client.stream(text, **kwargs))
 
     def events(self, text: str | None = None, **kwargs: Any) -> Iterator[Delta | End]:
         """Start a request and yield its typed events as they arrive: each Delta, then the End
@@ -106,7 +138,7 @@ class SyncClient:
 
     def complete(self, text: str | None = None, **kwargs: Any) -> str:
         """Run a request and return the whole reply as text."""
-        return "".join(c if isinstance(c, str) else c.decode() for c in self.stream(text, **kwargs))
+        return "".join(_text_of(c) for c in self.stream(text, **kwargs))
 
     def warmup(self, text: str | None = None, **kwargs: Any) -> End | None:
         """Have the server warm the model up for this input and wait until it has (:meth:`AsyncClient.warmup

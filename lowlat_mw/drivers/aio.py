@@ -327,14 +327,31 @@ class ModelRunner:
         """(v1.3) Hand the client's Input to its stream's model; why not, if it cannot take it."""
         inputs = self.inputs.get(inp.stream_id)
         if inputs is None:
-            if inp.stream_id in self.session.followed:
-                return "input to a stream running on another process is not supported: start it again"
+            if inp.stream_id in self.session.followed and self.shared is not None:  # its model runs on another
+                self.shared.input_elsewhere(self.session.session_id, inp)  # process: there it goes, in order
             return None  # ending (its End is on its way), or answered from the result cache
         if len(inputs) >= self.settings.max_unread_inputs:
             return (f"more than {self.settings.max_unread_inputs} inputs the model has not read "
                     "(max_unread_inputs)")
         inputs.put(inp.item, inp.end)
         return None
+
+    def deliver_remote(self, inp: ev.Input) -> None:
+        """(v1.3) An Input the client sent to another process, which relays this stream: delivered as if it had come
+        here (once, in seq order: the other process's session, restored from the store, does not know which Inputs
+        came before and forwards what the client sends again after its resume)."""
+        st = self.session.streams.get(inp.stream_id)
+        if self.destroyed or st is None or not st.running or st.cancelling or inp.seq != st.input_seq + 1:
+            return
+        st.input_seq = inp.seq
+        st.input_ended = inp.end
+        problem = self.deliver(inp)
+        if problem is not None:  # (as ServerProtocol.refuse_input does for a connection's own streams)
+            st.cancelling = True
+            self.session.fail(inp.stream_id, self.monotonic(), ErrorCode.BAD_REQUEST, problem)
+            self.cancel(inp.stream_id)
+            if self.shared is not None:
+                self.shared.touch(self.session)
 
     def cancel(self, stream_id: int) -> None:
         """Stop the model of `stream_id` (it ends with End("cancelled"))."""

@@ -43,7 +43,7 @@ TIMEOUT = 5.0  # seconds for a Redis connection or command
 RETRY_AFTER = 1.0  # seconds between a listener's attempts while Redis is unreachable
 TARGET_KINDS = ("session", "user", "group")
 
-_TEXT, _DATA, _JOIN, _LEAVE, _CANCEL = range(5)  # what a message on the channel carries
+_TEXT, _DATA, _JOIN, _LEAVE, _CANCEL, _INPUT = range(6)  # what a message on the channel carries
 _HEAD = struct.Struct(">BH")  # kind, target length (then the target, then the body)
 
 
@@ -105,6 +105,15 @@ def cancel_message(session_id: str, stream_id: int) -> bytes:
     """What the channel carries to stop stream `stream_id` of `session_id` in the process running its model (its
     client cancelled it while another process relayed it: drivers.shared)."""
     return _message(_CANCEL, f"session:{session_id}", stream_id.to_bytes(4, "big"))
+
+
+def input_message(session_id: str, inp: Any) -> bytes:
+    """What the channel carries to hand a client's Input (protocol v1.3) to the process running its stream's model
+    (the client resumed on another process, which relays the stream: drivers.shared). The body is the Input's
+    binary frame."""
+    from ..protocol.codec import PROTO_CODEC
+
+    return _message(_INPUT, f"session:{session_id}", PROTO_CODEC.encode(inp))
 
 
 def _body(data: str | bytes) -> tuple[int, bytes]:
@@ -186,6 +195,8 @@ class PushHub:
             return 0
         if kind == _CANCEL:
             return self._cancel(target.partition(":")[2], int.from_bytes(body, "big"))
+        if kind == _INPUT:
+            return self._input(target.partition(":")[2], body)
         drivers = self.members(target)
         if not drivers:
             return 0
@@ -237,6 +248,31 @@ class PushHub:
                 except RuntimeError:  # its loop is closed
                     pass
         return stopped
+
+    @staticmethod
+    def _input(session_id: str, frame: bytes) -> int:
+        """A client sent, on another process, input for a stream whose model runs here: hand it to the model (on the
+        runner's loop). How many runners took it."""
+        from ..endpoint import Endpoint, _snapshot
+        from ..protocol import events as ev
+        from ..protocol.codec import PROTO_CODEC
+
+        try:
+            inp = PROTO_CODEC.decode(frame, limit=len(frame))
+        except Exception:  # not ours
+            return 0
+        if type(inp) is not ev.Input:
+            return 0
+        reached = 0
+        for endpoint in _snapshot(Endpoint.instances):
+            runner = endpoint.store.get(session_id)
+            if runner is not None and inp.stream_id in runner.tasks and inp.stream_id not in runner.session.followed:
+                try:
+                    runner.loop.call_soon_threadsafe(runner.deliver_remote, inp)
+                    reached += 1
+                except RuntimeError:  # its loop is closed
+                    pass
+        return reached
 
     # ------------------------------------------------------------------ Redis
     def listen(self, url: str) -> _Listener:

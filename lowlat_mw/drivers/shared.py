@@ -38,6 +38,7 @@ import os
 import struct
 import uuid
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -349,6 +350,8 @@ class SharedSessions:
         self._retry_at = 0.0
         self._alive: asyncio.Task[None] | None = None
         self._cancels: set[asyncio.Task[None]] = set()  # (referenced until done)
+        self._inputs_out: deque[tuple[str, ev.Input]] = deque()  # (v1.3) Inputs for other processes, in order
+        self._input_sender: asyncio.Task[None] | None = None
         self._entry_bytes: dict[str, float] = {}  # each writing session's average entry size (moving)
         # Streams followed from other processes, by session key: one blocking XREAD reads them all (_tail).
         self._followers: dict[str, list[_Follower]] = {}
@@ -505,6 +508,24 @@ class SharedSessions:
             self._entry_bytes.pop(sid, None)
             self._meta.setdefault(sid, {})["owner"] = ""
             self.touch(session)
+
+    def input_elsewhere(self, session_id: str, inp: ev.Input) -> None:
+        """(v1.3) The client sent input for a stream this process relays from another: hand it to that process (on
+        the push channel), after the ones before it: one sender task, in order."""
+        self._inputs_out.append((session_id, inp))
+        if self._input_sender is None or self._input_sender.done():
+            self._input_sender = self.loop.create_task(self._send_inputs())
+
+    async def _send_inputs(self) -> None:
+        from .push import channel, input_message
+
+        queue = self._inputs_out
+        while queue:
+            session_id, inp = queue.popleft()
+            try:
+                await self.redis.publish(channel(self.url), input_message(session_id, inp))
+            except Exception as exc:  # Redis unreachable: this input is lost, and the model waits (as pushes are)
+                self._failed("write", exc)
 
     def cancel_elsewhere(self, session_id: str, stream_id: int) -> None:
         """The client cancelled a stream this process relays from another: tell that process to stop its model

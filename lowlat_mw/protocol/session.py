@@ -505,9 +505,9 @@ def normalize_chunk(chunk: object) -> str | bytes | ev.ToolCall:
     return chunk
 
 
-def encoded_len(piece: str | bytes) -> int:
-    """Bytes of `piece` in a frame (UTF-8 for text)."""
-    return len(piece) if isinstance(piece, bytes) else len(piece.encode("utf-8", "surrogatepass"))
+def encoded_len(piece: str | bytes | ev.ToolCall) -> int:
+    """Bytes of `piece` in a frame (UTF-8 for text; a tool call: its size as a buffer counts it)."""
+    return len(piece.encode("utf-8", "surrogatepass")) if isinstance(piece, str) else len(piece)
 
 
 def split_chunk(chunk: str | bytes, limit: int) -> list[str | bytes]:

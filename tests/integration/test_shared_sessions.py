@@ -18,7 +18,7 @@ import pytest
 import redis
 from loopback import free_port, wait_listening
 
-from lowlat_mw import Backoff, ResumeFailed, connect
+from lowlat_mw import Backoff, ResumeFailed, ToolCall, connect
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
 from lowlat_mw.settings import Settings
@@ -52,7 +52,19 @@ async def announce(req):
     yield str(await lowlat_mw.apublish(req.params["target"], req.prompt))
 
 
-MODELS = {"count": count, "announce": announce}
+async def agent(req):
+    """Protocol v1.3: asks the client for a tool call, waits for the answer, then echoes input until its end."""
+    yield "asking;"
+    call = req.tool_call("lookup", {"q": req.prompt})
+    yield call
+    result = await req.inputs.result(call)
+    yield f"got:{result.content};"
+    async for item in req.inputs:
+        yield f"in:{item};"
+    yield "done;"
+
+
+MODELS = {"count": count, "announce": announce, "agent": agent}
 
 
 def who(handshake):
@@ -304,6 +316,28 @@ async def test_a_cancelled_followed_stream_ends_at_once_and_stops_the_model_on_a
         assert await client.complete("after", params={"n": 3, "gap": 0}) == "0 1 2 "
         while not stopped.exists():  # B told A (the push channel): A's model stops, minutes before its end
             await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("servers", ["starlette-flask", "flask-starlette"], indirect=True)
+@pytest.mark.server_settings({"LOWLAT_MODEL": "counting:MODELS"})
+async def test_a_tool_call_answered_after_the_client_moved_reaches_the_model_on_a(servers: Servers) -> None:
+    """The model runs on A; the client resumes on B, which relays the stream and forwards the client's input (the
+    tool result, more text, the end) to A through Redis, in order and each once."""
+    async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
+                                               backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
+        stream = client.stream("oslo", model="agent")
+        assert await anext(stream) == "asking;"
+        call = await anext(stream)
+        assert isinstance(call, ToolCall) and call.args == {"q": "oslo"}
+        servers.to_b()
+        await stream.send_result(call, "cold")  # (sent again on B after the resume, if the drop took it)
+        assert await anext(stream) == "got:cold;"
+        assert client.resumes == 1
+        await stream.send("one")
+        await stream.send("two", end=True)
+        assert [chunk async for chunk in stream] == ["in:one;", "in:two;", "done;"]
+    for proc in servers.procs:
+        assert "Traceback" not in proc.output(), proc.output()
 
 
 async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_once_it_is_back(

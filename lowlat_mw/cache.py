@@ -6,6 +6,9 @@ the time or chance) are cached. A reply is kept when its stream ended normally (
 with the same model, input and params (the key: :func:`request_key`) gets the same chunks as its Deltas at
 once, then its End, without the model running. Bounded by bytes (least recently used first out) and by
 ``cache_ttl`` seconds. One cache per endpoint, in process memory, shared by its connections' threads.
+With the Redis session store (``session_store``), a second tier in Redis is shared by every process
+(drivers/shared.py): a reply one process kept, another finds there; its replies travel as :func:`pack_reply`
+bytes.
 
 Time is passed in (``now``): the cache reads no clock.
 """
@@ -21,7 +24,7 @@ from typing import Any
 
 from .protocol import events as ev
 
-__all__ = ["ResultCache", "is_deterministic", "request_key"]
+__all__ = ["ResultCache", "is_deterministic", "pack_reply", "request_key", "unpack_reply"]
 
 ENTRY_OVERHEAD = 200  # bytes charged per entry beyond its chunks (the key, the tuple, the dict's slot)
 CHUNK_OVERHEAD = 56  # bytes charged per chunk beyond its content (a str or bytes object's header, its slot)
@@ -75,6 +78,33 @@ def merged(chunks: Sequence[str | bytes]) -> list[str | bytes]:
     if run:
         out.append("".join(run))
     return out
+
+
+def pack_reply(chunks: Sequence[str | bytes]) -> bytes:
+    """A kept reply as bytes (for the Redis tier): per chunk, a kind byte (t: text, b: bytes), its length (4 bytes,
+    big-endian), its bytes."""
+    out = []
+    for chunk in chunks:
+        data = chunk.encode("utf-8", "surrogatepass") if isinstance(chunk, str) else bytes(chunk)
+        out.append((b"t" if isinstance(chunk, str) else b"b") + len(data).to_bytes(4, "big") + data)
+    return b"".join(out)
+
+
+def unpack_reply(data: bytes) -> tuple[str | bytes, ...] | None:
+    """The chunks :func:`pack_reply` packed; None if `data` is not such bytes (another writer's, or cut short)."""
+    chunks: list[str | bytes] = []
+    i, end = 0, len(data)
+    try:
+        while i < end:
+            kind, n = data[i:i + 1], int.from_bytes(data[i + 1:i + 5], "big")
+            body = data[i + 5:i + 5 + n]
+            if len(body) != n or kind not in (b"t", b"b"):
+                return None
+            chunks.append(body.decode("utf-8", "surrogatepass") if kind == b"t" else bytes(body))
+            i += 5 + n
+    except UnicodeDecodeError:
+        return None
+    return tuple(chunks)
 
 
 class ResultCache:

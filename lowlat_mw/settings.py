@@ -147,7 +147,9 @@ class Settings:
     cache_size: int = 0
     """Bytes of whole replies kept by the result cache (0: off). Only models marked deterministic
     (``generate.deterministic = True``: the reply depends on the request alone) are cached: a request with the same
-    model, input and params then gets the kept reply at once, without the model running (lowlat_mw/cache.py)."""
+    model, input and params then gets the kept reply at once, without the model running (lowlat_mw/cache.py). With
+    the Redis ``session_store``, replies are also kept in Redis, up to this many bytes there too, and every process
+    finds what another one kept."""
     cache_ttl: float = 300.0
     """Seconds a reply stays in the result cache."""
     gc_freeze: bool = False

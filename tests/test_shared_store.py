@@ -4,6 +4,7 @@ runs it across real processes and a real Redis)."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 from lowlat_mw.drivers.shared import RemoteSession, pack, principal_key, unpack
@@ -193,3 +194,45 @@ async def test_many_followed_streams_share_one_redis_connection_and_each_arrives
     assert connections < 10  # both stores, this client and the tail: not 150 blocked readers
     for i, items in enumerate(got):
         assert items[:3] == [f"{i}.0", f"{i}.1", f"{i}.2"] and isinstance(items[3], ev.End) and len(items) == 4
+
+
+def test_a_kept_reply_packs_losslessly_and_foreign_bytes_are_no_reply() -> None:
+    from lowlat_mw.cache import pack_reply, unpack_reply
+
+    chunks = ("héllo ", b"\x00\xff", "", "\ud83d\ude00 end")
+    assert unpack_reply(pack_reply(chunks)) == chunks
+    assert unpack_reply(b"") == ()
+    assert unpack_reply(pack_reply(chunks)[:-1]) is None  # cut short
+    assert unpack_reply(b"x\x00\x00\x00\x01a") is None  # an unknown kind
+
+
+async def test_the_caches_redis_tier_keeps_replies_within_its_bytes_least_recently_used_first(redis_url: str) -> None:
+    """cache_size bounds the tier in Redis as in memory: a reply looked up recently stays, the oldest unused goes."""
+    import redis.asyncio as aioredis
+
+    from lowlat_mw.cache import pack_reply
+    from lowlat_mw.drivers.shared import SharedSessions
+
+    capacity = 16 * 1024
+    settings = Settings(session_store=redis_url, cache_size=capacity, cache_ttl=60)
+    shared = SharedSessions.for_loop(redis_url, settings)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.delete("lowlat:c:lru", "lowlat:c:sizes", "lowlat:c:bytes")
+        reply = ("x" * 3000,)
+        keys = [bytes([i]) * 32 for i in range(8)]
+        for i, key in enumerate(keys):
+            shared.cache_put(key, reply)
+            await asyncio.gather(*shared._cancels)  # (written behind, in a task)
+            if i == 3:
+                assert await shared.cache_get(keys[0]) == reply  # used: newer than keys[1] to keys[3] now
+        total = int(await client.get("lowlat:c:bytes"))
+        assert total <= capacity and total == 5 * len(pack_reply(reply))  # 5 of 8 fit in 16 KiB
+        kept = [await shared.cache_get(key) is not None for key in keys]
+        assert kept == [True, False, False, False, True, True, True, True]  # keys[0] was used: 1, 2, 3 went
+        assert await client.ttl(f"lowlat:c:{keys[7].hex()}") > 50
+        shared.cache_put(b"big" * 11, ("y" * (capacity // 4 + 1),))  # over a quarter of the tier: not kept
+        await asyncio.gather(*shared._cancels)
+        assert await shared.cache_get(b"big" * 11) is None
+    finally:
+        await client.aclose()

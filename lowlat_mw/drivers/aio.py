@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Mutable
 from concurrent.futures import Executor
 from typing import Any
 
-from ..cache import CHUNK_OVERHEAD, is_deterministic, request_key
+from ..cache import CHUNK_OVERHEAD, is_deterministic, merged, request_key
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
 from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model, warm_up
@@ -377,6 +377,10 @@ class ModelRunner:
             if cache is not None and not req.warmup and is_deterministic(fn):
                 key = request_key(req)
                 cached = cache.get(key, self.monotonic())
+                if cached is None and self.shared is not None:  # the shared tier: what another process kept
+                    cached = await self.shared.cache_get(key)
+                    if cached is not None:
+                        cache.put(key, cached, self.monotonic())
                 if self.metrics is not None:
                     self.metrics.inc("cache_lookups", label, "miss" if cached is None else "hit")
                 if cached is not None:  # the reply kept for this request, at once: the model does not run
@@ -496,7 +500,8 @@ class ModelRunner:
         st = self.session.streams.get(sid)
         if cache is None or (chunks and chunks[0] is _TOO_BIG) or (st is not None and st.cancelling):
             return
-        cache.put(key, chunks, self.monotonic())
+        if cache.put(key, chunks, self.monotonic()) and self.shared is not None:
+            self.shared.cache_put(key, merged(chunks))
 
     async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """One chunk out: through the attached connection, else into the session for the resume."""

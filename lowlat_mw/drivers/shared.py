@@ -12,7 +12,11 @@ one Redis Stream entry per session (never on a Delta's critical path). Keys, eac
 - ``lowlat:d:<session id>``: a Redis Stream of entries ``{o: writer process, b: records}``, where
   records are packed (kind, stream id, seq, payload) tuples (:func:`pack`);
 - ``lowlat:p:<process id>``: "this process is alive", refreshed every second, gone 5 s after the
-  process is.
+  process is;
+- the result cache's shared tier (setting ``cache_size``): ``lowlat:c:<key>`` a kept reply
+  (:func:`~lowlat_mw.cache.pack_reply`), expiring after ``cache_ttl``; ``lowlat:c:lru`` (a sorted set: keys by
+  last use), ``lowlat:c:sizes`` (a hash: key -> bytes) and ``lowlat:c:bytes`` (their total, at most
+  ``cache_size``: the least recently used go first, in one script).
 
 A client that resumes on a process that does not hold its session (or no longer holds it: the session
 moved) gets it from Redis: finished streams replayed, streams still running elsewhere followed live
@@ -39,10 +43,11 @@ import struct
 import uuid
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cache import pack_reply, unpack_reply
 from ..endpoint import Endpoint
 from ..errors import ErrorCode, SettingsError
 from ..protocol import events as ev
@@ -319,6 +324,40 @@ class _Follower:
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
 
 
+# ================================================================================ the cache tier's scripts
+# Get a kept reply and note its use (its place in the LRU order).
+_CACHE_GET = """
+local data = redis.call('GET', KEYS[1])
+if data then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[2], 'XX', t[1] * 1000000 + t[2], ARGV[1])
+end
+return data
+"""
+# Keep a reply, then drop the least recently used until the tier's bytes fit `capacity`. (An entry that expired
+# still counts until it is dropped: the count is an upper bound, so the bound holds.)
+_CACHE_PUT = """
+local old = redis.call('HGET', KEYS[3], ARGV[1])
+if old then redis.call('DECRBY', KEYS[4], old) end
+local size = string.len(ARGV[2])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[1], size)
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[2], t[1] * 1000000 + t[2], ARGV[1])
+local total = redis.call('INCRBY', KEYS[4], size)
+local capacity = tonumber(ARGV[4])
+while total > capacity do
+  local oldest = redis.call('ZPOPMIN', KEYS[2])
+  if #oldest == 0 then break end
+  local sz = redis.call('HGET', KEYS[3], oldest[1]) or 0
+  redis.call('HDEL', KEYS[3], oldest[1])
+  redis.call('DEL', 'lowlat:c:' .. oldest[1])
+  total = redis.call('DECRBY', KEYS[4], sz)
+end
+return total
+"""
+
+
 # ================================================================================ the store
 class SharedSessions:
     """One event loop's connection to the shared store (Redis): the journal writer and the resume reader."""
@@ -340,6 +379,9 @@ class SharedSessions:
                                                         socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
                                                         health_check_interval=30)
         self.redis = aioredis.Redis(connection_pool=pool)
+        # The result cache's shared tier: scripts run by hash, loaded by redis-py when Redis does not have them yet.
+        self._cache_get = self.redis.register_script(_CACHE_GET)
+        self._cache_put = self.redis.register_script(_CACHE_PUT)
         self._dirty: dict[int, Session] = {}  # sessions with journal records not yet written, by id()
         self._meta: dict[str, dict[str, str]] = {}  # session hash fields not yet written
         self._held: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()  # shared from here
@@ -526,6 +568,41 @@ class SharedSessions:
                 await self.redis.publish(channel(self.url), input_message(session_id, inp))
             except Exception as exc:  # Redis unreachable: this input is lost, and the model waits (as pushes are)
                 self._failed("write", exc)
+
+    # ------------------------------------------------------------------ the result cache's shared tier
+    async def cache_get(self, key: bytes) -> tuple[str | bytes, ...] | None:
+        """The reply another process (or this one) kept in Redis for `key`, if any; None on a miss, and while Redis
+        cannot be reached (a miss: the model runs)."""
+        if self.down and self.loop.time() < self._retry_at:
+            return None
+        try:
+            data = await self._cache_get(keys=[f"lowlat:c:{key.hex()}", "lowlat:c:lru"], args=[key.hex()])
+        except Exception as exc:
+            self._failed("read", exc)
+            self._retry_at = self.loop.time() + 1.0
+            return None
+        self._ok()
+        return unpack_reply(data) if data else None
+
+    def cache_put(self, key: bytes, chunks: Sequence[str | bytes]) -> None:
+        """Keep the reply `chunks` for `key` in Redis too (for `cache_ttl`, within `cache_size` for the whole tier),
+        written behind the stream, in a task of its own."""
+        data = pack_reply(chunks)
+        if len(data) > max(1, self.settings.cache_size // 4):  # (as the memory tier: a quarter at most)
+            return
+
+        async def write() -> None:
+            try:
+                await self._cache_put(keys=[f"lowlat:c:{key.hex()}", "lowlat:c:lru", "lowlat:c:sizes",
+                                            "lowlat:c:bytes"],
+                                      args=[key.hex(), data, max(1, round(self.settings.cache_ttl * 1000)),
+                                            self.settings.cache_size])
+            except Exception as exc:
+                self._failed("write", exc)
+
+        task = self.loop.create_task(write())
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     def cancel_elsewhere(self, session_id: str, stream_id: int) -> None:
         """The client cancelled a stream this process relays from another: tell that process to stop its model

@@ -19,7 +19,9 @@ import redis
 from loopback import free_port, wait_listening
 
 from lowlat_mw import Backoff, ResumeFailed, ToolCall, connect
+from lowlat_mw.cache import request_key
 from lowlat_mw.errors import SettingsError
+from lowlat_mw.protocol import events as ev
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
 from lowlat_mw.settings import Settings
 from lowlat_mw.testing import FaultProxy, LoggedProcess
@@ -64,7 +66,18 @@ async def agent(req):
     yield "done;"
 
 
-MODELS = {"count": count, "announce": announce, "agent": agent}
+async def det(req):
+    """A deterministic model (the result cache keeps its replies): writes params["mark"]/<pid> each time it runs."""
+    import os
+
+    open(os.path.join(req.params["mark"], str(os.getpid())), "a").write("ran;")
+    for word in req.prompt.split():
+        yield word + " "
+
+
+det.deterministic = True
+
+MODELS = {"count": count, "announce": announce, "agent": agent, "det": det}
 
 
 def who(handshake):
@@ -338,6 +351,35 @@ async def test_a_tool_call_answered_after_the_client_moved_reaches_the_model_on_
         assert [chunk async for chunk in stream] == ["in:one;", "in:two;", "done;"]
     for proc in servers.procs:
         assert "Traceback" not in proc.output(), proc.output()
+
+
+@pytest.mark.parametrize("servers", ["starlette-flask"], indirect=True)
+@pytest.mark.server_settings({"LOWLAT_MODEL": "counting:MODELS", "LOWLAT_CACHE_SIZE": "1048576"})
+async def test_a_reply_kept_by_one_process_is_a_cache_hit_on_another(servers: Servers) -> None:
+    """The result cache's shared tier: A runs the deterministic model and keeps its reply in Redis too; B, asked the
+    same, answers from there without running the model (and keeps it in its own memory from then on)."""
+    marks = servers.tmp_path / "det-runs"
+    marks.mkdir()
+    params = {"mark": str(marks)}
+    a, b = (f"ws://127.0.0.1:{port}/ws" for port in servers.ports)
+    async with asyncio.timeout(WAIT):
+        async with connect(a) as client:
+            assert await client.complete("the same question", model="det", params=params) == "the same question "
+        runs = {p.name: p.read_text().count("ran") for p in marks.iterdir()}
+        assert list(runs.values()) == [1], runs  # A ran it
+        store = redis.Redis.from_url(servers.redis_url)
+        try:
+            key = request_key(ev.Request(stream_id=1, model="det", text="the same question", params=params))
+            while not store.exists(f"lowlat:c:{key.hex()}"):
+                await asyncio.sleep(0.02)  # (A writes to Redis behind the stream)
+            assert int(store.get("lowlat:c:bytes")) <= 1048576
+        finally:
+            store.close()
+        async with connect(b) as client:
+            for _ in range(3):  # from Redis, then from B's own memory: the model runs on no process
+                assert await client.complete("the same question", model="det", params=params) == "the same question "
+            assert {p.name: p.read_text().count("ran") for p in marks.iterdir()} == runs
+            assert await client.complete("another question", model="det", params=params) == "another question "
 
 
 async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_once_it_is_back(

@@ -41,7 +41,20 @@ class Upstream:
             if body["model"] == "broken":
                 return JSONResponse({"error": {"message": "no such model", "type": "invalid_request_error"}},
                                     status_code=404)
-            words = body["messages"][-1]["content"].split()
+            if body.get("tools") and body["messages"][-1]["role"] == "user":  # ask for a tool, in streamed pieces
+                parts = [{"index": 0, "id": "up-1", "type": "function", "function": {"name": "weather",
+                                                                                     "arguments": ""}},
+                         {"index": 0, "function": {"arguments": '{"city": '}},
+                         {"index": 0, "function": {"arguments": '"Paris"}'}}]
+
+                async def calls() -> Any:
+                    for part in parts:
+                        yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'tool_calls': [part]}}]})}\n\n"
+                    yield "data: [DONE]\n\n"
+
+                return StreamingResponse(calls(), media_type="text/event-stream")
+            last = body["messages"][-1]
+            words = (f"it is {last['content']}" if last["role"] == "tool" else last["content"]).split()
             slow = body["model"] == "slow"
 
             async def events() -> Any:
@@ -106,3 +119,20 @@ async def test_a_cancel_stops_the_upstream_generation(servers: tuple[Upstream, R
         while not upstream.ended:  # the upstream sees its client go (bounded by the timeout above)
             await asyncio.sleep(0.01)
     assert upstream.ended == ["closed early"]
+
+
+async def test_the_upstreams_tool_calls_go_to_the_client_and_its_answers_back(
+        servers: tuple[Upstream, RunningServer]) -> None:
+    upstream, front = servers
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    async with asyncio.timeout(30), connect(front.url) as client:
+        reply = await client.complete("weather in Paris?", params={"tools": tools},
+                                      tools={"weather": lambda city: f"sunny in {city}"})
+        assert reply == "it is sunny in Paris "
+    first, second = upstream.bodies
+    assert first["tools"] == tools and len(first["messages"]) == 1
+    asked = second["messages"][1]
+    assert asked["role"] == "assistant" and asked["tool_calls"][0]["function"] == {"name": "weather",
+                                                                                   "arguments": '{"city": "Paris"}'}
+    assert second["messages"][2] == {"role": "tool", "tool_call_id": asked["tool_calls"][0]["id"],
+                                     "content": "sunny in Paris"}

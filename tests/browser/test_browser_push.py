@@ -115,7 +115,7 @@ def test_subscribe_and_receive_group_and_session_pushes(page, push_server):
         return out;
     """)
     for mode in ("json", "proto"):
-        assert joined[mode]["revision"] == 2 and joined[mode]["groups"] == ["news"], joined  # a v1.2 server
+        assert joined[mode]["revision"] == 3 and joined[mode]["groups"] == ["news"], joined  # a v1.3 server
         admin, empty = joined[mode]["refused"]
         assert admin["name"] == "StreamError" and admin["code"] == "unauthorized" and admin["isStreamError"], admin
         assert "push_groups" in admin["message"]

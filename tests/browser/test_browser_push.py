@@ -235,7 +235,7 @@ def test_a_v1_0_server_is_turned_down_and_the_iterator_rules(page, push_server):
     """)
     assert result["v10"] == {"name": "LowLatError",
                              "message": "the server at ws://127.0.0.1:9/ws speaks protocol v1.0: it has no push groups"}
-    assert result["hello"]["revision"] == 2 and result["groups"] == []  # the client speaks v1.2
+    assert result["hello"]["revision"] == 3 and result["groups"] == []  # the client speaks v1.3
     assert result["aborted"] is True
     assert result["dropped"] == 2 and result["bounded"] == ["c", [0, 1, 255]]
     assert result["boundedError"] == ["ConnectionClosedError", 1008]

@@ -1,5 +1,6 @@
 """The browser client as an npm package: `npm pack` in lowlat_mw/static gives a package whose ES module streams
-from a real server under Node and whose type declarations a strict TypeScript program compiles against.
+from a real server under Node (full-duplex streams too: tool calls and input, through dropped connections) and
+whose type declarations a strict TypeScript program compiles against.
 
 Needs Node.js with npm and tests/node's packages (TypeScript, ws: `python3 dev.py test` installs them)."""
 
@@ -55,8 +56,8 @@ console.log(JSON.stringify(out));
 
 TYPED_PROGRAM = """
 import {
-  Backoff, connect, LowLatClient, PROTOCOL_REVISION, StreamError, type End, type Push, type PushIterator, type Stream,
-  type Welcome,
+  Backoff, connect, DUPLEX_REVISION, LowLatClient, LowLatError, PROTOCOL_REVISION, StreamError, ToolCall, type Chunk,
+  type End, type Input, type Push, type PushIterator, type Stream, type Tool, type Welcome,
 } from "lowlat-mw";
 
 export async function main(url: string): Promise<string> {
@@ -65,7 +66,7 @@ export async function main(url: string): Promise<string> {
   const stream: Stream = client.stream("hi", { params: { n: 1 }, onEnd(end: End) { console.log(end.finish_reason); } });
   let text = "";
   for await (const chunk of client.stream({ text: "x", model: "m" })) {
-    text += typeof chunk === "string" ? chunk : String(chunk.length);
+    text += typeof chunk === "string" ? chunk : chunk instanceof ToolCall ? chunk.name : String(chunk.length);
   }
   const end: End = await stream.done;
   const warmed: End | null = await client.warmup("system prompt", { model: "m" });  // v1.2
@@ -97,8 +98,26 @@ export async function main(url: string): Promise<string> {
   } catch (err) {
     if (err instanceof StreamError) console.log(err.code, err.retryable);
   }
+  // full-duplex streams (protocol v1.3)
+  const lookup: Tool = async (args: { q: string }, call: ToolCall) => ({ temp: args.q.length, id: call.id });
+  const agent: Stream = client.stream("paris", { model: "agent", tools: { lookup, clock: () => "noon" } });
+  const seen: Chunk[] = [];
+  for await (const chunk of agent) {
+    seen.push(chunk);
+    if (chunk instanceof ToolCall) {
+      const args = chunk.args as { q: string } | null;
+      await agent.sendResult(chunk, { temp: 21, q: args?.q }, { isError: false });
+      await agent.sendResult(chunk.id, "no such city", { isError: true, end: false });
+    } else if (typeof chunk === "string") {
+      await agent.send(chunk);
+      await agent.send(new Uint8Array([1, 2]), { end: false });
+    }
+  }
+  await agent.endInput().catch((err: unknown) => err instanceof LowLatError);
+  const sent: Input = { type: "input", stream_id: agent.id, seq: 1, tool_result: { id: "c", content: "{}" } };
+  const inputSeq: number = (welcome?.input_seq[agent.id] ?? 0) + DUPLEX_REVISION + sent.seq;
   client.close(1000);
-  const tail = `${joined}${pushes.dropped}${warmups}`;
+  const tail = `${joined}${pushes.dropped}${warmups}${inputSeq}${seen.length}`;
   return `${text}${end.usage["deltas"]}${rtt}${wait}${welcome?.session_id}${revision}${tail}`;
 }
 
@@ -110,6 +129,10 @@ new LowLatClient().stream(42);
 void new LowLatClient().subscribe(["news"]);
 // @ts-expect-error: the client's groups change through subscribe() and unsubscribe()
 new LowLatClient().groups.add("news");
+// @ts-expect-error: a stream's input is text or bytes
+void new LowLatClient().stream("x").send(42);
+// @ts-expect-error: a tool is a function
+new LowLatClient().stream("x", { tools: { lookup: "sunny" } });
 """
 
 
@@ -172,8 +195,10 @@ for (const mode of ["json", "proto"]) {
   const skipped = await client.warmup("w");
   let refused = null;  // a resend that meets an older server (what every send goes through)
   try { await client._stream("w", {}, true).text(); } catch (error) { refused = [error.noWarmup, error.message]; }
+  const running = client.stream("c d");  // input (v1.3) is refused by the client itself: nothing is sent
+  const noInput = await running.send("x").then(() => null, (error) => error.message);
   out[mode] = { revision: client.welcome.revision, skipped, refused, warmups: client.warmups,
-                text: await client.complete("a b") };
+                text: await client.complete("a b"), noInput, after: await running.text() };
   client.close();
 }
 console.log(JSON.stringify(out));
@@ -196,7 +221,9 @@ def test_the_package_sends_no_warm_up_to_an_older_server(project: Path, monkeypa
     assert result.returncode == 0, result.stderr
     refused = [True, "the server speaks protocol revision 1: it has no warm-up"]
     for mode, seen in json.loads(result.stdout).items():
-        assert seen == {"revision": 1, "skipped": None, "refused": refused, "warmups": 0, "text": "ab"}, mode
+        assert seen == {"revision": 1, "skipped": None, "refused": refused, "warmups": 0, "text": "ab",
+                        "noInput": "the server speaks protocol revision 1: stream input needs v1.3",
+                        "after": "cd"}, mode
     assert WARMED == []  # the hook never ran
 
 
@@ -211,3 +238,199 @@ def test_the_type_declarations_check_a_strict_program(project: Path) -> None:
     (project / "wrong.ts").write_text('import { connect } from "lowlat-mw";\nconst n: number = await connect("x");\n')
     result = subprocess.run([*tsc[:-1], "wrong.ts"], cwd=project, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "LowLatClient" in result.stdout  # the declarations are what is checked
+
+
+# ----------------------------------------------------------------------------- full-duplex streams (protocol v1.3)
+async def agent(req):
+    """Asks the client to run a tool, waits for its answer, then echoes every further input until the input ends."""
+    yield "asking;"
+    call = req.tool_call("lookup", {"q": req.prompt})
+    yield call
+    result = await req.inputs.result(call)
+    yield f"got:{result.content}:{int(result.is_error)};"
+    async for item in req.inputs:
+        yield f"in:{item if isinstance(item, str) else item.decode()};"
+    yield "done;"
+
+
+def agent_server() -> RunningServer:
+    """The agent model behind the Starlette middleware, as an app serves it."""
+    from starlette.applications import Starlette
+
+    from lowlat_mw.adapters.starlette import LowLatMiddleware
+
+    app = Starlette()
+    app.add_middleware(LowLatMiddleware, model=agent, path="/ws", registry=CollectorRegistry())
+    return RunningServer(app).start()
+
+
+def run_node(project: Path, name: str, program: str, url: str) -> dict:
+    (project / name).write_text(program)
+    result = subprocess.run([NODE, name, url], cwd=project, capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+DUPLEX_PROGRAM = """
+import WebSocket from "ws";
+import { connect, Backoff, DUPLEX_REVISION, LowLatError, PROTOCOL_REVISION, ToolCall } from "lowlat-mw";
+
+const shown = (chunk) => (chunk instanceof ToolCall
+  ? { call: chunk.name, args: chunk.args, id: chunk.id !== "" } : chunk);
+const out = { revisions: [PROTOCOL_REVISION, DUPLEX_REVISION] };
+for (const mode of ["json", "proto"]) {
+  const client = await connect(process.argv[2], { mode, WebSocket, backoff: new Backoff({ retries: 0 }) });
+  const seen = out[mode] = { revision: client.welcome.revision };
+  // answered by hand: the call is a chunk; the result, more text, bytes and the end go back on the same stream
+  const stream = client.stream("paris");
+  seen.byHand = [];
+  for await (const chunk of stream) {
+    seen.byHand.push(shown(chunk));
+    if (chunk instanceof ToolCall) {
+      await stream.sendResult(chunk, { temp: 21 });
+      await stream.send("more");
+      await stream.send(new TextEncoder().encode("bytes"), { end: true });
+    }
+  }
+  seen.byHandEnd = stream.end.finish_reason;
+  seen.afterEnd = await stream.send("late").then(() => null, (e) => [e instanceof LowLatError, e.message]);
+  // answered by the stream's own tools (sync, async, failing); the caller never sees the call
+  const tools = {
+    lookup: async ({ q }) => (q === "boom" ? Promise.reject(new RangeError("no such city")) : `sunny in ${q}`),
+  };
+  seen.tools = [];
+  for (const prompt of ["rome", "boom"]) {
+    const s = client.stream(prompt, { tools });
+    const got = [];
+    for await (const chunk of s) {
+      got.push(shown(chunk));
+      if (chunk.startsWith("got:")) await s.endInput();
+    }
+    seen.tools.push(got);
+  }
+  // with callbacks, a tool returning an object (sent as JSON)
+  const called = [];
+  const cb = client.stream("oslo", {
+    tools: { lookup: (args, call) => ({ ...args, named: call.name }) },
+    onDelta(chunk) {
+      called.push(shown(chunk));
+      if (chunk.startsWith("got:")) cb.endInput();
+    },
+  });
+  await cb.done;
+  seen.callbacks = called;
+  // nobody answers: text() says so (instead of "[object Object]") and the stream is cancelled
+  const unanswered = client.stream("x");
+  seen.unanswered = await unanswered.text().then((t) => t, (e) => [e instanceof LowLatError, e.message]);
+  seen.unansweredEnd = (await unanswered.done).finish_reason;
+  seen.connections = client.connections;
+  client.close();
+}
+console.log(JSON.stringify(out));
+"""
+
+
+@needs_node
+def test_the_package_answers_tool_calls_and_sends_input_in_both_modes(project: Path) -> None:
+    server = agent_server()
+    try:
+        out = run_node(project, "duplex.mjs", DUPLEX_PROGRAM, server.url)
+    finally:
+        server.stop()
+    assert out.pop("revisions") == [3, 3]
+    call = {"call": "lookup", "args": {"q": "paris"}, "id": True}
+    for mode in ("json", "proto"):
+        assert out[mode] == {
+            "revision": 3,
+            "byHand": ["asking;", call, 'got:{"temp":21}:0;', "in:more;", "in:bytes;", "done;"],
+            "byHandEnd": "stop",
+            "afterEnd": [True, "stream 1 has ended: it takes no more input"],
+            "tools": [["asking;", "got:sunny in rome:0;", "done;"],
+                      ["asking;", "got:RangeError: no such city:1;", "done;"]],
+            "callbacks": ["asking;", 'got:{"q":"oslo","named":"lookup"}:0;', "done;"],
+            "unanswered": [True, 'the model asked for tool "lookup": pass tools: { "lookup": fn } to answer it, '
+                                 "or iterate the stream and answer with sendResult()"],
+            "unansweredEnd": "cancelled",
+            "connections": 1,
+        }, mode
+
+
+RESUME_PROGRAM = """
+import WebSocket from "ws";
+import { connect, Backoff, ToolCall } from "lowlat-mw";
+
+const shown = (chunk) => (chunk instanceof ToolCall ? `call:${chunk.name}` : chunk);
+const guard = setTimeout(() => { console.error("timed out"); process.exit(3); }, 60000);  // (a hang is a failure)
+const out = {};
+for (const mode of ["json", "proto"]) {
+  const client = await connect(process.argv[2], { mode, WebSocket,
+                                                  backoff: new Backoff({ base: 0.01, cap: 0.05, retries: 20 }) });
+  const next = async (s) => shown((await s.next()).value);
+  const seen = out[mode] = { got: [] };
+  const stream = client.stream("oslo");
+  seen.got.push(await next(stream));
+  const call = (await stream.next()).value;
+  seen.got.push(shown(call));
+  // 1. the link dies before the answer leaves: it waits, and the resume sends it
+  client._ws.terminate();
+  await stream.sendResult(call, "cold");
+  seen.got.push(await next(stream));
+  await stream.send("one");
+  seen.got.push(await next(stream));  // the server has inputs 1 and 2: the next resume must not count on more
+  // 2. input 3 goes out on a connection that loses it, then the link dies; input 4 waits for the resume
+  const ws = client._ws;
+  ws.send = () => {};
+  await stream.send("two");
+  const welcomed = new Promise((resolve) => client.on("welcome", (w) => resolve(w.input_seq)));
+  ws.terminate();
+  await stream.send("three", { end: true });
+  for await (const chunk of stream) seen.got.push(shown(chunk));
+  seen.inputSeq = await welcomed;
+  seen.end = stream.end.finish_reason;
+  // 3. the Request and its input are lost together: the server never saw the stream, so the client sends the
+  // Request again after the resume, and all its input after it (another stream keeps the session worth resuming)
+  const keeper = client.stream("keep");
+  seen.keeper = [await next(keeper)];
+  const keeperCall = (await keeper.next()).value;
+  seen.keeper.push(shown(keeperCall));
+  const lostWs = client._ws;
+  lostWs.send = () => {};
+  const lost = client.stream("bergen");
+  await lost.send("early");
+  lostWs.terminate();
+  seen.lost = [];
+  for await (const chunk of lost) {
+    seen.lost.push(shown(chunk));
+    if (chunk instanceof ToolCall) await lost.sendResult(chunk, "rain", { end: true });
+  }
+  await keeper.sendResult(keeperCall, "sun", { end: true });
+  for await (const chunk of keeper) seen.keeper.push(shown(chunk));
+  seen.resends = lost.resends;
+  seen.resumes = client.resumes;
+  seen.connections = client.connections;
+  client.close();
+}
+clearTimeout(guard);
+console.log(JSON.stringify(out));
+"""
+
+
+@needs_node
+def test_the_package_sends_input_exactly_once_through_dropped_connections(project: Path) -> None:
+    server = agent_server()
+    try:
+        out = run_node(project, "resume.mjs", RESUME_PROGRAM, server.url)
+    finally:
+        server.stop()
+    for mode in ("json", "proto"):
+        assert out[mode] == {
+            # each input reached the model once, in order (the model echoes what it read)
+            "got": ["asking;", "call:lookup", "got:cold:0;", "in:one;", "in:two;", "in:three;", "done;"],
+            "inputSeq": {"1": 2},  # the resumed Welcome: the server held inputs 1 and 2 of stream 1
+            "end": "stop",
+            "lost": ["asking;", "call:lookup", "got:rain:0;", "in:early;", "done;"],
+            "keeper": ["asking;", "call:lookup", "got:sun:0;", "done;"],
+            "resends": 1,
+            "resumes": 3,
+            "connections": 4,
+        }, mode

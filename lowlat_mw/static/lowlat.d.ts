@@ -4,10 +4,14 @@
 export declare const VERSION: string;
 export declare const SUBPROTOCOL_JSON: "lowlat.v1.json";
 export declare const SUBPROTOCOL_PROTO: "lowlat.v1.proto";
-/** The protocol revision the client implements (its Hello's `revision`): 2 is v1.2 (warm-up), 1 is v1.1 (push). */
-export declare const PROTOCOL_REVISION: 2;
+/** The protocol revision the client implements (its Hello's `revision`): 3 is v1.3 (full-duplex streams), 2 is v1.2
+ * (warm-up), 1 is v1.1 (push). */
+export declare const PROTOCOL_REVISION: 3;
 /** The revision that brought warm-up requests: `warmup()` sends one only to a server of at least this one. */
 export declare const WARMUP_REVISION: 2;
+/** The revision that brought full-duplex streams: a stream's `send()`, `sendResult()` and `endInput()` need a server
+ * of at least this one. */
+export declare const DUPLEX_REVISION: 3;
 /** What each close code means (docs/protocol.md section 12). */
 export declare const CLOSE_CODES: Readonly<Record<number, string>>;
 /** 4101-4199 are aliases of 1001-1099: the canonical code. */
@@ -92,15 +96,42 @@ export interface Welcome extends Message {
   resumed: boolean;
   resume_window_ms: number;
   flow_window: number;
-  /** The protocol revision the server implements: 0 is v1.0 (no push), 1 is v1.1. */
+  /** The protocol revision the server implements: 0 is v1.0 (no push), 1 is v1.1, 2 is v1.2, 3 is v1.3. */
   revision: number;
+  /** (v1.3) On a resumed Welcome: stream id -> seq of the last Input the server holds for it ({} otherwise). */
+  input_seq: Record<number, number>;
+}
+/** The model asks the client to run tool `name` (v1.3): a stream's chunk; answer it with `stream.sendResult()`. */
+export declare class ToolCall {
+  constructor(fields?: { id?: string; name?: string; arguments?: string });
+  /** Names the call: the answer carries it. */
+  readonly id: string;
+  readonly name: string;
+  /** The call's arguments as JSON text. */
+  readonly arguments: string;
+  /** `arguments` parsed (null if empty or not JSON). */
+  readonly args: unknown;
 }
 export interface Delta extends Message {
   type: "delta";
   stream_id: number;
   seq: number;
+  /** Exactly one of text, data and (v1.3) tool_call. */
   text?: string;
   data?: Uint8Array;
+  tool_call?: ToolCall;
+}
+/** The answer to a ToolCall (v1.3): its output (text; JSON by convention), or with `is_error` how it failed. */
+export interface ToolResult { id: string; content: string; is_error?: boolean }
+/** More input for a running stream (v1.3), numbered per stream from 1; at most one item; `end`: the last. */
+export interface Input extends Message {
+  type: "input";
+  stream_id: number;
+  seq: number;
+  text?: string;
+  data?: Uint8Array;
+  tool_result?: ToolResult;
+  end?: boolean;
 }
 export interface End extends Message {
   type: "end";
@@ -147,12 +178,19 @@ export interface Codec {
 export declare const jsonCodec: Readonly<Codec>;
 export declare const protoCodec: Readonly<Codec>;
 
-export type Chunk = string | Uint8Array;
+/** A chunk of a stream: text, bytes, or (v1.3) a tool call the model waits for (`chunk instanceof ToolCall`). */
+export type Chunk = string | Uint8Array | ToolCall;
 export type StreamStatus = "pending" | "streaming" | "done" | "failed";
+
+/** A tool the stream runs itself (v1.3): called with the call's parsed arguments; its result (or the Promise's) is
+ * sent as the answer, a string as it is, anything else as JSON; a thrown error is sent with `is_error`. */
+export type Tool = (args: any, call: ToolCall) => unknown;
 
 export interface StreamOptions {
   model?: string;
   params?: Record<string, unknown>;
+  /** (v1.3) Tool name -> function: the model's calls of these tools are answered by the stream, not yielded. */
+  tools?: Record<string, Tool>;
   /** Cancels the stream when aborted. */
   signal?: AbortSignal;
   /** Given: chunks go to the callbacks instead of the iterator. */
@@ -194,8 +232,19 @@ export declare class Stream implements AsyncIterableIterator<Chunk> {
   next(): Promise<IteratorResult<Chunk, undefined>>;
   return(): Promise<IteratorResult<Chunk, undefined>>;
   [Symbol.asyncIterator](): AsyncIterableIterator<Chunk>;
-  /** The whole reply as a string. */
+  /** The whole reply as a string; rejects with a LowLatError at a tool call the `tools` option does not answer. */
   text(): Promise<string>;
+  /** (v1.3) The tools the stream answers itself (the `tools` option). */
+  tools: Record<string, Tool> | null;
+  /** (v1.3) Send the running model more input (text or bytes); `end`: the last of it. Kept until the stream ends and
+   * sent again after a resume if the server lacks it. Rejects with a LowLatError if the server is older than v1.3 or
+   * the stream has ended. */
+  send(item: string | Uint8Array | ArrayBuffer | ArrayBufferView, options?: { end?: boolean }): Promise<void>;
+  /** (v1.3) Answer tool call `call` (or its id) with `content`: a string, else sent as JSON; `isError`: the tool
+   * failed and `content` says how. */
+  sendResult(call: ToolCall | string, content: unknown, options?: { isError?: boolean; end?: boolean }): Promise<void>;
+  /** (v1.3) No more input for this stream. */
+  endInput(): Promise<void>;
 }
 
 /** The server's pushes as they arrive (`client.pushes()`); ends when left, aborted or the client is closed. */

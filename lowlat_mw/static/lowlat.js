@@ -10,18 +10,23 @@
 // streams, answers to the server's Pings and Pings of its own when the link is quiet, reconnects
 // with exponential backoff and full jitter, resumes open streams after a drop (Hello with
 // resume_token and last_seq, Acks as the application consumes) and reports close codes and
-// server errors as Error subclasses. It speaks protocol revision 2 (v1.2): push groups
-// (`await client.subscribe("news")`) and the server's pushes (the "push" event, `client.pushes()`), and
-// warm-up requests (`await client.warmup("system prompt")`, or the `warmup` option on every new session).
+// server errors as Error subclasses. It speaks protocol revision 3 (v1.3): push groups
+// (`await client.subscribe("news")`) and the server's pushes (the "push" event, `client.pushes()`), warm-up
+// requests (`await client.warmup("system prompt")`, or the `warmup` option on every new session), and
+// full-duplex streams (a model's tool calls arrive as ToolCall chunks, answered with `stream.sendResult()` or
+// by the `tools` option; `stream.send()` and `stream.endInput()` send more input while the stream runs).
 
 export const VERSION = "0.1.0";
 export const SUBPROTOCOL_JSON = "lowlat.v1.json";
 export const SUBPROTOCOL_PROTO = "lowlat.v1.proto";
-/** The protocol revision this client implements (Hello.revision): 2 is v1.2 (Request.warmup), 1 is v1.1
- * (Subscribe, Subscribed, Push). */
-export const PROTOCOL_REVISION = 2;
+/** The protocol revision this client implements (Hello.revision): 3 is v1.3 (Input, Delta.tool_call), 2 is v1.2
+ * (Request.warmup), 1 is v1.1 (Subscribe, Subscribed, Push). */
+export const PROTOCOL_REVISION = 3;
 /** The revision that brought Request.warmup: sent only to a server whose Welcome says at least this. */
 export const WARMUP_REVISION = 2;
+/** The revision that brought full-duplex streams (Input, Delta.tool_call, Welcome.input_seq): Input is sent only
+ * to a server whose Welcome says at least this. */
+export const DUPLEX_REVISION = 3;
 const CLIENT_NAME = `lowlat-mw-js/${VERSION}`;
 
 // ----------------------------------------------------------------------------- close codes
@@ -117,6 +122,44 @@ export class ReconnectFailedError extends LowLatError {
   }
 }
 
+// ----------------------------------------------------------------------------- tool calls (v1.3)
+/** The model asks the client to run tool `name` (protocol v1.3): a stream's chunk. `arguments` is the JSON text
+ * the server sent, `args` that text parsed (null if empty or not JSON). Answer it with
+ * `stream.sendResult(call, content)`, or let the `tools` option of `client.stream()` answer it. */
+export class ToolCall {
+  constructor({ id = "", name = "", arguments: text = "" } = {}) {
+    this.id = String(id);
+    this.name = String(name);
+    this.arguments = String(text);
+    let args = null;
+    if (this.arguments) {
+      try { args = JSON.parse(this.arguments); } catch { args = null; }
+    }
+    this.args = args;
+  }
+}
+
+/** A tool's result as the text of a ToolResult: a string as it is, anything else as JSON ("null" for undefined). */
+function resultText(content) {
+  if (typeof content === "string") return content;
+  const text = JSON.stringify(content);
+  return text === undefined ? "null" : text;
+}
+
+/** A Delta's chunk: its text, its bytes or (v1.3) its ToolCall. */
+function chunkOf(delta) {
+  return delta.text ?? delta.data ?? delta.tool_call;
+}
+
+/** A Delta's size as flow control and the replay buffer count it: UTF-8 bytes of text (of a tool call's id, name
+ * and arguments), bytes of data. */
+function chunkSize(delta) {
+  if (delta.text !== undefined) return utf8Length(delta.text);
+  if (delta.data) return delta.data.length;
+  const call = delta.tool_call;
+  return call ? utf8Length(call.id) + utf8Length(call.name) + utf8Length(call.arguments) : 0;
+}
+
 // ----------------------------------------------------------------------------- backoff
 /** Delay before retry n (0-based) is uniform in [0, min(cap, base * factor**n)] seconds (full jitter). */
 export class Backoff {
@@ -185,7 +228,12 @@ export const jsonCodec = Object.freeze({
       throw new LowLatError("frame is not a protocol message");
     }
     if ((msg.type === "delta" || msg.type === "push") && typeof msg.data === "string") msg.data = fromBase64(msg.data);
-    else if (msg.type === "welcome") msg.revision ??= 0; // (omitted by a v1.0 server, and when 0)
+    else if (msg.type === "delta" && msg.tool_call !== null && typeof msg.tool_call === "object") {
+      msg.tool_call = new ToolCall(msg.tool_call); // (v1.3)
+    } else if (msg.type === "welcome") {
+      msg.revision ??= 0; // (omitted by a v1.0 server, and when 0)
+      msg.input_seq ??= {}; // (v1.3: written only on a resumed Welcome whose streams got input)
+    }
     else if (msg.type === "subscribed") { msg.code ??= "unspecified"; msg.message ??= ""; } // (only when refused)
     return msg;
   },
@@ -263,6 +311,14 @@ const ENCODERS = {
   pong: [9, (w, m) => w.uint(1, m.id)],
   ack: [11, (w, m) => w.uint(1, m.stream_id).uint(2, m.seq).bool(3, m.done)],
   subscribe: [12, (w, m) => w.uint(1, m.id).str(2, m.group).bool(3, m.leave)],
+  input: [15, (w, m) => { // (v1.3)
+    w.uint(1, m.stream_id).uint(2, m.seq);
+    if (m.text !== undefined && m.text !== null) w.str(3, m.text, true);
+    if (m.data instanceof Uint8Array) w.raw(4, m.data);
+    const r = m.tool_result;
+    if (r) w.msg(5, (x) => x.str(1, r.id).str(2, r.content).bool(3, r.is_error));
+    w.bool(6, m.end);
+  }],
   error: [6, (w, m) => w.uint(1, m.stream_id).uint(2, Math.max(0, ERROR_CODES.indexOf(m.code)))
     .str(3, m.message).bool(4, m.retryable)],
 };
@@ -324,6 +380,11 @@ const DECODERS = {
     const names = [null, "session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size",
       "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms",
       "flow_window", "revision"];
+    if (f === 14) { // (v1.3) input_seq: stream id -> seq of the last Input the server holds
+      const [k, x] = readMap(v, (n) => n);
+      m.input_seq[k] = x ?? 0;
+      return;
+    }
     const name = names[f];
     if (!name) return;
     if (f === 3) m.compression.push(str(v));
@@ -331,12 +392,21 @@ const DECODERS = {
     else m[name] = wire === 2 ? str(v) : v;
   }, () => ({ session_id: "", resume_token: "", compression: [], max_frame_size: 0, max_decompressed_size: 0,
     max_streams: 0, heartbeat_interval_ms: 0, idle_timeout_ms: 0, server: "", resumed: false,
-    resume_window_ms: 0, flow_window: 0, revision: 0 })],
+    resume_window_ms: 0, flow_window: 0, revision: 0, input_seq: {} })],
   4: ["delta", (m, f, wire, v) => {
     if (f === 1) m.stream_id = v;
     else if (f === 2) m.seq = v;
     else if (f === 3) m.text = str(v);
     else if (f === 4) m.data = v.slice();
+    else if (f === 5) { // (v1.3)
+      const call = { id: "", name: "", arguments: "" };
+      readFields(v, (g, w, x) => {
+        if (g === 1) call.id = str(x);
+        else if (g === 2) call.name = str(x);
+        else if (g === 3) call.arguments = str(x);
+      });
+      m.tool_call = new ToolCall(call);
+    }
   }, () => ({ stream_id: 0, seq: 0 })],
   5: ["end", (m, f, wire, v) => {
     if (f === 1) m.stream_id = v;
@@ -408,15 +478,17 @@ export const protoCodec = Object.freeze({
 // ----------------------------------------------------------------------------- streams
 /**
  * One streamed reply. Iterate it (`for await (const chunk of stream)`: strings, or Uint8Array for
- * binary output) or pass callbacks to `client.stream()`. `stream.done` resolves with the server's
- * End (`finish_reason` "stop" or "cancelled", `usage`, `timings_ms`) or rejects with the error.
+ * binary output, or a ToolCall when the model asks for a tool, v1.3) or pass callbacks to `client.stream()`.
+ * `stream.done` resolves with the server's End (`finish_reason` "stop" or "cancelled", `usage`, `timings_ms`)
+ * or rejects with the error. While it runs, `send()`, `sendResult()` and `endInput()` give the model more input.
  */
 export class Stream {
-  constructor(client, request, callbacks) {
+  constructor(client, request, callbacks, tools = null) {
     this.client = client;
     this.id = request.stream_id;
     this.request = request;
     this.callbacks = callbacks;
+    this.tools = tools || null; // (v1.3) tool name -> function: the stream answers the model's calls of these itself
     this.status = "pending"; // pending | streaming | done | failed
     this.end = null;
     this.error = null;
@@ -434,6 +506,10 @@ export class Stream {
     this._buffer = [];
     this._waiter = null;
     this._terminal = null;
+    this._inputs = []; // (v1.3) every Input of the stream, in seq order, kept until it ends (a resume resends)
+    this._sentInputs = 0; // how many of them went out on this connection (a resumed Welcome resets it)
+    this._inputEnded = false; // an Input with end was added
+    this._inputTail = Promise.resolve(); // send(), sendResult() and endInput() run one after the other
     this.done = new Promise((resolve, reject) => { this._resolve = resolve; this._reject = reject; });
     this.done.catch(() => {}); // a stream consumed by iteration need not await `done`
   }
@@ -468,7 +544,8 @@ export class Stream {
       if (this._buffer.length) {
         const delta = this._buffer.shift();
         this._delivered(delta);
-        return { value: delta.text ?? delta.data, done: false };
+        if (this._answers(delta)) continue; // (its tool runs: started as it arrived)
+        return { value: chunkOf(delta), done: false };
       }
       if (this._terminal) {
         const t = this._terminal;
@@ -489,12 +566,100 @@ export class Stream {
     return { value: undefined, done: true };
   }
 
-  /** The whole reply as a string (binary chunks are decoded as UTF-8). */
+  /** The whole reply as a string (binary chunks are decoded as UTF-8). A tool call that the `tools` option does
+   * not answer is a LowLatError (and cancels the stream): the model would wait for its answer. */
   async text() {
     let out = "";
     const decoder = new TextDecoder();
-    for await (const chunk of this) out += typeof chunk === "string" ? chunk : decoder.decode(chunk, { stream: true });
+    for await (const chunk of this) {
+      if (chunk instanceof ToolCall) {
+        throw new LowLatError(`the model asked for tool ${JSON.stringify(chunk.name)}: pass tools: `
+          + `{ ${JSON.stringify(chunk.name)}: fn } to answer it, or iterate the stream and answer with sendResult()`);
+      }
+      out += typeof chunk === "string" ? chunk : decoder.decode(chunk, { stream: true });
+    }
     return out + decoder.decode();
+  }
+
+  // --------------------------------------------------------------------------- full-duplex (protocol v1.3)
+  /**
+   * Send the running model more input: a string, or bytes (a Uint8Array, an ArrayBuffer or a view); `end`: the
+   * last of it. Inputs are numbered and kept until the stream ends: after a dropped connection the resume sends
+   * again what the server lacks, so the model gets each exactly once. Resolves once it is sent or queued for the
+   * connection; rejects with a LowLatError if the server is older than protocol v1.3 or the stream has ended.
+   */
+  send(item, { end = false } = {}) {
+    if (typeof item === "string") return this._input({ text: item }, end);
+    if (item instanceof Uint8Array) return this._input({ data: item }, end);
+    if (item instanceof ArrayBuffer) return this._input({ data: new Uint8Array(item) }, end);
+    if (ArrayBuffer.isView(item)) {
+      return this._input({ data: new Uint8Array(item.buffer, item.byteOffset, item.byteLength) }, end);
+    }
+    return Promise.reject(new TypeError("send() takes a string or bytes"));
+  }
+
+  /** Answer the model's tool call `call` (a ToolCall, or its id) with `content` (a string, else sent as JSON
+   * text); `isError`: the tool failed and `content` says how; `end`: no more input after it. */
+  sendResult(call, content, { isError = false, end = false } = {}) {
+    const id = call instanceof ToolCall ? call.id : call;
+    if (typeof id !== "string") return Promise.reject(new TypeError("sendResult() takes a ToolCall or its id"));
+    let text;
+    try {
+      text = resultText(content);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const result = { id, content: text };
+    if (isError) result.is_error = true;
+    return this._input({ tool_result: result }, end);
+  }
+
+  /** No more input for this stream (the model's `async for item in req.inputs` ends). */
+  endInput() {
+    return this._input({}, true);
+  }
+
+  _input(item, end) {
+    const add = async () => {
+      const client = this.client;
+      if (!client.welcome && !this.finished) await client.connect(); // the server's revision decides
+      if (this.finished) throw new LowLatError(`stream ${this.id} has ended: it takes no more input`);
+      const revision = client.welcome ? client.welcome.revision : 0;
+      if (revision < DUPLEX_REVISION) {
+        throw new LowLatError(`the server speaks protocol revision ${revision}: stream input needs v1.3`);
+      }
+      if (this._inputEnded) throw new LowLatError(`stream ${this.id}: its input was ended`);
+      const msg = { type: "input", stream_id: this.id, seq: this._inputs.length + 1, ...item };
+      if (end) { msg.end = true; this._inputEnded = true; }
+      this._inputs.push(msg);
+      client._flushInputs(this);
+    };
+    const p = this._inputTail.then(add, add); // in the order they were called, whatever waits for a connection
+    this._inputTail = p.catch(() => {});
+    return p;
+  }
+
+  /** Whether Delta `delta` is a tool call the stream's `tools` answer. */
+  _answers(delta) {
+    const call = delta.tool_call;
+    return Boolean(call && this.tools && Object.hasOwn(this.tools, call.name)
+      && typeof this.tools[call.name] === "function");
+  }
+
+  /** Answer `call` with the stream's own tool: its result (a string, else JSON), or its error with isError. */
+  async _runTool(call) {
+    let content;
+    let isError = false;
+    try {
+      content = resultText(await this.tools[call.name](call.args, call));
+    } catch (error) { // the tool failed: the model is told, and decides
+      isError = true;
+      content = error instanceof Error ? `${error.name}: ${error.message}` : `Error: ${String(error)}`;
+    }
+    if (this.finished) return;
+    try {
+      await this.sendResult(call, content, { isError });
+    } catch { /* the stream ended meanwhile */ }
   }
 
   _wake() {
@@ -509,9 +674,14 @@ export class Stream {
   }
 
   _push(delta) {
+    if (this._answers(delta)) this._runTool(delta.tool_call); // (at once, consumed or not: the model waits)
     if (this.callbacks.onDelta) {
+      if (this._answers(delta)) {
+        this._delivered(delta);
+        return;
+      }
       try {
-        this.callbacks.onDelta(delta.text ?? delta.data, delta);
+        this.callbacks.onDelta(chunkOf(delta), delta);
       } finally {
         this._delivered(delta);
       }
@@ -527,6 +697,8 @@ export class Stream {
     this.status = error ? "failed" : "done";
     this.end = end;
     this.error = error;
+    this._inputs = []; // (the server takes no more input for it: nothing to send again)
+    this._sentInputs = 0;
     if (error) this._reject(error);
     else this._resolve(end);
     if (this.callbacks.onDelta || this.callbacks.onEnd || this.callbacks.onError) {
@@ -741,7 +913,9 @@ export class LowLatClient extends EventTarget {
   /**
    * Start a stream. `input` is the prompt text, or an object {text | messages | data, model, params}.
    * Options: model, params, and callbacks onDelta(chunk, delta), onEnd(end), onError(error)
-   * (without callbacks, iterate the returned Stream).
+   * (without callbacks, iterate the returned Stream); `tools` (v1.3): {name: fn}, the model's calls of these
+   * tools are answered by the stream itself as they arrive, with `await fn(call.args, call)` (a string, else
+   * sent as JSON; a thrown error is sent as "Name: message" with isError), and are not yielded.
    */
   stream(input, options = {}) {
     return this._stream(input, options, false);
@@ -762,7 +936,7 @@ export class LowLatClient extends EventTarget {
     if (options.messages !== undefined) request.messages = options.messages;
     request.params = options.params || {};
     const { onDelta, onEnd, onError } = options;
-    const stream = new Stream(this, request, { onDelta, onEnd, onError });
+    const stream = new Stream(this, request, { onDelta, onEnd, onError }, options.tools);
     if (this.finalError) {
       stream._finish(null, this.finalError);
       return stream;
@@ -1033,6 +1207,8 @@ export class LowLatClient extends EventTarget {
     this.connections++;
     this.resumed = Boolean(welcome.resumed);
     if (this.resumed) this.resumes++;
+    const have = (this.resumed && welcome.input_seq) || {};
+    for (const s of this.streams.values()) s._sentInputs = have[s.id] ?? 0; // (v1.3) the server has these
     ws.onmessage = (event) => this._onMessage(ws, event);
     ws.onclose = (event) => this._onClose(ws, event.code, event.reason);
     ws.onerror = () => {};
@@ -1043,6 +1219,9 @@ export class LowLatClient extends EventTarget {
     this._heartbeatTimer = setInterval(() => this._heartbeat(ws, interval), every);
     this._emit("welcome", welcome);
     this._setState("connected", { resumed: this.resumed, resume: Boolean(resume && hadToken) });
+    if (this.resumed && this._ws === ws) {
+      for (const s of [...this.streams.values()]) this._flushInputs(s); // (v1.3) the Inputs the server lacks
+    }
     if (this.warmupRequest && !this.resumed && welcome.revision >= WARMUP_REVISION && this._ws === ws) {
       // A new session (maybe on another server process): warm the model up in the background, only a hint, after
       // the requests queued while connecting (sent as this connection's Welcome is taken), so it never goes first.
@@ -1143,7 +1322,7 @@ export class LowLatClient extends EventTarget {
         }
         s.receivedSeq = msg.seq;
         s.deltas++;
-        s.rawBytes += msg.text !== undefined ? utf8Length(msg.text) : (msg.data ? msg.data.length : 0);
+        s.rawBytes += chunkSize(msg);
         if (s.firstDeltaAt === null) s.firstDeltaAt = performance.now();
         s.status = "streaming";
         s._push(msg);
@@ -1270,6 +1449,20 @@ export class LowLatClient extends EventTarget {
     this.streams.set(stream.id, stream);
     stream.startedAt ??= performance.now();
     this._send(stream.request); // if the connection just died, the resume lists the stream
+    if (stream._inputs.length) {
+      stream._sentInputs = 0; // (v1.3) a Request sent (again): the server has none of its Inputs
+      this._flushInputs(stream);
+    }
+  }
+
+  /** (v1.3) Send `stream`'s Inputs the server does not have yet, in order, after its Request; what does not go out
+   * (no open connection) waits for the next Welcome, whose input_seq says where to go on. */
+  _flushInputs(stream) {
+    if (!stream._sent || stream.finished || this.streams.get(stream.id) !== stream) return;
+    while (stream._sentInputs < stream._inputs.length) {
+      if (!this._send(stream._inputs[stream._sentInputs])) return;
+      stream._sentInputs++;
+    }
   }
 
   _flushQueue() {
@@ -1304,7 +1497,7 @@ export class LowLatClient extends EventTarget {
   _consumedDelta(stream, delta) {
     const window = this.welcome ? this.welcome.flow_window : 0;
     if (!window) return;
-    stream._unacked += (delta.text !== undefined ? utf8Length(delta.text) : delta.data.length) + 64;
+    stream._unacked += chunkSize(delta) + 64;
     if (stream._unacked >= window / 4
         && this._send({ type: "ack", stream_id: stream.id, seq: delta.seq, done: false })) {
       stream._unacked = 0;

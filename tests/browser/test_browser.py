@@ -295,16 +295,22 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
         "subscribed": py.encode(ev.Subscribed(id=7, group="news")),
         "refused": py.encode(ev.Subscribed(id=9, group="admin", leave=True, code=ErrorCode.UNAUTHORIZED,
                                            message="not in push_groups")),
+        # protocol v1.3
+        "tool_call": py.encode(ev.Delta(stream_id=2, seq=3, tool_call=ev.ToolCall("lookup", '{"q": "é"}',
+                                                                                   id="call_2_3"))),
+        "bare_call": py.encode(ev.Delta(stream_id=2, seq=4, tool_call=ev.ToolCall("now", ""))),
+        "input_seq": py.encode(ev.Welcome(session_id="s1", resumed=True, revision=3, input_seq={1: 2, 7: 300})),
     }
     result = page.execute_async_script("""
         const [frames, done] = [arguments[0], arguments[arguments.length - 1]];
         const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join(" ");
         const unhex = (h) => Uint8Array.from(h.split(" ").filter(Boolean), (x) => parseInt(x, 16)).buffer;
-        import("/lowlat/lowlat.js").then(({ protoCodec }) => {
+        import("/lowlat/lowlat.js").then(({ protoCodec, jsonCodec, ToolCall }) => {
           const decoded = {};
           for (const [k, h] of Object.entries(frames)) {
             const m = protoCodec.decode(unhex(h));
             if (m.data) m.data = Array.from(m.data);
+            if (m.tool_call) m.tool_call = { isToolCall: m.tool_call instanceof ToolCall, ...m.tool_call };
             decoded[k] = m;
           }
           done({
@@ -323,6 +329,15 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
               { type: "subscribe", id: 300, group: "team-\u00e9", leave }))),
             small: ["cancel", "ping", "pong", "ack"].map((type) => hex(protoCodec.encode(
               { type, stream_id: 4, id: 4, seq: 12, done: true }))),
+            inputs: [  // (v1.3) as the client's Stream builds them
+              { text: "more \u00e9" }, { text: "" }, { data: new Uint8Array([0, 255]) },
+              { tool_result: { id: "call_2_3", content: JSON.stringify({ temp: 21 }) } },
+              { tool_result: { id: "c", content: "RangeError: no", is_error: true }, end: true }, { end: true },
+            ].map((item, i) => hex(protoCodec.encode({ type: "input", stream_id: 2, seq: i + 1, ...item }))),
+            jsonInput: jsonCodec.encode({ type: "input", stream_id: 2, seq: 3, data: new Uint8Array([0, 255]) }),
+            jsonCall: jsonCodec.decode(JSON.stringify({ type: "delta", stream_id: 1, seq: 2,
+              tool_call: { id: "c1", name: "lookup", arguments: JSON.stringify({ q: 1 }) } })).tool_call,
+            jsonWelcome: jsonCodec.decode('{"type":"welcome","resumed":true,"input_seq":{"1":2}}').input_seq,
           });
         }, (err) => done({ error: String(err) }));
     """, {k: v.hex(" ") for k, v in from_python.items()})
@@ -331,7 +346,8 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
     assert d["welcome"] == {"type": "welcome", "session_id": "s1", "resume_token": "t.k", "compression": [],
                             "max_frame_size": 1048576, "max_decompressed_size": 0, "max_streams": 8,
                             "heartbeat_interval_ms": 30000, "idle_timeout_ms": 0, "server": "lowlat-mw",
-                            "resumed": True, "resume_window_ms": 60000, "flow_window": 262144, "revision": 1}
+                            "resumed": True, "resume_window_ms": 60000, "flow_window": 262144, "revision": 1,
+                            "input_seq": {}}
     assert d["end"] == {"type": "end", "stream_id": 3, "last_seq": 41, "finish_reason": "cancelled",
                         "timings_ms": {"total": 1.5, "first_delta": 0.25}, "usage": {"deltas": 41, "output_bytes": 9}}
     assert d["error"] == {"type": "error", "stream_id": 2, "code": "resume_failed", "message": "gone",
@@ -347,6 +363,14 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
                                "message": ""}
     assert d["refused"] == {"type": "subscribed", "id": 9, "group": "admin", "leave": True, "code": "unauthorized",
                             "message": "not in push_groups"}
+    assert d["tool_call"] == {"type": "delta", "stream_id": 2, "seq": 3, "tool_call": {
+        "isToolCall": True, "id": "call_2_3", "name": "lookup", "arguments": '{"q": "é"}', "args": {"q": "é"}}}
+    assert d["bare_call"]["tool_call"] == {"isToolCall": True, "id": "", "name": "now", "arguments": "",
+                                           "args": None}
+    assert d["input_seq"]["input_seq"] == {"1": 2, "7": 300} and d["input_seq"]["revision"] == 3
+    assert result["jsonCall"] == {"id": "c1", "name": "lookup", "arguments": '{"q":1}', "args": {"q": 1}}
+    assert result["jsonWelcome"] == {"1": 2}
+    assert json.loads(result["jsonInput"]) == {"type": "input", "stream_id": 2, "seq": 3, "data": "AP8="}
     # docs/protocol.md's examples, byte for byte
     assert result["specDelta"] == {"type": "delta", "stream_id": 1, "seq": 1, "text": "Hello!"}
     assert result["specHello"] == ("10 0a 1a 0a 0d 6d 79 2d 63 6c 69 65 6e 74 2f 31 2e 30 "
@@ -368,6 +392,13 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
                                                         ev.Subscribe(id=300, group="team-é", leave=True)]
     assert [decode(h) for h in result["small"]] == [
         ev.Cancel(stream_id=4), ev.Ping(id=4), ev.Pong(id=4), ev.Ack(stream_id=4, seq=12, done=True)]
+    assert [decode(h) for h in result["inputs"]] == [
+        ev.Input(stream_id=2, seq=1, text="more é"), ev.Input(stream_id=2, seq=2, text=""),
+        ev.Input(stream_id=2, seq=3, data=b"\x00\xff"),
+        ev.Input(stream_id=2, seq=4, tool_result=ev.ToolResult(id="call_2_3", content='{"temp":21}')),
+        ev.Input(stream_id=2, seq=5, tool_result=ev.ToolResult(id="c", content="RangeError: no", is_error=True),
+                 end=True),
+        ev.Input(stream_id=2, seq=6, end=True)]
 
 
 # ----------------------------------------------------------------------------- the React hook

@@ -184,7 +184,7 @@ class ModelRunner:
         self.session.detach(now)
         self._set_detached(True)
         self.scheduler.schedule(self, self.session.expires_at())
-        log.info("session %s detached; resumable for %.0f s", self.session.session_id, self.settings.resume_window,
+        log.info("session %s detached; resumable for %.0f s", self.session.session_id, self.session.window,
                  extra={"session_id": self.session.session_id})
 
     def on_timer(self, now: float) -> float:
@@ -923,11 +923,17 @@ class ConnectionDriver:
         self.scheduler.cancel(self)
         self._scheduled = math.inf
         runner = self.runner
-        if runner is None or runner.driver is not self:
-            return
         if self.protocol.close_code is not None:
             code = self.protocol.close_code  # we closed: our reason decides
-        if code in _RESUMABLE and close_code_reconnects(code) and runner.session.worth_keeping():
+        resumable = code in _RESUMABLE and close_code_reconnects(code)
+        if runner is None and resumable and self._welcomed and not self._superseded \
+                and proto.session is not None and self.endpoint.store.get(proto.session_id) is None:
+            # A drop before any stream: the client may have sent a Request the drop lost. The session waits a
+            # little (Session.EMPTY_WINDOW), so its resume is told to send it again rather than "expired".
+            runner = self.runner = ModelRunner(proto.session, self)
+        if runner is None or runner.driver is not self:
+            return
+        if resumable:
             runner.detach(self.monotonic())
         else:
             runner.destroy()

@@ -29,6 +29,8 @@ __all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "S
 _NOTHING_FOLLOWED: frozenset[int] = frozenset()
 DELTA_OVERHEAD = 64  # bytes charged per buffered Delta on top of its chunk (object overhead)
 MAX_FINISHED = 64    # finished streams remembered per session for resume, newest kept
+EMPTY_WINDOW = 10.0  # seconds a dropped session with nothing to resume is kept: the client may have sent a Request
+                     # the drop lost, and its resume then gets "send it again" (protocol.md 14.2), not "expired"
 
 
 @dataclass(slots=True)
@@ -79,6 +81,7 @@ class Session:
         self.pause_at = math.inf  # models pause while `buffered` is at least this (see `blocked`)
         self.attached = True
         self.detached_at: float | None = None
+        self.window = settings.resume_window  # how long it waits for a resume once detached (see detach)
         self.created_at = now
         self._awaited: set[int] = set()  # listed by the last resume but unknown here: the client resends them
         self.principal: object | None = None  # who authenticated when the session began
@@ -360,9 +363,12 @@ class Session:
 
     # ------------------------------------------------------------------ connection changes
     def detach(self, now: float) -> None:
-        """The connection dropped; the session waits ``resume_window`` seconds for a resume."""
+        """The connection dropped; the session waits ``resume_window`` seconds for a resume (an empty one, nothing
+        to resume but a Request the drop may have lost, EMPTY_WINDOW at most)."""
         self.attached = False
         self.detached_at = now
+        self.window = self.settings.resume_window if self.worth_keeping() else min(self.settings.resume_window,
+                                                                                    EMPTY_WINDOW)
         self._update_pause()
 
     def attach(self) -> None:
@@ -373,7 +379,7 @@ class Session:
 
     def expires_at(self) -> float:
         """When a detached session is given up (inf while attached)."""
-        return math.inf if self.detached_at is None else self.detached_at + self.settings.resume_window
+        return math.inf if self.detached_at is None else self.detached_at + self.window
 
     def worth_keeping(self) -> bool:
         """Whether anything could still be resumed: a stream the client has not acknowledged as done,

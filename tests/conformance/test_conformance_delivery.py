@@ -219,6 +219,30 @@ async def test_cut_mid_stream_resumes_and_completes_once_in_order(server, proxy,
     assert read_count(marks_dir, tag) == n
 
 
+async def test_a_first_request_lost_in_a_drop_is_sent_again_on_the_resumed_session(server, proxy, marks_dir):
+    """The drop takes the connection's first Request with it (the server never saw it, and had no stream): the
+    session is kept a little all the same, so the resume says "send it again" (retryable resume_failed,
+    protocol.md 14.2) rather than "expired", and the stream completes, run once."""
+    tag = new_tag("lostfirst", server.framework)
+    async with asyncio.timeout(30):
+        client = connect(proxy.url_base + "/ws", backoff=backoff())
+        try:
+            await client.open()
+            proxy.stall()  # what the client sends now does not reach the server
+            stream = client.stream("x", model="count", params={"n": 5, "tag": tag})
+            first = asyncio.ensure_future(anext(stream))  # (sends the Request)
+            while not stream._sent:
+                await asyncio.sleep(0.01)
+            proxy.cut_all()  # and the drop loses it
+            proxy.resume()
+            got = [await first] + [c async for c in stream]
+        finally:
+            await client.close()
+    assert got == tokens(5)
+    assert client.resumes == 1 and client.connections == 2
+    assert starts(marks_dir, tag) == 1
+
+
 async def test_resume_while_the_server_still_holds_the_old_connection(server, proxy, marks_dir):
     """A half-open drop: the client's side of the link dies, the server's socket stays open and
     silent, so the resume takes the session over from a connection the server thinks is alive.

@@ -45,6 +45,10 @@ MESSAGES: dict[str, tuple[type, str, str]] = {
     "subscribe": (ev.Subscribe, "client", "v1.1: joins (or, with leave, leaves) a named push group."),
     "subscribed": (ev.Subscribed, "server", "v1.1: the answer to a Subscribe with the same id: done, or refused."),
     "push": (ev.Push, "server", "v1.1: a message the server published to the client's session, user or group."),
+    "context": (ev.Context, "client", "v1.3: sets, patches (UTF-8 byte offsets, SHA-256 checked) or drops a named "
+                                      "context document of the session."),
+    "context_ack": (ev.ContextAck, "server", "v1.3: the answer to a Context with the same name and version: done, "
+                                             "or refused (the document is then gone: send its whole text)."),
 }
 
 
@@ -69,6 +73,10 @@ def _schema(hint: Any) -> dict[str, Any]:
     if hint is ev.ChatMessage:
         return {"type": "object", "required": ["role", "content"],
                 "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}
+    if hint is ev.ContextPatch:
+        return {"type": "object", "properties": {"offset": {"type": "integer", "minimum": 0},
+                                                 "length": {"type": "integer", "minimum": 0},
+                                                 "text": {"type": "string"}}}
     if origin is tuple:
         return {"type": "array", "items": _schema(typing.get_args(hint)[0])}
     if origin is Mapping or origin is dict:

@@ -92,7 +92,7 @@ def test_welcome_carries_session_and_limits() -> None:
     assert welcome == ev.Welcome(session_id="sess-1", resume_token=welcome.resume_token, compression=(),
                                  max_frame_size=4096, max_decompressed_size=65536, max_streams=3,
                                  heartbeat_interval_ms=15000, idle_timeout_ms=90500, server="edge-7",
-                                 resume_window_ms=60000, flow_window=0, revision=2)
+                                 resume_window_ms=60000, flow_window=0, revision=3)
     assert pair.conn.state is ConnState.OPEN
 
 

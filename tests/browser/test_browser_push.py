@@ -115,7 +115,7 @@ def test_subscribe_and_receive_group_and_session_pushes(page, push_server):
         return out;
     """)
     for mode in ("json", "proto"):
-        assert joined[mode]["revision"] == 2 and joined[mode]["groups"] == ["news"], joined  # a v1.2 server
+        assert joined[mode]["revision"] == 3 and joined[mode]["groups"] == ["news"], joined  # a v1.3 server
         admin, empty = joined[mode]["refused"]
         assert admin["name"] == "StreamError" and admin["code"] == "unauthorized" and admin["isStreamError"], admin
         assert "push_groups" in admin["message"]
@@ -235,7 +235,7 @@ def test_a_v1_0_server_is_turned_down_and_the_iterator_rules(page, push_server):
     """)
     assert result["v10"] == {"name": "LowLatError",
                              "message": "the server at ws://127.0.0.1:9/ws speaks protocol v1.0: it has no push groups"}
-    assert result["hello"]["revision"] == 2 and result["groups"] == []  # the client speaks v1.2
+    assert result["hello"]["revision"] == 3 and result["groups"] == []  # the client speaks v1.3
     assert result["aborted"] is True
     assert result["dropped"] == 2 and result["bounded"] == ["c", [0, 1, 255]]
     assert result["boundedError"] == ["ConnectionClosedError", 1008]

@@ -330,3 +330,30 @@ def _sessions(client: AppClient) -> list[Any]:
             if session is not None and session.context is not None and session.session_id == client.welcome.session_id:
                 found.append(session)
     return found
+
+
+def test_the_sync_client_edits_a_document_and_continues_a_stream() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from lowlat_mw.client.sync import connect_sync
+    from lowlat_mw.drivers.asgi import LowLatASGI
+    from lowlat_mw.testing.pytest_plugin import RunningServer
+
+    server = RunningServer(LowLatASGI(context_model, registry=CollectorRegistry()), path="/").start()
+    try:
+        with connect_sync(server.url, history=True) as client:
+            doc = client.context("s.txt", "abc")
+            doc.patch(1, 1, "ü")
+            doc.replace("c", "cd")
+            doc.wait_synced()
+            assert (doc.text, doc.version) == ("aücd", 3)
+            first = "".join(client.stream("q", context=[doc]))  # type: ignore[arg-type]
+            assert first == f"s.txt={hashlib.sha256('aücd'.encode()).hexdigest()};"
+            continued = client.complete("next", continues=client.last_stream)
+            assert continued == f"[q>{first}]"
+            doc.drop()
+            with pytest.raises(StreamError) as gone:
+                client.complete("q", context=["s.txt"])
+            assert gone.value.code is ErrorCode.CONTEXT_MISMATCH
+    finally:
+        server.stop()

@@ -674,7 +674,7 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
                 "idle_timeout_ms": event.idle_timeout_ms, "server": event.server, "resumed": event.resumed,
                 "resume_window_ms": event.resume_window_ms, "flow_window": event.flow_window,
                 **({"revision": event.revision} if event.revision else {}),
-                **({"contexts": dict(event.contexts)} if event.contexts else {})}
+                "contexts": dict(event.contexts)}
     if isinstance(event, ev.Ack):
         return {"type": "ack", "stream_id": event.stream_id, "seq": event.seq, "done": event.done}
     if isinstance(event, ev.GoAway):

@@ -218,6 +218,18 @@ def test_the_server_acks_contexts_and_hands_the_documents_to_the_request(subprot
     assert 1 not in pair.server.session.context.given  # (the driver took it, or the stream ended: not kept)
 
 
+def test_a_request_refused_at_its_start_leaves_the_patches_for_the_next_one() -> None:
+    pair = ready(settings=Settings(max_streams=1))
+    pair.send(full("a", 1, "hello"))
+    pair.send(ev.Request(stream_id=1, text="q", contexts=("a",)))  # running: the next one is refused
+    pair.send(patch("a", 1, 0, 1, "j", "jello"))
+    refused = pair.send(ev.Request(stream_id=2, text="q", contexts=("a",)))
+    assert [e.code for e in refused] == [ErrorCode.TOO_MANY_STREAMS]
+    pair.finish(1)
+    pair.send(ev.Request(stream_id=3, text="q", contexts=("a",)))
+    assert pair.server.session.context.given[3][0]["a"].patches == (ev.ContextPatch(offset=0, length=1, text="j"),)
+
+
 def test_a_request_naming_an_unknown_document_or_turn_fails_its_stream_clearly() -> None:
     pair = ready(history=True)
     out = pair.send(ev.Request(stream_id=1, text="q", contexts=("nope",)))

@@ -221,10 +221,15 @@ class SessionContext:
                 link = older.parent
             history = tuple(reversed(chain))
             parent = (req.continues, kept.serial)
-        for name in req.contexts:  # taken: the next request's patches start here
+        return documents, history, parent
+
+    def started(self, req: ev.Request, given: Given) -> None:
+        """`req`'s stream started with `given` (from :meth:`resolve`): its model has them, and the patches the
+        next request naming a document gets start from here."""
+        self.given[req.stream_id] = given
+        for name in req.contexts:
             doc = self.documents[name]
             doc.patched, doc.patched_bytes = [], 0
-        return documents, history, parent
 
     def keep_turn(self, req: ev.Request, pieces: list[Any], parent: tuple[int, int] | None) -> None:
         """Keep a finished stream's turn (its input and text output) for a later Request.continues."""

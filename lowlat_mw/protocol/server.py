@@ -337,7 +337,7 @@ class ServerProtocol(Protocol):
             error = session.start(req, now)
             if error is not None:
                 return [self._send_error(error)]
-            session.context.given[sid] = given  # type: ignore[union-attr,assignment]
+            session.context.started(req, given)  # type: ignore[union-attr,arg-type]
             session.streams[sid].parent = given[2]  # type: ignore[index]
             return [StartStream(req)]
         error = session.start(req, now)

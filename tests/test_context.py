@@ -13,7 +13,7 @@ import pytest
 from starlette.applications import Starlette
 
 from lowlat_mw.adapters.starlette import LowLatMiddleware
-from lowlat_mw.errors import ErrorCode, StreamError
+from lowlat_mw.errors import ClientError, ErrorCode, StreamError
 from lowlat_mw.model import ModelRequest
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.client import ClientStream
@@ -369,3 +369,19 @@ def test_the_sync_client_edits_a_document_and_continues_a_stream() -> None:
             assert gone.value.code is ErrorCode.CONTEXT_MISMATCH
     finally:
         server.stop()
+
+
+async def test_against_a_v1_2_server_the_client_sends_no_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A v1.2 server would answer a Context with unsupported_message and run a Request's model without the
+    documents: the client checks the Welcome's revision first, and again where each Request is sent."""
+    monkeypatch.setattr(ev, "REVISION", 2)  # what a v1.2 server says in its Welcome
+    async with AppClient(app(), "/ws", history=True) as client:
+        assert client.welcome is not None and client.welcome.revision == 2
+        with pytest.raises(ClientError, match=r"older than protocol v1\.3"):
+            await client.context("a", "text")
+        with pytest.raises(ClientError, match=r"older than protocol v1\.3"):
+            await client.complete("q", context=["a"])
+        with pytest.raises(ClientError, match=r"older than protocol v1\.3"):
+            await client.complete("q", continues=1)
+        assert await client.complete("q") == ""  # (the model got no context and no history: it says nothing)
+        assert client.last_error is None  # no Context reached the server (it would answer unsupported_message)

@@ -50,7 +50,7 @@ MODES = ("tiny", "quick", "full")
 
 # Suite modules in report order; a module registers its suite when imported.
 SUITE_MODULES: tuple[str, ...] = ("transport", "bare", "frameworks", "codec", "compression", "scale", "overhead",
-                                  "soak", "shared", "warmup", "batch")
+                                  "soak", "shared", "warmup", "batch", "context")
 
 INTRO = """# Benchmarks
 

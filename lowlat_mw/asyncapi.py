@@ -47,6 +47,10 @@ MESSAGES: dict[str, tuple[type, str, str]] = {
     "push": (ev.Push, "server", "v1.1: a message the server published to the client's session, user or group."),
     "input": (ev.Input, "client", "v1.3: more input for a running stream (text, bytes, a tool call's result) "
                                   "and/or its end; numbered by seq from 1."),
+    "context": (ev.Context, "client", "v1.3: sets, patches (UTF-8 byte offsets, SHA-256 checked) or drops a named "
+                                      "context document of the session."),
+    "context_ack": (ev.ContextAck, "server", "v1.3: the answer to a Context with the same name and version: done, "
+                                             "or refused (the document is then gone: send its whole text)."),
 }
 
 
@@ -79,6 +83,10 @@ def _schema(hint: Any) -> dict[str, Any]:
         return {"type": "object", "required": ["id"], "description": "v1.3: the answer to the tool call `id`",
                 "properties": {"id": {"type": "string"}, "content": {"type": "string"},
                                "is_error": {"type": "boolean"}}}
+    if hint is ev.ContextPatch:
+        return {"type": "object", "properties": {"offset": {"type": "integer", "minimum": 0},
+                                                 "length": {"type": "integer", "minimum": 0},
+                                                 "text": {"type": "string"}}}
     if origin is tuple:
         return {"type": "array", "items": _schema(typing.get_args(hint)[0])}
     if origin is Mapping or origin is dict:

@@ -125,6 +125,10 @@ class ErrorCode(enum.IntEnum):
     INTERNAL = 13
     DRAINING = 14
     UNKNOWN_MODEL = 15
+    CONTEXT_MISMATCH = 16
+    """v1.3: the server's context document (or kept turn) is not the one the client assumed: send it again."""
+    CONTEXT_LIMIT = 17
+    """v1.3: a Context over the session's max_contexts or max_context_bytes."""
 
     @property
     def wire_name(self) -> str:

@@ -33,6 +33,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .protocol.context import ContextDocument, Turn
 from .protocol.events import ChatMessage, ToolCall, ToolResult
 
 __all__ = [
@@ -53,6 +54,25 @@ __all__ = [
 ]
 
 ModelFn = Callable[["ModelRequest"], Any]
+
+
+class _NoContext(Mapping[str, ContextDocument]):
+    """The empty, immutable ``ModelRequest.context`` of a request that names no document (one for all)."""
+
+    def __getitem__(self, name: str) -> ContextDocument:
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_NO_CONTEXT = _NoContext()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +184,11 @@ class ModelRequest:
     session: SessionInfo
     inputs: Inputs = field(default_factory=Inputs)
     """(v1.3) What the client sends while the model runs: see :class:`Inputs`."""
+    context: Mapping[str, ContextDocument] = _NO_CONTEXT
+    """Protocol v1.3: the session's context documents the request named, by name (``.text``, ``.version``,
+    ``.patches`` since the last request that named it)."""
+    history: tuple[Turn, ...] = ()
+    """Protocol v1.3: the turns this request continues, oldest first (``.prompt``/``.messages``, ``.output``)."""
 
     @staticmethod
     def tool_call(name: str, arguments: Any = None) -> ToolCall:

@@ -101,6 +101,16 @@ class Settings:
     and user; docs/push.md)."""
     max_groups: int = 64
     """Push groups one session may be in; a Subscribe past it is refused with bad_request."""
+    max_contexts: int = 16
+    """Context documents one session may hold (protocol v1.3); a Context for one more is refused with
+    context_limit (0: clients may create none)."""
+    max_context_bytes: int = 2 * 1024 * 1024
+    """UTF-8 bytes of all the context documents of one session (protocol v1.3); a Context past it is refused
+    with context_limit."""
+    history_size: int = 256 * 1024
+    """Bytes of turns (a stream's input and text output) kept per session whose client asked for them
+    (Hello.history, protocol v1.3) so that a Request can continue one; the oldest go first, and at most 64 are
+    kept (0: none, Request.continues is refused)."""
     subprotocols: tuple[str, ...] = (SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON)
     """Subprotocols served, in server preference order."""
     model_threads: int = 64
@@ -183,7 +193,8 @@ class Settings:
         if self.max_frame_size < 64:
             raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
         for name in ("max_connections", "max_connections_per_client", "rate_limit", "control_rate_limit",
-                     "max_session_lifetime", "drain_grace", "gc_threshold", "cache_size", "max_batch_wait"):
+                     "max_session_lifetime", "drain_grace", "gc_threshold", "cache_size", "max_batch_wait",
+                     "max_contexts", "max_context_bytes", "history_size"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
         if self.max_batch_size < 1:

@@ -238,7 +238,7 @@ with open(sys.argv[2], "wb") as f:
 # asserts a speed, each has its own servers on free ports, and most of their time is waiting (servers starting,
 # paced clients), so two at a time on 2 cores take about half the wall time.
 QUICK_GROUPS = (("soak", "scale", "transport", "compression"),
-                ("overhead", "shared", "frameworks", "bare", "codec", "warmup", "batch"))
+                ("overhead", "shared", "frameworks", "bare", "codec", "warmup", "batch", "context"))
 
 
 @pytest.fixture(scope="session")

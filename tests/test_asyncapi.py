@@ -48,6 +48,13 @@ SAMPLES = [
     ev.Input(stream_id=1, seq=1, tool_result=ev.ToolResult(id="c1", content="r", is_error=True)),
     ev.Input(stream_id=1, seq=2, text="more"), ev.Input(stream_id=1, seq=3, data=b"\x00", end=True),
     ev.Input(stream_id=1, seq=4, end=True), ev.Welcome(session_id="s", revision=3, resumed=True, input_seq={1: 2}),
+    ev.Hello(revision=3, history=True), ev.Welcome(session_id="s", revision=3, contexts={"a.py": 4}),
+    ev.Request(stream_id=2, text="x", contexts=("a.py",), continues=1),
+    ev.Context(name="a.py", version=1, text="print(1)\n", sha256=b"\x01" * 32),
+    ev.Context(name="a.py", version=2, base_version=1, patches=(ev.ContextPatch(offset=6, length=1, text="2"),)),
+    ev.Context(name="a.py", version=2, drop=True),
+    ev.ContextAck(name="a.py", version=2), ev.ContextAck(name="a.py", version=3, code=ErrorCode.CONTEXT_MISMATCH,
+                                                          message="no"),
 ]
 
 
@@ -76,7 +83,7 @@ def test_every_message_kind_is_described_and_its_schema_fits_the_real_encoding()
     assert kinds == set(MESSAGES) == set(doc["components"]["messages"]) == set(doc["channels"]["lowlat"]["messages"])
     event_classes = {getattr(ev, n) for n in ev.__all__ if isinstance(getattr(ev, n), type)
                      and getattr(getattr(ev, n), "__dataclass_fields__", None)
-                     and n not in ("ChatMessage", "ToolCall", "ToolResult")}  # (parts of messages)
+                     and n not in ("ChatMessage", "ToolCall", "ToolResult", "ContextPatch")}  # (parts of messages)
     assert event_classes == {cls for cls, _, _ in MESSAGES.values()}  # a new message kind must be described
     schemas = doc["components"]["schemas"]
     for sample in SAMPLES:
@@ -87,8 +94,8 @@ def test_every_message_kind_is_described_and_its_schema_fits_the_real_encoding()
         jsonschema.validate({"type": "delta", "stream_id": -1, "seq": 1}, schemas["Delta"])
     received = {m["$ref"].rsplit("/", 1)[1] for m in doc["operations"]["receiveFromClients"]["messages"]}
     sent = {m["$ref"].rsplit("/", 1)[1] for m in doc["operations"]["sendToClients"]["messages"]}
-    assert {"hello", "request", "cancel", "ack", "ping", "pong", "subscribe", "input"} == received
-    assert {"welcome", "delta", "end", "error", "goaway", "ping", "pong", "subscribed", "push"} == sent
+    assert {"hello", "request", "cancel", "ack", "ping", "pong", "subscribe", "input", "context"} == received
+    assert {"welcome", "delta", "end", "error", "goaway", "ping", "pong", "subscribed", "push", "context_ack"} == sent
 
 
 def _get(url: str) -> tuple[int, str, str]:

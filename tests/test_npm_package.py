@@ -56,8 +56,8 @@ console.log(JSON.stringify(out));
 
 TYPED_PROGRAM = """
 import {
-  Backoff, connect, DUPLEX_REVISION, LowLatClient, LowLatError, PROTOCOL_REVISION, StreamError, ToolCall, type Chunk,
-  type End, type Input, type Push, type PushIterator, type Stream, type Tool, type Welcome,
+  Backoff, connect, ContextDocument, DUPLEX_REVISION, LowLatClient, LowLatError, PROTOCOL_REVISION, StreamError,
+  ToolCall, type Chunk, type End, type Input, type Push, type PushIterator, type Stream, type Tool, type Welcome,
 } from "lowlat-mw";
 
 export async function main(url: string): Promise<string> {
@@ -72,6 +72,13 @@ export async function main(url: string): Promise<string> {
   const warmed: End | null = await client.warmup("system prompt", { model: "m" });  // v1.2
   const warmClient: LowLatClient = new LowLatClient(url, { warmup: { text: "system prompt", model: "m" } });
   const warmups: number = warmClient.warmups + (warmed?.last_seq ?? 0);
+  // context (protocol v1.3)
+  const doc: ContextDocument = await client.context("main.py", "print(1)\\n");
+  doc.patch(6, 1, "2");
+  doc.replace("print", "show");
+  await doc.whenSynced(5000);
+  const held: number = (client.welcome?.contexts["main.py"] ?? 0) + doc.version + doc.fullSends;
+  const answer: string = await client.complete("q", { context: [doc, "other"], continues: stream });
   const rtt: number = await client.ping();
   const off = client.on("statechange", (detail) => console.log(detail.state, detail.previous));
   off();
@@ -117,7 +124,7 @@ export async function main(url: string): Promise<string> {
   const sent: Input = { type: "input", stream_id: agent.id, seq: 1, tool_result: { id: "c", content: "{}" } };
   const inputSeq: number = (welcome?.input_seq[agent.id] ?? 0) + DUPLEX_REVISION + sent.seq;
   client.close(1000);
-  const tail = `${joined}${pushes.dropped}${warmups}${inputSeq}${seen.length}`;
+  const tail = `${joined}${pushes.dropped}${warmups}${inputSeq}${seen.length}${held}${answer}`;
   return `${text}${end.usage["deltas"]}${rtt}${wait}${welcome?.session_id}${revision}${tail}`;
 }
 
@@ -125,6 +132,8 @@ export async function main(url: string): Promise<string> {
 new LowLatClient("ws://127.0.0.1/ws", { mode: "xml" });
 // @ts-expect-error: stream() wants a prompt
 new LowLatClient().stream(42);
+// @ts-expect-error: a patch's offset is a number
+new ContextDocument().patch("0", 1, "x");
 // @ts-expect-error: a push group is named by a string
 void new LowLatClient().subscribe(["news"]);
 // @ts-expect-error: the client's groups change through subscribe() and unsubscribe()
@@ -434,3 +443,74 @@ def test_the_package_sends_input_exactly_once_through_dropped_connections(projec
             "resumes": 3,
             "connections": 4,
         }, mode
+
+
+
+CONTEXT_PROGRAM = """
+import WebSocket from "ws";
+import { createHash } from "node:crypto";
+import { connect, Backoff, ContextDocument, CONTEXT_REVISION } from "lowlat-mw";
+
+const hex = (text) => createHash("sha256").update(text, "utf8").digest("hex");
+let seed = 7;
+const random = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+const alphabet = ["a", "b", " ", "\\\\n", "é", "€", "😀"];
+const word = (n) => Array.from({ length: n }, () => alphabet[random(alphabet.length)]).join("");
+const out = {};
+for (const mode of ["json", "proto"]) {
+  const client = await connect(process.argv[2], { mode, WebSocket, history: true,
+                                                  backoff: new Backoff({ retries: 0 }) });
+  const doc = await client.context("main.txt", word(3000));
+  const checks = [];
+  for (let i = 0; i < 40; i++) {
+    let offset = random(doc.text.length + 1);
+    let length = random(Math.min(8, doc.text.length - offset) + 1);
+    try { doc.patch(offset, length, word(random(6))); } catch (e) { if (!(e instanceof RangeError)) throw e; continue; }
+    await doc.whenSynced();  // the server checked its SHA-256 against ours
+    if (i % 10 === 9) checks.push((await client.complete("q", { context: [doc] })) === `main.txt=${hex(doc.text)};`);
+  }
+  // A refusal (a patch on a version the server does not have): the whole text goes out again by itself.
+  client._send({ type: "context", name: "main.txt", version: doc.version + 1, base_version: 999, patches: [] });
+  await new Promise((r) => setTimeout(r, 0));
+  for (let i = 0; i < 500 && doc.fullSends < 2; i++) await new Promise((r) => setTimeout(r, 10));
+  await doc.whenSynced();
+  const recovered = (await client.complete("q", { context: [doc] })) === `main.txt=${hex(doc.text)};`;
+  const first = client.stream("hi");
+  const firstText = await first.text();
+  const continued = await client.complete("more", { continues: first });
+  let unknown = null;
+  try { await client.complete("x", { continues: 4242 }); } catch (e) { unknown = e.code; }
+  out[mode] = { checks, recovered, refusal: doc.refusal && doc.refusal.code, fullSends: doc.fullSends,
+                synced: doc.synced, isDoc: doc instanceof ContextDocument, revision: client.welcome.revision,
+                CONTEXT_REVISION, firstText, continued, unknown };
+  client.close();
+}
+console.log(JSON.stringify(out));
+"""
+
+
+async def context_echo(req):
+    import hashlib
+
+    for name, doc in sorted(req.context.items()):
+        yield f"{name}={hashlib.sha256(doc.text.encode()).hexdigest()};"
+    for turn in req.history:
+        yield f"[{turn.prompt}>{turn.output}]"
+    if not req.context and not req.history:
+        yield f"echo:{req.prompt}"
+
+
+@needs_node
+def test_the_package_patches_a_context_document_and_continues_a_stream(project: Path) -> None:
+    (project / "context.mjs").write_text(CONTEXT_PROGRAM)
+    server = RunningServer(LowLatASGI(context_echo, registry=CollectorRegistry()), path="/").start()
+    try:
+        result = subprocess.run([NODE, "context.mjs", server.url], cwd=project, capture_output=True, text=True,
+                                timeout=60)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    for mode, seen in json.loads(result.stdout).items():
+        assert seen == {"checks": [True] * 4, "recovered": True, "refusal": "context_mismatch", "fullSends": 2,
+                        "synced": True, "isDoc": True, "revision": 3, "CONTEXT_REVISION": 3,
+                        "firstText": "echo:hi", "continued": "[hi>echo:hi]", "unknown": "context_mismatch"}, mode

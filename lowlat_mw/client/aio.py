@@ -49,11 +49,12 @@ from ..observability.timing import STAGES
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, SendFrame
 from ..protocol.client import ClientProtocol, ClientStream, StreamBroken
+from ..protocol.context import ClientDocument
 from ..protocol.selector import CompressionSelector
 from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from .backoff import Backoff
 
-__all__ = ["AsyncClient", "Stream", "StreamTimings", "connect"]
+__all__ = ["AsyncClient", "Document", "Stream", "StreamTimings", "connect"]
 
 log = logging.getLogger("lowlat_mw.client")
 
@@ -318,6 +319,73 @@ def _text_of(chunk: str | bytes | ev.ToolCall) -> str:
         raise ClientError(f"the model asked for tool {chunk.name!r}: pass tools={{{chunk.name!r}: ...}} to "
                           "answer it, or iterate the stream and answer with send_result()")
     return chunk.decode()  # type: ignore[union-attr]
+class Document:
+    """A context document of the client's session (protocol v1.3): made by :meth:`AsyncClient.context`, changed
+    with :meth:`set`, :meth:`patch` and :meth:`replace`, named by ``client.stream(..., context=[doc])``.
+
+    Each change is sent at once as a patch (offsets in characters here, UTF-8 bytes on the wire) with the
+    SHA-256 of the whole text; the server checks both. When it refuses one, or a connection's session does not
+    hold this version (a new session, patches lost in a drop), the client sends the whole text again by itself.
+    """
+
+    def __init__(self, client: AsyncClient, state: ClientDocument) -> None:
+        self._client = client
+        self.state = state
+        self._waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def name(self) -> str:
+        """The document's name in the session."""
+        return self.state.name
+
+    @property
+    def text(self) -> str:
+        """The current text (as the server has it once :attr:`synced`)."""
+        return self.state.text
+
+    @property
+    def version(self) -> int:
+        """The current version (each change makes the next)."""
+        return self.state.version
+
+    @property
+    def synced(self) -> bool:
+        """Whether the server acknowledged the current version."""
+        return self.state.synced
+
+    async def set(self, text: str) -> None:
+        """Replace the whole text."""
+        await self._client._send_context(self, self.state.set(text))
+
+    async def patch(self, offset: int, length: int, text: str) -> None:
+        """Replace `length` characters at character `offset` with `text` (ValueError outside the text)."""
+        await self._client._send_context(self, self.state.patch(offset, length, text))
+
+    async def replace(self, old: str, new: str) -> None:
+        """Replace the first occurrence of `old` with `new` (ValueError if it does not occur)."""
+        at = self.state.text.find(old)
+        if at < 0:
+            raise ValueError(f"{old!r} is not in document {self.name!r}")
+        await self.patch(at, len(old), new)
+
+    async def drop(self) -> None:
+        """Forget the document here and on the server."""
+        self._client._documents.pop(self.name, None)
+        await self._client._send_context(self, self.state.drop())
+
+    async def wait_synced(self, timeout: float | None = 10.0) -> None:
+        """Wait until the server acknowledged the current version (TimeoutError past `timeout`)."""
+        async with asyncio.timeout(timeout):
+            while not self.state.synced:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
+
+    def _answered(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 def _keep_running(tasks: set[asyncio.Task[Any]], coro: Any) -> None:
@@ -439,6 +507,7 @@ class AsyncClient:
         ssl: ssl_module.SSLContext | None = None,
         max_pushes: int = 1000,
         warmup: Mapping[str, Any] | None = None,
+        history: bool = False,
     ) -> None:
         if mode not in ("proto", "json"):
             raise ValueError("mode must be 'proto' or 'json'")
@@ -451,7 +520,8 @@ class AsyncClient:
         self.protocol = ClientProtocol(
             self.subprotocol, compression=None if compression is None else tuple(compression), flow_window=flow_window,
             max_frame_size=max_frame_size, max_decompressed_size=max_decompressed_size,
-            heartbeat_timeout=heartbeat_timeout, answer_pings=answer_pings, auth=auth, meter=cpu_clock)
+            heartbeat_timeout=heartbeat_timeout, answer_pings=answer_pings, auth=auth, meter=cpu_clock,
+            history=history)
         self.codec = self.protocol.codec
         self.offered = self.protocol.offered
         self.backoff = backoff or Backoff()
@@ -494,6 +564,7 @@ class AsyncClient:
         if self.warmup_request is not None:
             _check_warmup(self.warmup_request)
         self.warmups = 0  # warm-up requests the server ran
+        self._documents: dict[str, Document] = {}  # context documents (v1.3): sent again to a session without them
 
     # ------------------------------------------------------------------ state (the machine's)
     @property
@@ -654,6 +725,12 @@ class AsyncClient:
             proto.connection_lost()
             await ws.close()
             raise
+        if self._documents and proto.contexts:  # (v1.3) a session without a document's version gets its whole text
+            held = first.contexts if first.resumed else {}
+            for doc in self._documents.values():
+                message = doc.state.welcomed(held)
+                if message is not None:
+                    await self._send_quietly(ws, proto.context(message))
         self._ws = ws
         self.last_close = None
         self._timer = _Timer(self, ws)
@@ -740,6 +817,15 @@ class AsyncClient:
                     proto.listening = bool(self.groups)
                     log.warning("push group %r not joined again on the new session: %s %s", item.group,
                                 item.code.wire_name, item.message)
+            elif kind is ev.ContextAck:
+                doc = self._documents.get(item.name)
+                if doc is not None:
+                    again = doc.state.answered(item)
+                    if again is not None:
+                        log.info("context %r refused (%s: %s): its whole text is sent again", item.name,
+                                 item.code.wire_name, item.message)
+                        _keep_running(self._io_tasks, self._send_quietly(ws, proto.context(again)))
+                    doc._answered()
             elif kind is ev.Pong:
                 waiter = self._pings.pop(item.id, None)
                 if waiter is not None and not waiter.done():
@@ -915,6 +1001,29 @@ class AsyncClient:
         while True:
             yield await self.next_push()
 
+    # ------------------------------------------------------------------ context documents (protocol v1.3)
+    async def context(self, name: str, text: str = "") -> Document:
+        """The session's context document `name`, with `text` as its whole text (sent now; connects first if need
+        be). A request names it with ``stream(..., context=[doc])``; the model gets ``req.context[name].text``.
+        ClientError if the server is older than protocol v1.3."""
+        if not self.connected:
+            await self.open()
+        if not self.protocol.contexts:
+            raise ClientError(f"the server at {self.url} is older than protocol v1.3: it has no context documents")
+        doc = self._documents.get(name)
+        if doc is None:
+            doc = self._documents[name] = Document(self, ClientDocument(name))
+        await doc.set(text)
+        return doc
+
+    async def _send_context(self, doc: Document, message: ev.Context) -> None:
+        """Send a document's change; without a connection it waits: the next Welcome decides what to resend."""
+        if self.connected and self.protocol.contexts:
+            try:
+                await self._send(self.protocol.context(message))
+            except ConnectionClosed:
+                pass
+
     # ------------------------------------------------------------------ streams
     def stream(
         self,
@@ -925,12 +1034,25 @@ class AsyncClient:
         model: str = "",
         params: Mapping[str, Any] | None = None,
         tools: Mapping[str, Callable[..., Any]] | None = None,
+        context: Sequence[Document | str] = (),
+        continues: Stream | int = 0,
     ) -> Stream:
         """Start a streamed request; iterate the result for chunks (str, or bytes for data; a
-        :class:`~lowlat_mw.ToolCall` when the model asks for a tool, v1.3). `tools`: name -> function (sync or
-        async, called with the call's JSON arguments as keywords) that the stream runs itself to answer the
-        model's calls of that name; the stream's :meth:`Stream.send` and :meth:`Stream.send_result` send input."""
-        return Stream(self, self._request(text, messages, data, model, params, False), tools)
+        :class:`~lowlat_mw.ToolCall` when the model asks for a tool, v1.3). Protocol v1.3: `tools`: name ->
+        function (sync or async, called with the call's JSON arguments as keywords) that the stream runs itself to
+        answer the model's calls of that name (the stream's :meth:`Stream.send` and :meth:`Stream.send_result` send
+        input); `context` names documents (:meth:`context`) the model gets as ``req.context``; `continues` an
+        earlier stream of this session (connect with ``history=True``) whose turns the model gets as
+        ``req.history``."""
+        request = self._request(text, messages, data, model, params, False)
+        if context or continues:
+            if continues and not self.protocol.history:
+                raise ValueError("continues= needs a client made with history=True (the server keeps no turns else)")
+            names = tuple(d.name if isinstance(d, Document) else d for d in context)
+            sid = continues.stream_id if isinstance(continues, Stream) else continues
+            request = ev.Request(stream_id=request.stream_id, model=model, text=request.text, data=data,
+                                 messages=request.messages, params=request.params, contexts=names, continues=sid)
+        return Stream(self, request, tools)
 
     def _request(self, text: str | None, messages: Sequence[Mapping[str, str] | ev.ChatMessage] | None,
                  data: bytes | None, model: str, params: Mapping[str, Any] | None, warmup: bool) -> ev.Request:
@@ -1011,6 +1133,10 @@ class AsyncClient:
                 self._drop(stream)
                 raise _NoWarmup(f"the server at {self.url} speaks protocol revision "
                                 f"{self.welcome.revision if self.welcome else 0}: it has no warm-up")
+            if (stream.request.contexts or stream.request.continues) and not self.protocol.contexts:
+                stream._done = True  # (v1.3; checked at each send: a resend may meet an older server)
+                self._drop(stream)
+                raise ClientError(f"the server at {self.url} is older than protocol v1.3: no context, no continues")
             stream._sent = True
             self._streams[sid] = stream
             stream.started_at = time.perf_counter()

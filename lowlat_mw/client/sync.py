@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 from ..protocol.events import Delta, End, Push, ToolCall
-from .aio import AsyncClient, Stream, _text_of, parameters_of
+from .aio import AsyncClient, Document, Stream, _text_of, parameters_of
 
-__all__ = ["SyncClient", "SyncStream", "connect_sync"]
+__all__ = ["SyncClient", "SyncDocument", "SyncStream", "connect_sync"]
 
 _T = TypeVar("_T")
 
@@ -107,13 +107,14 @@ class SyncClient:
             self._loop.close()
 
     def stream(self, text: str | None = None, **kwargs: Any) -> SyncStream:
-        """Start a request and yield its chunks as they arrive (a :class:`SyncStream`, which also takes input)."""
-        return SyncStream(self, self._client.stream(text, **kwargs))
+        """Start a request and yield its chunks as they arrive (a :class:`SyncStream`, which also takes input;
+        ``last_stream`` is it, once it ended: pass it as ``continues=`` to continue it)."""
+        return SyncStream(self, self._client.stream(text, **_unwrapped(kwargs)))
 
     def events(self, text: str | None = None, **kwargs: Any) -> Iterator[Delta | End]:
         """Start a request and yield its typed events as they arrive: each Delta, then the End
         (:meth:`Stream.events <lowlat_mw.client.aio.Stream.events>`)."""
-        stream = self._client.stream(text, **kwargs)
+        stream = self._client.stream(text, **_unwrapped(kwargs))
         return self._pump(stream, stream.events())
 
     def _pump(self, stream: Stream, source: AsyncIterator[_T]) -> Iterator[_T]:
@@ -145,6 +146,11 @@ class SyncClient:
         <lowlat_mw.client.aio.AsyncClient.warmup>`): its End, or None against a server older than protocol v1.2."""
         return self._call_soon(self._client.warmup(text, **kwargs))  # type: ignore[no-any-return]
 
+    def context(self, name: str, text: str = "") -> SyncDocument:
+        """The session's context document `name` with `text` as its whole text (:meth:`AsyncClient.context
+        <lowlat_mw.client.aio.AsyncClient.context>`); pass it to ``stream(..., context=[doc])``."""
+        return SyncDocument(self, self._call_soon(self._client.context(name, text)))
+
     def subscribe(self, group: str, timeout: float = 10.0) -> None:
         """Join push group `group` (:meth:`AsyncClient.subscribe <lowlat_mw.client.aio.AsyncClient.subscribe>`)."""
         self._call_soon(self._client.subscribe(group, timeout))
@@ -162,6 +168,56 @@ class SyncClient:
         """Every push, as it arrives (blocking between them)."""
         while True:
             yield self.next_push()
+
+
+class SyncDocument:
+    """A context document of a :class:`SyncClient` (:class:`~lowlat_mw.client.aio.Document`, blocking)."""
+
+    def __init__(self, client: SyncClient, doc: Document) -> None:
+        self._client = client
+        self.document = doc
+
+    @property
+    def name(self) -> str:
+        """The document's name in the session."""
+        return self.document.name
+
+    @property
+    def text(self) -> str:
+        """The current text."""
+        return self.document.text
+
+    @property
+    def version(self) -> int:
+        """The current version."""
+        return self.document.version
+
+    def set(self, text: str) -> None:
+        """Replace the whole text."""
+        self._client._call_soon(self.document.set(text))
+
+    def patch(self, offset: int, length: int, text: str) -> None:
+        """Replace `length` characters at character `offset` with `text`."""
+        self._client._call_soon(self.document.patch(offset, length, text))
+
+    def replace(self, old: str, new: str) -> None:
+        """Replace the first occurrence of `old` with `new`."""
+        self._client._call_soon(self.document.replace(old, new))
+
+    def drop(self) -> None:
+        """Forget the document here and on the server."""
+        self._client._call_soon(self.document.drop())
+
+    def wait_synced(self, timeout: float | None = 10.0) -> None:
+        """Wait until the server acknowledged the current version."""
+        self._client._call_soon(self.document.wait_synced(timeout))
+
+
+def _unwrapped(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """stream() options with SyncDocuments as the Documents they wrap."""
+    if kwargs.get("context"):
+        kwargs["context"] = [d.document if isinstance(d, SyncDocument) else d for d in kwargs["context"]]
+    return kwargs
 
 
 @parameters_of(AsyncClient)

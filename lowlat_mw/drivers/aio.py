@@ -374,7 +374,7 @@ class ModelRunner:
             kept: list[Any] | None = None  # the reply's chunks, for the result cache (looked up first: a hit needs
             key = b""  # no ModelRequest)
             cache = self.endpoint.cache
-            if cache is not None and not req.warmup and is_deterministic(fn):
+            if cache is not None and not req.warmup and not req.contexts and not req.continues and is_deterministic(fn):
                 key = request_key(req)
                 cached = cache.get(key, self.monotonic())
                 if cached is None and self.shared is not None:  # the shared tier: what another process kept
@@ -391,8 +391,14 @@ class ModelRunner:
                     ending = ("stop",)
                     return
                 kept = []
-            mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
-                                messages=req.messages, params=req.params, session=self.info)
+            if req.contexts or req.continues:  # (protocol v1.3) what the session kept for it, as it was at its Request
+                given = session.context.given.pop(sid, None) if session.context is not None else None
+                mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
+                                    messages=req.messages, params=req.params, session=self.info,
+                                    context=given[0] if given else {}, history=given[1] if given else ())
+            else:
+                mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
+                                    messages=req.messages, params=req.params, session=self.info)
             inputs = self.inputs[sid] = mreq.inputs  # (v1.3: what the client sends while it runs)
             inputs.loop = self.loop
             if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output

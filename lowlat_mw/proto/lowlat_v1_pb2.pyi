@@ -26,6 +26,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INTERNAL: _ClassVar[ErrorCode]
     DRAINING: _ClassVar[ErrorCode]
     UNKNOWN_MODEL: _ClassVar[ErrorCode]
+    CONTEXT_MISMATCH: _ClassVar[ErrorCode]
+    CONTEXT_LIMIT: _ClassVar[ErrorCode]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 BAD_REQUEST: ErrorCode
 MODEL_ERROR: ErrorCode
@@ -42,9 +44,11 @@ UNAUTHORIZED: ErrorCode
 INTERNAL: ErrorCode
 DRAINING: ErrorCode
 UNKNOWN_MODEL: ErrorCode
+CONTEXT_MISMATCH: ErrorCode
+CONTEXT_LIMIT: ErrorCode
 
 class Envelope(_message.Message):
-    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway", "ack", "subscribe", "subscribed", "push", "input")
+    __slots__ = ("hello", "welcome", "request", "delta", "end", "error", "cancel", "ping", "pong", "goaway", "ack", "subscribe", "subscribed", "push", "input", "context", "context_ack")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +64,8 @@ class Envelope(_message.Message):
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     PUSH_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_ACK_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     welcome: Welcome
     request: Request
@@ -75,10 +81,12 @@ class Envelope(_message.Message):
     subscribed: Subscribed
     push: Push
     input: Input
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., push: _Optional[_Union[Push, _Mapping]] = ..., input: _Optional[_Union[Input, _Mapping]] = ...) -> None: ...
+    context: Context
+    context_ack: ContextAck
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., goaway: _Optional[_Union[GoAway, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., push: _Optional[_Union[Push, _Mapping]] = ..., input: _Optional[_Union[Input, _Mapping]] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., context_ack: _Optional[_Union[ContextAck, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window", "auth", "revision")
+    __slots__ = ("client", "compression", "resume_token", "last_seq", "flow_window", "auth", "revision", "history")
     class LastSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +101,7 @@ class Hello(_message.Message):
     FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
     AUTH_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     client: str
     compression: _containers.RepeatedScalarFieldContainer[str]
     resume_token: str
@@ -100,10 +109,11 @@ class Hello(_message.Message):
     flow_window: int
     auth: str
     revision: int
-    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ..., auth: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+    history: bool
+    def __init__(self, client: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ..., last_seq: _Optional[_Mapping[int, int]] = ..., flow_window: _Optional[int] = ..., auth: _Optional[str] = ..., revision: _Optional[int] = ..., history: _Optional[bool] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window", "revision", "input_seq")
+    __slots__ = ("session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size", "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms", "flow_window", "revision", "input_seq", "contexts")
     class InputSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +121,13 @@ class Welcome(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class ContextsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +142,7 @@ class Welcome(_message.Message):
     FLOW_WINDOW_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     INPUT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    CONTEXTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_token: str
     compression: _containers.RepeatedScalarFieldContainer[str]
@@ -139,7 +157,8 @@ class Welcome(_message.Message):
     flow_window: int
     revision: int
     input_seq: _containers.ScalarMap[int, int]
-    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ..., resume_window_ms: _Optional[int] = ..., flow_window: _Optional[int] = ..., revision: _Optional[int] = ..., input_seq: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    contexts: _containers.ScalarMap[str, int]
+    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., compression: _Optional[_Iterable[str]] = ..., max_frame_size: _Optional[int] = ..., max_decompressed_size: _Optional[int] = ..., max_streams: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., server: _Optional[str] = ..., resumed: _Optional[bool] = ..., resume_window_ms: _Optional[int] = ..., flow_window: _Optional[int] = ..., revision: _Optional[int] = ..., input_seq: _Optional[_Mapping[int, int]] = ..., contexts: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -156,7 +175,7 @@ class ChatMessages(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("stream_id", "model", "text", "data", "messages", "params", "warmup")
+    __slots__ = ("stream_id", "model", "text", "data", "messages", "params", "warmup", "contexts", "continues")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +183,8 @@ class Request(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     WARMUP_FIELD_NUMBER: _ClassVar[int]
+    CONTEXTS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     model: str
     text: str
@@ -171,7 +192,9 @@ class Request(_message.Message):
     messages: ChatMessages
     params: _struct_pb2.Struct
     warmup: bool
-    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., warmup: _Optional[bool] = ...) -> None: ...
+    contexts: _containers.RepeatedScalarFieldContainer[str]
+    continues: int
+    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., warmup: _Optional[bool] = ..., contexts: _Optional[_Iterable[str]] = ..., continues: _Optional[int] = ...) -> None: ...
 
 class Delta(_message.Message):
     __slots__ = ("stream_id", "seq", "text", "data", "tool_call")
@@ -324,6 +347,46 @@ class Push(_message.Message):
     text: str
     data: bytes
     def __init__(self, topic: _Optional[str] = ..., text: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Context(_message.Message):
+    __slots__ = ("name", "version", "base_version", "text", "patches", "sha256", "drop")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PATCHES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    base_version: int
+    text: str
+    patches: _containers.RepeatedCompositeFieldContainer[ContextPatch]
+    sha256: bytes
+    drop: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., base_version: _Optional[int] = ..., text: _Optional[str] = ..., patches: _Optional[_Iterable[_Union[ContextPatch, _Mapping]]] = ..., sha256: _Optional[bytes] = ..., drop: _Optional[bool] = ...) -> None: ...
+
+class ContextPatch(_message.Message):
+    __slots__ = ("offset", "length", "text")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    length: int
+    text: str
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ContextAck(_message.Message):
+    __slots__ = ("name", "version", "code", "message")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    code: ErrorCode
+    message: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GoAway(_message.Message):
     __slots__ = ("reason", "reconnect_after_ms")

@@ -67,9 +67,10 @@ class ClientProtocol(Protocol):
                  flow_window: int = 1024 * 1024, max_frame_size: int = 16 * 1024 * 1024,
                  max_decompressed_size: int = 16 * 1024 * 1024, heartbeat_timeout: float = 10.0,
                  answer_pings: bool = True, auth: str = "", name: str = CLIENT_NAME,
-                 meter: Callable[[], float] | None = None) -> None:
+                 meter: Callable[[], float] | None = None, history: bool = False) -> None:
         """`compression`: codecs to offer (default: every installed one; none on the JSON subprotocol);
-        `meter`: a CPU clock the compressor times its own work with (None: its priors decide)."""
+        `meter`: a CPU clock the compressor times its own work with (None: its priors decide); `history`: ask
+        the server to keep this session's turns for Request.continues (v1.3)."""
         super().__init__(subprotocol, state=ConnState.CLOSED, max_frame_size=max_frame_size,
                          max_decompressed_size=max_decompressed_size, meter=meter)
         self.offered = tuple(available_codecs() if compression is None else compression) if self.codec.binary else ()
@@ -78,6 +79,7 @@ class ClientProtocol(Protocol):
         self.answer_pings = answer_pings
         self.auth = auth
         self.name = name
+        self.history = history
         self.streams: dict[int, ClientStream] = {}  # open: started and not yet ended
         self.welcome: ev.Welcome | None = None
         self.goaway: ev.GoAway | None = None
@@ -102,11 +104,11 @@ class ClientProtocol(Protocol):
         if resume and self.can_resume:
             assert self.welcome is not None
             hello = ev.Hello(client=self.name, compression=self.offered, flow_window=self.flow_window, auth=self.auth,
-                             resume_token=self.welcome.resume_token, revision=ev.REVISION,
+                             resume_token=self.welcome.resume_token, revision=ev.REVISION, history=self.history,
                              last_seq={sid: st.received_seq for sid, st in self.streams.items()})
         else:
             hello = ev.Hello(client=self.name, compression=self.offered, flow_window=self.flow_window, auth=self.auth,
-                             revision=ev.REVISION)
+                             revision=ev.REVISION, history=self.history)
         return self._frame(hello)
 
     def connection_lost(self) -> None:
@@ -211,6 +213,9 @@ class ClientProtocol(Protocol):
         if error.code is ErrorCode.RESUME_FAILED and st.resends < max(1, retries):
             st.resends += 1
             return "now"
+        if error.code is ErrorCode.CONTEXT_MISMATCH and not st.request.continues and st.resends < 1:
+            st.resends += 1  # a document the server lost (a refused patch, a resume elsewhere): its whole text
+            return "now"  # went out when the refusal or the Welcome came, ahead of this resend
         if error.code is ErrorCode.DRAINING and not st.drain_resent:
             st.drain_resent = True
             return "after_drain"
@@ -258,6 +263,18 @@ class ClientProtocol(Protocol):
     def pushes(self) -> bool:
         """Whether the server of this connection speaks protocol v1.1 (Subscribe, Push)."""
         return self.welcome is not None and self.welcome.revision >= 1
+
+    def context(self, message: ev.Context) -> bytes | str:
+        """A Context message (v1.3; its answer comes as an ev.ContextAck event): check :attr:`contexts` first."""
+        return self._frame(message)
+
+    @property
+    def contexts(self) -> bool:
+        """Whether the server of this connection speaks protocol v1.3 (context documents, continues)."""
+        return self.welcome is not None and self.welcome.revision >= ev.CONTEXT_REVISION
+
+    def _on_context_ack(self, ack: ev.ContextAck, now: float) -> list[Any]:
+        return [ack]
 
     def _on_push(self, push: ev.Push, now: float) -> list[Any]:
         return [push]

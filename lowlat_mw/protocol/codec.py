@@ -143,7 +143,7 @@ def encode_small_fast(event: ev.Event) -> bytes | None:
     if kind is ev.Pong:
         return _field(b"\x4a", _uint(b"\x08", event.id))  # type: ignore[union-attr]
     if kind is ev.Request and event.text is not None and not event.params \
-            and not event.warmup:  # type: ignore[union-attr]
+            and not event.warmup and not event.contexts and not event.continues:  # type: ignore[union-attr]
         model = event.model  # type: ignore[union-attr]
         return _field(b"\x1a", _uint(b"\x08", event.stream_id)  # type: ignore[union-attr]
                       + (_field(b"\x12", model.encode()) if model else b"")
@@ -404,6 +404,10 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
             r.params.update(dict(event.params))
         if event.warmup:
             r.warmup = True
+        if event.contexts:
+            r.contexts.extend(event.contexts)
+        if event.continues:
+            r.continues = event.continues
     elif isinstance(event, ev.Error):
         env.error.stream_id, env.error.code = event.stream_id, int(event.code)
         env.error.message, env.error.retryable = event.message, event.retryable
@@ -418,7 +422,7 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         h.client, h.resume_token = event.client, event.resume_token
         h.compression.extend(event.compression)
         h.last_seq.update(event.last_seq)
-        h.flow_window, h.auth, h.revision = event.flow_window, event.auth, event.revision
+        h.flow_window, h.auth, h.revision, h.history = event.flow_window, event.auth, event.revision, event.history
     elif isinstance(event, ev.Welcome):
         w = env.welcome
         w.session_id, w.resume_token, w.server, w.resumed = (
@@ -430,6 +434,8 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
         w.resume_window_ms, w.flow_window, w.revision = event.resume_window_ms, event.flow_window, event.revision
         if event.input_seq:
             w.input_seq.update(event.input_seq)
+        if event.contexts:
+            w.contexts.update(event.contexts)
     elif isinstance(event, ev.Input):
         i = env.input
         i.stream_id, i.seq, i.end = event.stream_id, event.seq, event.end
@@ -455,6 +461,15 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
     elif isinstance(event, ev.Subscribed):
         s = env.subscribed
         s.id, s.group, s.leave, s.code, s.message = event.id, event.group, event.leave, int(event.code), event.message
+    elif isinstance(event, ev.Context):
+        c = env.context
+        c.name, c.version, c.base_version, c.text = event.name, event.version, event.base_version, event.text
+        for patch in event.patches:
+            c.patches.add(offset=patch.offset, length=patch.length, text=patch.text)
+        c.sha256, c.drop = event.sha256, event.drop
+    elif isinstance(event, ev.ContextAck):
+        a = env.context_ack
+        a.name, a.version, a.code, a.message = event.name, event.version, int(event.code), event.message
     else:
         raise LocalProtocolError(f"not a protocol event: {event!r}")
     return env
@@ -488,7 +503,8 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 params = _struct_to_dict(r.params) if r.HasField("params") else {}
             except ValueError as exc:  # NaN / Infinity numbers: JSON has none
                 raise _bad_request(f"request.params: {exc}", r.stream_id) from None
-            return ev.Request(stream_id=r.stream_id, model=r.model, params=params, warmup=r.warmup, **kw)
+            return ev.Request(stream_id=r.stream_id, model=r.model, params=params, warmup=r.warmup,
+                              contexts=tuple(r.contexts), continues=r.continues, **kw)
         if kind == "end":
             e = env.end
             return ev.End(stream_id=e.stream_id, last_seq=e.last_seq, finish_reason=e.finish_reason,
@@ -506,7 +522,7 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
             h = env.hello
             return ev.Hello(client=h.client, compression=tuple(h.compression),
                             resume_token=h.resume_token, last_seq=dict(h.last_seq), flow_window=h.flow_window,
-                            auth=h.auth, revision=h.revision)
+                            auth=h.auth, revision=h.revision, history=h.history)
         if kind == "welcome":
             w = env.welcome
             return ev.Welcome(
@@ -515,7 +531,7 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
                 max_streams=w.max_streams, heartbeat_interval_ms=w.heartbeat_interval_ms,
                 idle_timeout_ms=w.idle_timeout_ms, server=w.server, resumed=w.resumed,
                 resume_window_ms=w.resume_window_ms, flow_window=w.flow_window, revision=w.revision,
-                input_seq=dict(w.input_seq))
+                input_seq=dict(w.input_seq), contexts=dict(w.contexts))
         if kind == "input":
             i = env.input
             which = i.WhichOneof("item")
@@ -539,6 +555,14 @@ def from_protobuf(env: pb.Envelope) -> ev.Event:
         if kind == "subscribed":
             s = env.subscribed
             return ev.Subscribed(id=s.id, group=s.group, leave=s.leave, code=_error_code(s.code), message=s.message)
+        if kind == "context":
+            c = env.context
+            return ev.Context(name=c.name, version=c.version, base_version=c.base_version, text=c.text,
+                              patches=tuple(ev.ContextPatch(offset=p.offset, length=p.length, text=p.text)
+                                            for p in c.patches), sha256=c.sha256, drop=c.drop)
+        if kind == "context_ack":
+            a = env.context_ack
+            return ev.ContextAck(name=a.name, version=a.version, code=_error_code(a.code), message=a.message)
     except LocalProtocolError as exc:  # event validation failed: the peer's fault
         sid = env.request.stream_id if kind == "request" else 0
         raise _bad_request(str(exc), sid) from None
@@ -653,6 +677,10 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
             d["params"] = dict(event.params)
         if event.warmup:
             d["warmup"] = True
+        if event.contexts:
+            d["contexts"] = list(event.contexts)
+        if event.continues:
+            d["continues"] = event.continues
         return d
     if isinstance(event, ev.Error):
         return {"type": "error", "stream_id": event.stream_id, "code": event.code.wire_name,
@@ -668,7 +696,8 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
                 "resume_token": event.resume_token,
                 "last_seq": {str(k): v for k, v in event.last_seq.items()}, "flow_window": event.flow_window,
                 **({"auth": event.auth} if event.auth else {}),
-                **({"revision": event.revision} if event.revision else {})}
+                **({"revision": event.revision} if event.revision else {}),
+                **({"history": True} if event.history else {})}
     if isinstance(event, ev.Welcome):
         return {"type": "welcome", "session_id": event.session_id, "resume_token": event.resume_token,
                 "compression": list(event.compression), "max_frame_size": event.max_frame_size,
@@ -677,7 +706,7 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
                 "idle_timeout_ms": event.idle_timeout_ms, "server": event.server, "resumed": event.resumed,
                 "resume_window_ms": event.resume_window_ms, "flow_window": event.flow_window,
                 **({"revision": event.revision} if event.revision else {}),
-                **({"input_seq": {str(k): v for k, v in event.input_seq.items()}} if event.input_seq else {})}
+                "input_seq": {str(k): v for k, v in event.input_seq.items()}, "contexts": dict(event.contexts)}
     if isinstance(event, ev.Input):
         d = {"type": "input", "stream_id": event.stream_id, "seq": event.seq}
         if event.text is not None:
@@ -702,6 +731,22 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
         return {"type": "subscribe", "id": event.id, "group": event.group, "leave": event.leave}
     if isinstance(event, ev.Subscribed):
         d = {"type": "subscribed", "id": event.id, "group": event.group, "leave": event.leave}
+        if event.code is not ErrorCode.UNSPECIFIED:
+            d["code"], d["message"] = event.code.wire_name, event.message
+        return d
+    if isinstance(event, ev.Context):
+        d = {"type": "context", "name": event.name, "version": event.version, "base_version": event.base_version}
+        if not event.base_version and not event.drop:
+            d["text"] = event.text
+        if event.patches:
+            d["patches"] = [{"offset": p.offset, "length": p.length, "text": p.text} for p in event.patches]
+        if event.sha256:
+            d["sha256"] = _b64(event.sha256)
+        if event.drop:
+            d["drop"] = True
+        return d
+    if isinstance(event, ev.ContextAck):
+        d = {"type": "context_ack", "name": event.name, "version": event.version}
         if event.code is not ErrorCode.UNSPECIFIED:
             d["code"], d["message"] = event.code.wire_name, event.message
         return d
@@ -769,6 +814,13 @@ class _Fields:
         return out
 
 
+def _versions(obj: Mapping[str, Any]) -> dict[str, int]:
+    """Welcome.contexts from JSON: names to 32-bit versions."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 0xFFFFFFFF for v in obj.values()):
+        raise _invalid("welcome.contexts must map names to versions")
+    return dict(obj)
+
+
 def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
     return t if isinstance(t, tuple) else (t,)
 
@@ -793,7 +845,9 @@ def from_json_dict(obj: Any) -> ev.Event:
                                  for m in raw)
             return ev.Request(stream_id=f.u32("stream_id"), model=f.str("model"),
                               text=f.str("text", None), data=f.bytes("data"), messages=messages,
-                              params=f.mapping("params"), warmup=f.bool("warmup"))
+                              params=f.mapping("params"), warmup=f.bool("warmup"),
+                              contexts=f.strs("contexts") if "contexts" in obj else (),
+                              continues=f.u32("continues") if "continues" in obj else 0)
         if kind == "delta":
             call = None
             if "tool_call" in obj:
@@ -829,7 +883,7 @@ def from_json_dict(obj: Any) -> ev.Event:
             last_seq = f.seq_map("last_seq")
             return ev.Hello(client=f.str("client"), compression=f.strs("compression"),
                             resume_token=f.str("resume_token"), last_seq=last_seq, flow_window=f.u32("flow_window"),
-                            auth=f.str("auth"), revision=f.u32("revision"))
+                            auth=f.str("auth"), revision=f.u32("revision"), history=f.bool("history"))
         if kind == "welcome":
             return ev.Welcome(
                 session_id=f.str("session_id"), resume_token=f.str("resume_token"),
@@ -838,7 +892,8 @@ def from_json_dict(obj: Any) -> ev.Event:
                 heartbeat_interval_ms=f.u32("heartbeat_interval_ms"),
                 idle_timeout_ms=f.u32("idle_timeout_ms"), server=f.str("server"), resumed=f.bool("resumed"),
                 resume_window_ms=f.u32("resume_window_ms"), flow_window=f.u32("flow_window"),
-                revision=f.u32("revision"), input_seq=f.seq_map("input_seq"))
+                revision=f.u32("revision"), input_seq=f.seq_map("input_seq"),
+                contexts=_versions(f.mapping("contexts")))
         if kind == "ack":
             return ev.Ack(stream_id=f.u32("stream_id"), seq=f.u32("seq"), done=f.bool("done"))
         if kind == "goaway":
@@ -849,6 +904,20 @@ def from_json_dict(obj: Any) -> ev.Event:
             return ev.Subscribe(id=f.u32("id"), group=f.str("group"), leave=f.bool("leave"))
         if kind == "subscribed":
             return ev.Subscribed(id=f.u32("id"), group=f.str("group"), leave=f.bool("leave"),
+                                 code=ErrorCode.from_wire_name(f.str("code")), message=f.str("message"))
+        if kind == "context":
+            raw = f._get("patches", list, [])
+            patches = []
+            for p in raw:
+                if not isinstance(p, dict):
+                    raise _invalid("context.patches must be a list of {offset, length, text}")
+                pf = _Fields(p, "context.patches")
+                patches.append(ev.ContextPatch(offset=pf.u32("offset"), length=pf.u32("length"), text=pf.str("text")))
+            return ev.Context(name=f.str("name"), version=f.u32("version"), base_version=f.u32("base_version"),
+                              text=f.str("text"), patches=tuple(patches), sha256=f.bytes("sha256") or b"",
+                              drop=f.bool("drop"))
+        if kind == "context_ack":
+            return ev.ContextAck(name=f.str("name"), version=f.u32("version"),
                                  code=ErrorCode.from_wire_name(f.str("code")), message=f.str("message"))
     except LocalProtocolError as exc:
         raise _bad_request(str(exc), obj.get("stream_id", 0) if kind == "request" else 0) from None

@@ -17,6 +17,9 @@ __all__ = [
     "Ack",
     "Cancel",
     "ChatMessage",
+    "Context",
+    "ContextAck",
+    "ContextPatch",
     "Delta",
     "End",
     "Error",
@@ -36,11 +39,15 @@ __all__ = [
 ]
 
 REVISION = 3
-"""The protocol revision this code implements: 3 is v1.3 (full-duplex streams: Input, Delta.tool_call), 2 is v1.2
-(Request.warmup), 1 is v1.1 (Subscribe, Subscribed, Push), 0 is v1.0."""
+"""The protocol revision this code implements: 3 is v1.3 (full-duplex streams: Input, Delta.tool_call; context
+documents, Request.contexts and continues), 2 is v1.2 (Request.warmup), 1 is v1.1 (Subscribe, Subscribed, Push),
+0 is v1.0."""
 WARMUP_REVISION = 2
 """The revision that brought Request.warmup: a client sets it only after a Welcome of at least this revision (an
 older server ignores the field and would run the model as a plain request)."""
+CONTEXT_REVISION = 3
+"""The revision that brought Context / ContextAck, Request.contexts and Request.continues, Hello.history and
+Welcome.contexts: a client sends them only after a Welcome of at least this revision."""
 
 DUPLEX_REVISION = 3
 """The revision that brought full-duplex streams (Input, Delta.tool_call, Welcome.input_seq): a server sends a
@@ -66,6 +73,8 @@ class Hello:
     flow_window: int = 0
     auth: str = field(default="", repr=False)
     revision: int = 0
+    history: bool = False
+    """v1.3: keep this session's turns (input and output) so that a Request can continue one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +96,8 @@ class Welcome:
     revision: int = 0
     input_seq: Mapping[int, int] = field(default_factory=dict)
     """Revision 3 (v1.3), on a resume: stream id -> seq of the last Input the server holds for it."""
+    contexts: Mapping[str, int] = field(default_factory=dict)
+    """v1.3: the context documents the session holds (after a resume), name -> version."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +120,10 @@ class Request:
     params: Mapping[str, Any] = field(default_factory=dict)
     warmup: bool = False
     """Revision 2 (v1.2): only run the model's warm-up hook for this input; no Delta, End("warmup")."""
+    contexts: tuple[str, ...] = ()
+    """Revision 3 (v1.3): names of the session's context documents the model gets."""
+    continues: int = 0
+    """Revision 3 (v1.3): the earlier stream of this session whose input and output this request continues."""
 
     def __post_init__(self) -> None:
         sid = self.stream_id
@@ -310,5 +325,39 @@ class Push:
         return self.text if self.text is not None else self.data  # type: ignore[return-value]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextPatch:
+    """Replace `length` UTF-8 bytes at byte `offset` of a context document's text with `text` (v1.3)."""
+
+    offset: int = 0
+    length: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """Client (v1.3): set (base_version 0: `text` is the whole text), patch (`patches` on version `base_version`)
+    or `drop` context document `name`, making its `version`; `sha256` of the resulting UTF-8 text (b"": unchecked)."""
+
+    name: str
+    version: int = 0
+    base_version: int = 0
+    text: str = ""
+    patches: tuple[ContextPatch, ...] = ()
+    sha256: bytes = b""
+    drop: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextAck:
+    """Server (v1.3): Context `name`/`version` is done (`code` UNSPECIFIED) or refused (`code`, `message`; the
+    server then holds no such document)."""
+
+    name: str = ""
+    version: int = 0
+    code: ErrorCode = ErrorCode.UNSPECIFIED
+    message: str = ""
+
+
 Event = (Hello | Welcome | Request | Delta | End | Error | Cancel | Ping | Pong | GoAway | Ack | Subscribe | Subscribed
-         | Push | Input)
+         | Push | Input | Context | ContextAck)

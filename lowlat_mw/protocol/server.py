@@ -137,7 +137,7 @@ class ServerProtocol(Protocol):
     """
 
     HANDLERS: Any = {}
-    APPLICATION = frozenset({ev.Request, ev.Cancel})  # Hello, Ping, Pong and Ack only prove the peer alive
+    APPLICATION = frozenset({ev.Request, ev.Cancel, ev.Context})  # Hello, Ping, Pong and Ack only prove the peer alive
     # Budgeted by control_rate_limit: every kind but Request (rate_limit's) and Hello (once per connection).
     CONTROL = frozenset(get_args(ev.Event)) - {ev.Request, ev.Hello}
 
@@ -279,6 +279,10 @@ class ServerProtocol(Protocol):
         if not resumed:
             session.principal = self.principal
         session.revision = self.hello.revision
+        hello = self.hello
+        if hello.history and hello.revision >= ev.CONTEXT_REVISION and self.settings.history_size:  # (v1.3)
+            session.keeps_turns = True
+            session.contexts()
         window = session.set_client_window(self.hello.flow_window)
         self.state = ConnState.OPEN
         if self._welcome_moves:
@@ -301,6 +305,7 @@ class ServerProtocol(Protocol):
             revision=ev.REVISION,
             # (v1.3) a resume: the Inputs this session holds, so the client sends the rest again
             input_seq=session.input_seqs() if resumed and self.hello.revision >= ev.DUPLEX_REVISION else {},
+            contexts=session.context.versions() if session.context is not None and resumed else {},
         )
         # Welcome itself is never compressed: the client learns the codecs from it.
         compressor, self.compressor = self.compressor, None
@@ -336,6 +341,16 @@ class ServerProtocol(Protocol):
         if size > self.settings.max_request_size:
             return [self._error(sid, ErrorCode.MESSAGE_TOO_BIG,
                                 f"request of {size} bytes exceeds max_request_size ({self.settings.max_request_size})")]
+        if req.contexts or req.continues:  # (protocol v1.3) the documents and turns its model gets
+            given = session.contexts().resolve(req, session.keeps_turns)
+            if type(given) is ev.Error:
+                return [self._send_error(given)]
+            error = session.start(req, now)
+            if error is not None:
+                return [self._send_error(error)]
+            session.context.started(req, given)  # type: ignore[union-attr,arg-type]
+            session.streams[sid].parent = given[2]  # type: ignore[index]
+            return [StartStream(req)]
         error = session.start(req, now)
         if error is not None:
             return [self._send_error(error)]
@@ -410,6 +425,13 @@ class ServerProtocol(Protocol):
                                              message=problem))]
         return [*self.join(group, not sub.leave, now),
                 self._send(ev.Subscribed(id=sub.id, group=group, leave=sub.leave))]
+
+    # ------------------------------------------------------------------ context (v1.3)
+    def _on_context(self, msg: ev.Context, now: float) -> list[Any]:
+        if self.hello is None or self.hello.revision < ev.CONTEXT_REVISION:  # (what a v1.2 server answers)
+            return [self._error(0, ErrorCode.UNSUPPORTED_MESSAGE, "context is protocol v1.3: send Hello.revision 3")]
+        self.reaper.touch(now)
+        return [self._send(self.session.contexts().apply(msg))]  # type: ignore[union-attr]
 
     def join(self, group: str, joined: bool, now: float) -> list[Any]:
         """Put the session in push group `group` (`joined` false: take it out), for a client's Subscribe or the

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from ..errors import ErrorCode, LocalProtocolError
 from ..settings import Settings
 from . import events as ev
+from .context import SessionContext
 
 __all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState", "encoded_len",
            "normalize_chunk", "split_chunk"]
@@ -53,6 +54,11 @@ class StreamState:
     terminal: ev.End | ev.Error | None = None
     input_seq: int = 0  # (v1.3) the seq of the last Input delivered to the model
     input_ended: bool = False  # (v1.3) an Input with end came
+    # Protocol v1.3, in a session that keeps turns (Hello.history): the output so far (None: not kept), the
+    # Request, and the kept turn it continues (stream id, serial).
+    turn: list[str | bytes] | None = None
+    asked: ev.Request | None = None
+    parent: tuple[int, int] | None = None
 
     @property
     def buffer(self) -> list[tuple[int, str | bytes, int]]:
@@ -99,8 +105,16 @@ class Session:
         self.followed: set[int] | frozenset[int] = _NOTHING_FOLLOWED  # (a set of its own once there is one)
         self.groups: frozenset[str] = frozenset()  # push groups the session is in (protocol v1.1; replaced on change)
         self.revision = 0  # the protocol revision of the client it was last welcomed to (Hello.revision)
+        self.context: SessionContext | None = None  # context documents and kept turns (protocol v1.3), once used
+        self.keeps_turns = False  # the client asked (Hello.history) and history_size allows it
 
     # ------------------------------------------------------------------ identity
+
+    def contexts(self) -> SessionContext:
+        """The session's context documents and kept turns (protocol v1.3), made on first use."""
+        if self.context is None:
+            self.context = SessionContext(self.settings)
+        return self.context
 
     def token_matches(self, token: str) -> bool:
         """Constant-time check of a presented resume token."""
@@ -170,7 +184,9 @@ class Session:
         if existing is not None:
             self._forget(sid)
         self._awaited.discard(sid)
-        self.streams[sid] = StreamState(stream_id=sid, started_at=now)
+        st = self.streams[sid] = StreamState(stream_id=sid, started_at=now)
+        if self.keeps_turns and not req.warmup:  # (protocol v1.3) its turn is kept when it ends
+            st.turn, st.asked = [], req
         self.active += 1
         if self.journal is not None:
             if sid in self.followed:
@@ -193,6 +209,8 @@ class Session:
             self._holders[stream_id] = st
         st.pieces.append(piece)
         st.costs.append(cost)
+        if st.turn is not None:
+            st.turn.append(piece)
         self.buffered += cost
         if self.buffered > self.settings.resume_buffer_size:
             self._enforce_buffer_limit(st)
@@ -273,6 +291,12 @@ class Session:
             st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
                                  usage={"deltas": st.seq, "output_bytes": st.out_bytes})
         self.active -= 1
+        context = self.context
+        if context is not None:  # (protocol v1.3)
+            context.given.pop(stream_id, None)
+            if st.turn is not None and error is None and reason == "stop":
+                context.keep_turn(st.asked, st.turn, st.parent)  # type: ignore[arg-type]
+            st.turn = st.asked = None
         if self._holders.pop(stream_id, None) is not None:  # its Deltas are now the first to drop
             self._spill[stream_id] = st
         journal = self.journal

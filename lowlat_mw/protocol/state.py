@@ -53,7 +53,7 @@ SERVER_RECEIVES: dict[ConnState, dict[type, str]] = {
     ConnState.AWAIT_HELLO: {ev.Hello: "hello"},
     ConnState.ADMITTING: {},  # a client sends nothing but Hello before Welcome (protocol.md 7)
     ConnState.OPEN: {ev.Request: "request", ev.Cancel: "cancel", ev.Ack: "ack", ev.Ping: "ping", ev.Pong: "pong",
-                     ev.Error: "peer_error", ev.Subscribe: "subscribe", ev.Input: "input"},
+                     ev.Error: "peer_error", ev.Subscribe: "subscribe", ev.Input: "input", ev.Context: "context"},
     ConnState.CLOSED: {},
 }
 """What a server does with each message a client may send, per state (handler ``_on_<name>``)."""
@@ -61,7 +61,8 @@ SERVER_RECEIVES: dict[ConnState, dict[type, str]] = {
 CLIENT_RECEIVES: dict[ConnState, dict[type, str]] = {
     ConnState.AWAIT_WELCOME: {ev.Welcome: "welcome", ev.Error: "refused"},
     ConnState.OPEN: {ev.Delta: "delta", ev.End: "terminal", ev.Error: "error", ev.Ping: "ping", ev.Pong: "pong",
-                     ev.GoAway: "goaway", ev.Push: "push", ev.Subscribed: "subscribed"},
+                     ev.GoAway: "goaway", ev.Push: "push", ev.Subscribed: "subscribed",
+                     ev.ContextAck: "context_ack"},
     ConnState.CLOSED: {},
 }
 """What a client does with each message a server may send, per state (handler ``_on_<name>``)."""

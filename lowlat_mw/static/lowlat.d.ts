@@ -4,14 +4,16 @@
 export declare const VERSION: string;
 export declare const SUBPROTOCOL_JSON: "lowlat.v1.json";
 export declare const SUBPROTOCOL_PROTO: "lowlat.v1.proto";
-/** The protocol revision the client implements (its Hello's `revision`): 3 is v1.3 (full-duplex streams), 2 is v1.2
- * (warm-up), 1 is v1.1 (push). */
+/** The protocol revision the client implements (its Hello's `revision`): 3 is v1.3 (full-duplex streams, context),
+ * 2 is v1.2 (warm-up), 1 is v1.1 (push). */
 export declare const PROTOCOL_REVISION: 3;
 /** The revision that brought warm-up requests: `warmup()` sends one only to a server of at least this one. */
 export declare const WARMUP_REVISION: 2;
 /** The revision that brought full-duplex streams: a stream's `send()`, `sendResult()` and `endInput()` need a server
  * of at least this one. */
 export declare const DUPLEX_REVISION: 3;
+/** The revision that brought context documents and `continues`: used only with a server of at least this one. */
+export declare const CONTEXT_REVISION: 3;
 /** What each close code means (docs/protocol.md section 12). */
 export declare const CLOSE_CODES: Readonly<Record<number, string>>;
 /** 4101-4199 are aliases of 1001-1099: the canonical code. */
@@ -20,11 +22,14 @@ export declare function canonicalCloseCode(code: number): number;
 export declare function closeCodeReconnects(code: number): boolean;
 /** Bytes of `s` in UTF-8. */
 export declare function utf8Length(s: string): number;
+/** SHA-256 of `bytes` (32 bytes), synchronous. */
+export declare function sha256(bytes: Uint8Array): Uint8Array;
 
 export type ErrorCodeName =
   | "unspecified" | "bad_request" | "model_error" | "too_many_streams" | "stream_id_in_use" | "protocol_error"
   | "invalid_payload" | "message_too_big" | "unsupported_compression" | "unsupported_message" | "resume_failed"
-  | "rate_limited" | "unauthorized" | "internal" | "draining" | "unknown_model";
+  | "rate_limited" | "unauthorized" | "internal" | "draining" | "unknown_model" | "context_mismatch"
+  | "context_limit";
 
 export declare class LowLatError extends Error {
   constructor(message?: string, options?: { cause?: unknown });
@@ -100,6 +105,16 @@ export interface Welcome extends Message {
   revision: number;
   /** (v1.3) On a resumed Welcome: stream id -> seq of the last Input the server holds for it ({} otherwise). */
   input_seq: Record<number, number>;
+  /** v1.3: the context documents a resumed session holds, name -> version ({} otherwise). */
+  contexts: Record<string, number>;
+}
+/** v1.3: the server's answer to a document change; `code` other than "unspecified": refused. */
+export interface ContextAck extends Message {
+  type: "context_ack";
+  name: string;
+  version: number;
+  code: ErrorCodeName;
+  message: string;
 }
 /** The model asks the client to run tool `name` (v1.3): a stream's chunk; answer it with `stream.sendResult()`. */
 export declare class ToolCall {
@@ -197,6 +212,37 @@ export interface StreamOptions {
   onDelta?: (chunk: Chunk, delta: Delta) => void;
   onEnd?: (end: End) => void;
   onError?: (error: Error) => void;
+  /** v1.3: the context documents (or their names) the model gets. */
+  context?: (ContextDocument | string)[];
+  /** v1.3: an earlier stream (or its id) of this session whose turns the model gets; needs `history: true`. */
+  continues?: Stream | number;
+}
+
+/** A context document of the client's session (v1.3), made by `client.context(name, text)`. */
+export declare class ContextDocument {
+  readonly name: string;
+  /** The current text. */
+  readonly text: string;
+  /** The current version (each change makes the next). */
+  readonly version: number;
+  /** The highest version the server acknowledged. */
+  readonly acked: number;
+  /** Whole texts sent (the first one, and each recovery). */
+  readonly fullSends: number;
+  /** The last refusal that made the client send the whole text again, if any. */
+  readonly refusal: ContextAck | null;
+  /** Whether the server acknowledged the current version. */
+  readonly synced: boolean;
+  /** Replace the whole text. */
+  set(text: string): void;
+  /** Replace `length` UTF-16 code units at `offset` with `text` (RangeError outside the text). */
+  patch(offset: number, length: number, text: string): void;
+  /** Replace the first occurrence of `old` (RangeError if it does not occur). */
+  replace(old: string, replacement: string): void;
+  /** Forget the document, here and on the server. */
+  drop(): void;
+  /** Resolves once the server acknowledged the current version; rejects after `timeout` ms. */
+  whenSynced(timeout?: number): Promise<void>;
 }
 /** A prompt: its text, binary input, or a request object. */
 export type StreamInput =
@@ -283,6 +329,8 @@ export interface ClientOptions {
   auth?: string;
   /** A warm-up request (v1.2) sent in the background whenever a connection starts a new session. */
   warmup?: StreamInput | null;
+  /** v1.3: ask the server to keep this session's turns, so that a request can continue one (`continues`). */
+  history?: boolean;
   clientName?: string;
   /** The WebSocket class (e.g. the `ws` package's in Node before 22). Default globalThis.WebSocket. */
   WebSocket?: unknown;
@@ -329,6 +377,12 @@ export declare class LowLatClient extends EventTarget {
   warmupRequest: StreamInput | null;
   /** Warm-up requests the server ran. */
   warmups: number;
+  /** Whether the server keeps this session's turns (the `history` option). */
+  readonly history: boolean;
+  /** The context documents (v1.3), by name. */
+  readonly documents: ReadonlyMap<string, ContextDocument>;
+  /** The session's context document `name` with `text` as its whole text (v1.3); rejects against an older server. */
+  context(name: string, text?: string): Promise<ContextDocument>;
   readonly connected: boolean;
   /** Connect now (with the backoff's retries); resolves with the Welcome. */
   connect(): Promise<Welcome>;

@@ -12,21 +12,25 @@
 // resume_token and last_seq, Acks as the application consumes) and reports close codes and
 // server errors as Error subclasses. It speaks protocol revision 3 (v1.3): push groups
 // (`await client.subscribe("news")`) and the server's pushes (the "push" event, `client.pushes()`), warm-up
-// requests (`await client.warmup("system prompt")`, or the `warmup` option on every new session), and
+// requests (`await client.warmup("system prompt")`, or the `warmup` option on every new session),
 // full-duplex streams (a model's tool calls arrive as ToolCall chunks, answered with `stream.sendResult()` or
-// by the `tools` option; `stream.send()` and `stream.endInput()` send more input while the stream runs).
+// by the `tools` option; `stream.send()` and `stream.endInput()` send more input while the stream runs), and
+// incremental context (`const doc = await client.context("main.py", text)`, `doc.patch(...)`,
+// `client.stream(q, { context: [doc], continues: previousStream })`).
 
 export const VERSION = "0.1.0";
 export const SUBPROTOCOL_JSON = "lowlat.v1.json";
 export const SUBPROTOCOL_PROTO = "lowlat.v1.proto";
-/** The protocol revision this client implements (Hello.revision): 3 is v1.3 (Input, Delta.tool_call), 2 is v1.2
- * (Request.warmup), 1 is v1.1 (Subscribe, Subscribed, Push). */
+/** The protocol revision this client implements (Hello.revision): 3 is v1.3 (Input, Delta.tool_call; Context,
+ * Request.contexts and continues), 2 is v1.2 (Request.warmup), 1 is v1.1 (Subscribe, Subscribed, Push). */
 export const PROTOCOL_REVISION = 3;
 /** The revision that brought Request.warmup: sent only to a server whose Welcome says at least this. */
 export const WARMUP_REVISION = 2;
 /** The revision that brought full-duplex streams (Input, Delta.tool_call, Welcome.input_seq): Input is sent only
  * to a server whose Welcome says at least this. */
 export const DUPLEX_REVISION = 3;
+/** The revision that brought context documents (Context, ContextAck), Request.contexts and Request.continues. */
+export const CONTEXT_REVISION = 3;
 const CLIENT_NAME = `lowlat-mw-js/${VERSION}`;
 
 // ----------------------------------------------------------------------------- close codes
@@ -184,7 +188,8 @@ export class Backoff {
 // ----------------------------------------------------------------------------- codecs
 const ERROR_CODES = ["unspecified", "bad_request", "model_error", "too_many_streams", "stream_id_in_use",
   "protocol_error", "invalid_payload", "message_too_big", "unsupported_compression", "unsupported_message",
-  "resume_failed", "rate_limited", "unauthorized", "internal", "draining", "unknown_model"];
+  "resume_failed", "rate_limited", "unauthorized", "internal", "draining", "unknown_model", "context_mismatch",
+  "context_limit"];
 const utf8 = new TextEncoder();
 const utf8Decoder = new TextDecoder("utf-8", { fatal: true });
 
@@ -206,6 +211,55 @@ function toBase64(bytes) {
   return btoa(s);
 }
 
+// SHA-256 (FIPS 180-4) of bytes, synchronous: crypto.subtle is asynchronous and absent outside secure contexts.
+const SHA_K = new Uint32Array([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+  0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+  0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+  0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+  0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+  0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+  0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+  0xc67178f2]);
+
+/** SHA-256 of `bytes` (a Uint8Array), as a 32-byte Uint8Array. */
+export function sha256(bytes) {
+  const length = bytes.length;
+  const blocks = Math.ceil((length + 9) / 64);
+  const buf = new Uint8Array(blocks * 64);
+  buf.set(bytes);
+  buf[length] = 0x80;
+  const view = new DataView(buf.buffer);
+  view.setUint32(buf.length - 8, Math.floor(length / 0x20000000));
+  view.setUint32(buf.length - 4, (length * 8) >>> 0);
+  const h = new Uint32Array([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+    0x5be0cd19]);
+  const w = new Uint32Array(64);
+  for (let b = 0; b < blocks; b++) {
+    for (let i = 0; i < 16; i++) w[i] = view.getUint32(b * 64 + i * 4);
+    for (let i = 16; i < 64; i++) {
+      const x = w[i - 15];
+      const y = w[i - 2];
+      const s0 = ((x >>> 7) | (x << 25)) ^ ((x >>> 18) | (x << 14)) ^ (x >>> 3);
+      const s1 = ((y >>> 17) | (y << 15)) ^ ((y >>> 19) | (y << 13)) ^ (y >>> 10);
+      w[i] = (w[i - 16] + s0 + w[i - 7] + s1) | 0;
+    }
+    let [a, bb, c, d, e, f, g, hh] = h;
+    for (let i = 0; i < 64; i++) {
+      const S1 = ((e >>> 6) | (e << 26)) ^ ((e >>> 11) | (e << 21)) ^ ((e >>> 25) | (e << 7));
+      const t1 = (hh + S1 + ((e & f) ^ (~e & g)) + SHA_K[i] + w[i]) | 0;
+      const S0 = ((a >>> 2) | (a << 30)) ^ ((a >>> 13) | (a << 19)) ^ ((a >>> 22) | (a << 10));
+      const t2 = (S0 + ((a & bb) ^ (a & c) ^ (bb & c))) | 0;
+      hh = g; g = f; f = e; e = (d + t1) | 0; d = c; c = bb; bb = a; a = (t1 + t2) | 0;
+    }
+    h[0] += a; h[1] += bb; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+  }
+  const out = new Uint8Array(32);
+  const outView = new DataView(out.buffer);
+  for (let i = 0; i < 8; i++) outView.setUint32(i * 4, h[i]);
+  return out;
+}
+
 function fromBase64(text) {
   const s = atob(text);
   const out = new Uint8Array(s.length);
@@ -219,6 +273,7 @@ export const jsonCodec = Object.freeze({
   binary: false,
   encode(msg) {
     if (msg.data instanceof Uint8Array) msg = { ...msg, data: toBase64(msg.data) };
+    if (msg.sha256 instanceof Uint8Array) msg = { ...msg, sha256: toBase64(msg.sha256) }; // (a Context, v1.3)
     return JSON.stringify(msg);
   },
   decode(frame) {
@@ -232,8 +287,9 @@ export const jsonCodec = Object.freeze({
       msg.tool_call = new ToolCall(msg.tool_call); // (v1.3)
     } else if (msg.type === "welcome") {
       msg.revision ??= 0; // (omitted by a v1.0 server, and when 0)
-      msg.input_seq ??= {}; // (v1.3: written only on a resumed Welcome whose streams got input)
-    }
+      msg.input_seq ??= {}; // (v1.3: omitted by an older server)
+      msg.contexts ??= {};
+    } else if (msg.type === "context_ack") { msg.code ??= "unspecified"; msg.message ??= ""; } // (only when refused)
     else if (msg.type === "subscribed") { msg.code ??= "unspecified"; msg.message ??= ""; } // (only when refused)
     return msg;
   },
@@ -294,7 +350,7 @@ const ENCODERS = {
     for (const [sid, seq] of Object.entries(m.last_seq || {})) {
       w.msg(4, (e) => { e.tag(1, 0).varint(Number(sid)); e.tag(2, 0).varint(seq); });
     }
-    w.uint(5, m.flow_window).str(6, m.auth).uint(7, m.revision);
+    w.uint(5, m.flow_window).str(6, m.auth).uint(7, m.revision).bool(9, m.history);
   }],
   request: [3, (w, m) => {
     w.uint(1, m.stream_id).str(2, m.model);
@@ -305,6 +361,14 @@ const ENCODERS = {
     }
     if (m.params && Object.keys(m.params).length) w.msg(6, (s) => writeStruct(s, m.params));
     w.bool(7, m.warmup); // (v1.2)
+    (m.contexts || []).forEach((name) => w.str(8, name, true)); // (v1.3)
+    w.uint(9, m.continues);
+  }],
+  context: [16, (w, m) => { // (v1.3)
+    w.str(1, m.name).uint(2, m.version).uint(3, m.base_version).str(4, m.text);
+    (m.patches || []).forEach((p) => w.msg(5, (x) => x.uint(1, p.offset).uint(2, p.length).str(3, p.text)));
+    if (m.sha256 instanceof Uint8Array && m.sha256.length) w.raw(6, m.sha256);
+    w.bool(7, m.drop);
   }],
   cancel: [7, (w, m) => w.uint(1, m.stream_id)],
   ping: [8, (w, m) => w.uint(1, m.id)],
@@ -379,7 +443,7 @@ const DECODERS = {
   2: ["welcome", (m, f, wire, v) => {
     const names = [null, "session_id", "resume_token", "compression", "max_frame_size", "max_decompressed_size",
       "max_streams", "heartbeat_interval_ms", "idle_timeout_ms", "server", "resumed", "resume_window_ms",
-      "flow_window", "revision"];
+      "flow_window", "revision", "input_seq", "contexts"];
     if (f === 14) { // (v1.3) input_seq: stream id -> seq of the last Input the server holds
       const [k, x] = readMap(v, (n) => n);
       m.input_seq[k] = x ?? 0;
@@ -389,10 +453,11 @@ const DECODERS = {
     if (!name) return;
     if (f === 3) m.compression.push(str(v));
     else if (f === 10) m.resumed = Boolean(v);
+    else if (f === 15) { const [k, x] = readMap(v, (n) => n); m.contexts[k] = x ?? 0; } // (v1.3)
     else m[name] = wire === 2 ? str(v) : v;
   }, () => ({ session_id: "", resume_token: "", compression: [], max_frame_size: 0, max_decompressed_size: 0,
     max_streams: 0, heartbeat_interval_ms: 0, idle_timeout_ms: 0, server: "", resumed: false,
-    resume_window_ms: 0, flow_window: 0, revision: 0, input_seq: {} })],
+    resume_window_ms: 0, flow_window: 0, revision: 0, input_seq: {}, contexts: {} })],
   4: ["delta", (m, f, wire, v) => {
     if (f === 1) m.stream_id = v;
     else if (f === 2) m.seq = v;
@@ -439,6 +504,12 @@ const DECODERS = {
     else if (f === 4) m.code = ERROR_CODES[v] || "unspecified";
     else if (f === 5) m.message = str(v);
   }, () => ({ id: 0, group: "", leave: false, code: "unspecified", message: "" })],
+  17: ["context_ack", (m, f, wire, v) => { // (v1.3)
+    if (f === 1) m.name = str(v);
+    else if (f === 2) m.version = v;
+    else if (f === 3) m.code = ERROR_CODES[v] || "unspecified";
+    else if (f === 4) m.message = str(v);
+  }, () => ({ name: "", version: 0, code: "unspecified", message: "" })],
   14: ["push", (m, f, wire, v) => {
     if (f === 1) m.topic = str(v);
     else if (f === 2) { m.text = str(v); delete m.data; } // (a oneof: the last one given wins)
@@ -474,6 +545,117 @@ export const protoCodec = Object.freeze({
     return msg;
   },
 });
+
+// ----------------------------------------------------------------------------- context documents (v1.3)
+/**
+ * A context document of the client's session, made by `client.context(name, text)`: change it with `set()`,
+ * `patch(offset, length, text)` (offsets and lengths in UTF-16 code units, as String.prototype.slice counts; UTF-8
+ * bytes on the wire) and `replace(old, new)`; name it in `client.stream(q, { context: [doc] })`. Each change goes
+ * out at once with the SHA-256 of the whole text, which the server checks; when it refuses one, or a connection's
+ * session does not hold this version, the client sends the whole text again by itself.
+ */
+export class ContextDocument {
+  constructor(client, name) {
+    if (!name || name.length > 200 || /[\u0000-\u001f\u007f-\u009f]/.test(name)) {
+      throw new RangeError("a context name is 1 to 200 characters, no control characters");
+    }
+    this._client = client;
+    this.name = name;
+    this.text = "";
+    this.version = 0; // the last version made
+    this.acked = 0; // the highest version the server acknowledged
+    this.resync = 0; // the version of the last whole text sent: refusals of older versions are stale
+    this.refusal = null; // the last refusal that was not stale (a context_ack with a code)
+    this.fullSends = 0; // whole texts sent (the first, and every recovery)
+    this._waiters = [];
+  }
+
+  /** Whether the server acknowledged the current version. */
+  get synced() {
+    return this.version > 0 && this.acked >= this.version;
+  }
+
+  _full(text) {
+    this.text = text;
+    this.version = this.resync = this.version + 1;
+    this.fullSends++;
+    return { type: "context", name: this.name, version: this.version, base_version: 0, text,
+      sha256: sha256(utf8.encode(text)) };
+  }
+
+  /** Replace the whole text. */
+  set(text) {
+    this._client._sendContext(this._full(String(text)));
+  }
+
+  /** Replace `length` code units at `offset` with `text`; RangeError outside the text or inside a surrogate pair. */
+  patch(offset, length, text) {
+    const old = this.text;
+    if (!(Number.isInteger(offset) && Number.isInteger(length) && offset >= 0 && length >= 0
+          && offset + length <= old.length)) {
+      throw new RangeError(`patch ${offset}+${length} is outside the text of ${old.length} code units`);
+    }
+    const splits = (i) => i > 0 && i < old.length && (old.charCodeAt(i) & 0xfc00) === 0xdc00
+      && (old.charCodeAt(i - 1) & 0xfc00) === 0xd800;
+    if (splits(offset) || splits(offset + length)) throw new RangeError("a patch may not split a surrogate pair");
+    const head = old.slice(0, offset);
+    const patch = { offset: utf8Length(head), length: utf8Length(old.slice(offset, offset + length)), text };
+    this.text = head + text + old.slice(offset + length);
+    const base = this.version;
+    this.version += 1;
+    this._client._sendContext({ type: "context", name: this.name, version: this.version, base_version: base,
+      patches: [patch], sha256: sha256(utf8.encode(this.text)) });
+  }
+
+  /** Replace the first occurrence of `old` with `replacement`; RangeError if it does not occur. */
+  replace(old, replacement) {
+    const at = this.text.indexOf(old);
+    if (at < 0) throw new RangeError(`${JSON.stringify(old)} is not in document ${JSON.stringify(this.name)}`);
+    this.patch(at, old.length, replacement);
+  }
+
+  /** Forget the document, here and on the server. */
+  drop() {
+    this._client.documents.delete(this.name);
+    this._client._sendContext({ type: "context", name: this.name, version: this.version, drop: true });
+  }
+
+  /** Resolve once the server acknowledged the current version (reject after `timeout` ms). */
+  whenSynced(timeout = 10000) {
+    if (this.synced) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve, timer: setTimeout(() => {
+        this._waiters = this._waiters.filter((x) => x !== waiter);
+        reject(new LowLatError(`context ${this.name} not acknowledged within ${timeout} ms`));
+      }, timeout) };
+      this._waiters.push(waiter);
+    });
+  }
+
+  /** The server's ContextAck: the whole text to send again after a (not stale) refusal, else null. */
+  _answered(ack) {
+    let again = null;
+    if (ack.code === "unspecified") this.acked = Math.max(this.acked, ack.version);
+    else if (ack.version >= this.resync) {
+      this.refusal = ack;
+      again = this._full(this.text);
+    }
+    if (this.synced) {
+      const waiters = this._waiters.splice(0);
+      for (const w of waiters) { clearTimeout(w.timer); w.resolve(); }
+    }
+    return again;
+  }
+
+  /** A connection opened whose session holds `held` (name -> version): the whole text if this version is not. */
+  _welcomed(held) {
+    if (this.version && held[this.name] === this.version) {
+      this.acked = this.version;
+      return null;
+    }
+    return this._full(this.text);
+  }
+}
 
 // ----------------------------------------------------------------------------- streams
 /**
@@ -845,6 +1027,8 @@ export class LowLatClient extends EventTarget {
     // {text | messages | data, model, params}: a warm-up request sent whenever a connection starts a new session.
     this.warmupRequest = options.warmup ?? null;
     this.warmups = 0; // warm-up requests the server ran
+    this.history = Boolean(options.history); // v1.3: the server keeps this session's turns (for `continues`)
+    this.documents = new Map(); // v1.3: context documents, by name (sent again to a session without them)
     this.auth = options.auth || "";
     this.clientName = options.clientName || CLIENT_NAME;
     this.WebSocket = options.WebSocket || globalThis.WebSocket;
@@ -935,6 +1119,13 @@ export class LowLatClient extends EventTarget {
     if (options.data !== undefined) request.data = options.data;
     if (options.messages !== undefined) request.messages = options.messages;
     request.params = options.params || {};
+    if (options.context && options.context.length) { // (v1.3)
+      request.contexts = options.context.map((d) => (d instanceof ContextDocument ? d.name : String(d)));
+    }
+    if (options.continues) {
+      if (!this.history) throw new LowLatError("continues needs a client made with { history: true }");
+      request.continues = options.continues instanceof Stream ? options.continues.id : options.continues;
+    }
     const { onDelta, onEnd, onError } = options;
     const stream = new Stream(this, request, { onDelta, onEnd, onError }, options.tools);
     if (this.finalError) {
@@ -978,6 +1169,30 @@ export class LowLatClient extends EventTarget {
 
   _speaksWarmup() {
     return Boolean(this.welcome && this.welcome.revision >= WARMUP_REVISION);
+  }
+
+  /**
+   * The session's context document `name` with `text` as its whole text (protocol v1.3; sent now, connecting
+   * first if need be): a ContextDocument to patch and to name in `stream(q, { context: [doc] })`. Rejects if the
+   * server is older than v1.3.
+   */
+  async context(name, text = "") {
+    if (!this.connected) await this.connect();
+    if (!(this.welcome.revision >= CONTEXT_REVISION)) {
+      throw new LowLatError(`the server speaks protocol revision ${this.welcome.revision}: it has no context documents`);
+    }
+    let doc = this.documents.get(name);
+    if (!doc) {
+      doc = new ContextDocument(this, name);
+      this.documents.set(name, doc);
+    }
+    doc.set(text);
+    return doc;
+  }
+
+  _sendContext(msg) {
+    // Without a connection it waits: the next Welcome says which version the session holds, and what to resend.
+    if (this.connected && this.welcome.revision >= CONTEXT_REVISION) this._send(msg);
   }
 
   /** Send a protocol Ping and resolve with the round-trip time to its Pong in milliseconds. */
@@ -1164,6 +1379,7 @@ export class LowLatClient extends EventTarget {
         }
         const hello = { type: "hello", client: this.clientName, compression: [], flow_window: this.flowWindow,
           auth: this.auth, resume_token: "", last_seq: {}, revision: PROTOCOL_REVISION };
+        if (this.history) hello.history = true; // (v1.3)
         if (resume) {
           hello.resume_token = this.welcome.resume_token;
           for (const [sid, s] of this.streams) hello.last_seq[sid] = s.receivedSeq;
@@ -1217,6 +1433,14 @@ export class LowLatClient extends EventTarget {
     const interval = this.heartbeatInterval ?? (welcome.heartbeat_interval_ms || 30000);
     const every = Math.max(100, Math.min(1000, interval / 2));
     this._heartbeatTimer = setInterval(() => this._heartbeat(ws, interval), every);
+    if (this.documents.size && welcome.revision >= CONTEXT_REVISION) {
+      // (v1.3) Before the queued requests: the whole text of each document the session does not hold at its version.
+      const held = this.resumed ? (welcome.contexts || {}) : {};
+      for (const doc of this.documents.values()) {
+        const again = doc._welcomed(held);
+        if (again) this._sendOn(ws, again);
+      }
+    }
     this._emit("welcome", welcome);
     this._setState("connected", { resumed: this.resumed, resume: Boolean(resume && hadToken) });
     if (this.resumed && this._ws === ws) {
@@ -1345,6 +1569,12 @@ export class LowLatClient extends EventTarget {
           this._start(s);
           return;
         }
+        if (msg.code === "context_mismatch" && msg.retryable && s.receivedSeq === 0 && !s._contextResent
+            && !s.request.continues) {
+          s._contextResent = true; // a document the server lost: its whole text went out ahead of this resend
+          this._start(s);
+          return;
+        }
         if (msg.code === "draining" && msg.retryable && s.receivedSeq === 0 && !s._drainResent) {
           s._drainResent = true; // the server is going away: resend on the next connection
           s._sent = false;
@@ -1375,6 +1605,12 @@ export class LowLatClient extends EventTarget {
         for (const it of this._pushIterators) it._put(msg);
         this._emit("push", msg);
         return;
+      case "context_ack": { // (v1.3)
+        const doc = this.documents.get(msg.name);
+        const again = doc ? doc._answered(msg) : null;
+        if (again) this._send(again);
+        return;
+      }
       case "subscribed": {
         const p = this._subscribing.get(msg.id);
         if (!p) return; // (a group joined again after a reconnect: not awaited)
@@ -1443,6 +1679,12 @@ export class LowLatClient extends EventTarget {
         + "it has no warm-up");
       error.noWarmup = true;
       stream._finish(null, error);
+      return;
+    }
+    if ((stream.request.contexts || stream.request.continues) && !(this.welcome.revision >= CONTEXT_REVISION)) {
+      this.streams.delete(stream.id); // (checked at every send: a resend may meet an older server)
+      stream._finish(null, new LowLatError(`the server speaks protocol revision ${this.welcome.revision}: `
+        + "it has no context documents and no continues"));
       return;
     }
     stream._sent = true;

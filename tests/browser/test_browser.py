@@ -347,7 +347,7 @@ def test_protobuf_codec_matches_the_spec_and_the_python_codec(page, demo_server)
                             "max_frame_size": 1048576, "max_decompressed_size": 0, "max_streams": 8,
                             "heartbeat_interval_ms": 30000, "idle_timeout_ms": 0, "server": "lowlat-mw",
                             "resumed": True, "resume_window_ms": 60000, "flow_window": 262144, "revision": 1,
-                            "input_seq": {}}
+                            "input_seq": {}, "contexts": {}}
     assert d["end"] == {"type": "end", "stream_id": 3, "last_seq": 41, "finish_reason": "cancelled",
                         "timings_ms": {"total": 1.5, "first_delta": 0.25}, "usage": {"deltas": 41, "output_bytes": 9}}
     assert d["error"] == {"type": "error", "stream_id": 2, "code": "resume_failed", "message": "gone",

@@ -330,3 +330,15 @@ def agent_sync(req):
 
 
 MODELS.update({"agent": agent, "agent_sync": agent_sync})
+# ---------------------------------------------------------------- incremental context (protocol v1.3)
+# For test_conformance_context.py: answers with the SHA-256 of each context document the request named, as the
+# server holds it ("<name>=<hex>;"), then each turn it continues ("[<prompt>><output>]").
+def context_echo(req):
+    import hashlib
+
+    out = [f"{name}={hashlib.sha256(doc.text.encode()).hexdigest()};" for name, doc in sorted(req.context.items())]
+    out += [f"[{turn.prompt}>{turn.output}]" for turn in req.history]
+    return "".join(out) or "none"
+
+
+MODELS.update({"context_echo": context_echo})

@@ -29,7 +29,7 @@ async def _until_end(client) -> list[tuple[str, str | bytes]]:
 async def test_push_reaches_the_group_and_the_session_and_no_one_else(server) -> None:
     async with (asyncio.timeout(WAIT), connect(server.url) as a, connect(server.url, mode="json") as b,
                 connect(server.url) as c):
-        assert a.welcome.revision == 3  # v1.3: push (v1.1), warm-up (v1.2) and full-duplex streams
+        assert a.welcome.revision == 3  # v1.3: push (v1.1), warm-up (v1.2), full-duplex streams and context (v1.3)
         await a.subscribe("room")
         await b.subscribe("room")
         with pytest.raises(StreamError, match="bad_request"):

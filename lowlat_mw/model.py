@@ -27,6 +27,7 @@ import inspect
 import itertools
 import json
 import threading
+import time
 import types
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -100,30 +101,50 @@ _CALL_IDS = itertools.count(1)
 class Inputs(collections.deque):  # type: ignore[type-arg]
     """(Protocol v1.3) What the client sends a running stream after its Request, in order: text (str), bytes,
     and :class:`ToolResult` answers to the model's tool calls. ``async for item in req.inputs`` reads them until
-    the client ends the input; :meth:`result` waits for the answer to one tool call. Sync models (run in worker
-    threads) use :meth:`get_sync` and :meth:`result_sync`. At most ``max_unread_inputs`` wait unread: past
-    that the stream fails (Error bad_request), since the model is not reading them."""
+    the client ends the input; :meth:`result` waits for the answer to one tool call (several may wait at once:
+    ``asyncio.gather`` of two results). Sync models (run in worker threads) use :meth:`get_sync` and
+    :meth:`result_sync`. At most ``max_unread_inputs`` wait unread: past that the stream fails (Error
+    bad_request), since the model is not reading them."""
 
     ended = False  # the client sent Input.end (or the stream is over): nothing more will come
-    waiter: asyncio.Future[None] | None = None
-    loop: asyncio.AbstractEventLoop | None = None  # (the stream's loop: for the sync methods)
+    waiters: list[asyncio.Future[None]] | None = None  # the coroutines waiting on the loop for the next change
+    cond: threading.Condition | None = None  # what worker threads wait on (made by the first sync wait)
+    loop: asyncio.AbstractEventLoop | None = None  # (the stream's loop)
 
     def put(self, item: str | bytes | ToolResult | None, end: bool) -> None:
-        """An Input arrived (called by the driver, on the loop)."""
+        """An Input arrived, or (`end`) the input or the stream is over: called by the driver, on the loop (the only
+        place `cond` is made, so a worker thread waiting on it never misses an item)."""
+        cond = self.cond
+        if cond is not None:
+            with cond:
+                self._put(item, end)
+                cond.notify_all()
+        else:
+            self._put(item, end)
+        waiters = self.waiters
+        if waiters:
+            self.waiters = None
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _put(self, item: str | bytes | ToolResult | None, end: bool) -> None:
         if item is not None:
             self.append(item)
         if end:
             self.ended = True
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     async def _wait(self) -> None:
-        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        waiter = asyncio.get_running_loop().create_future()
+        if self.waiters is None:
+            self.waiters = []
+        self.waiters.append(waiter)
         try:
             await waiter
         finally:
-            self.waiter = None
+            waiters = self.waiters
+            if waiters is not None and waiter in waiters:
+                waiters.remove(waiter)
 
     async def get(self) -> str | bytes | ToolResult:
         """The next input; :class:`InputEnded` once the client has ended the input and all of it was read."""
@@ -133,15 +154,21 @@ class Inputs(collections.deque):  # type: ignore[type-arg]
             await self._wait()
         return self.popleft()
 
+    def _take_result(self, call_id: str) -> ToolResult | None:
+        for i, item in enumerate(self):
+            if type(item) is ToolResult and (item.id == call_id or not call_id):
+                del self[i]
+                return item
+        return None
+
     async def result(self, call: ToolCall | str) -> ToolResult:
         """The client's :class:`ToolResult` for `call` (a ToolCall the model yielded, or its id), taken out of
         the inputs; other inputs stay, in order. :class:`InputEnded` if the input ends first."""
         call_id = call.id if isinstance(call, ToolCall) else call
         while True:
-            for i, item in enumerate(self):
-                if type(item) is ToolResult and (item.id == call_id or not call_id):
-                    del self[i]
-                    return item
+            found = self._take_result(call_id)
+            if found is not None:
+                return found
             if self.ended:
                 raise InputEnded(f"the client ended this stream's input without answering tool call {call_id!r}")
             await self._wait()
@@ -156,19 +183,48 @@ class Inputs(collections.deque):  # type: ignore[type-arg]
             raise StopAsyncIteration from None
 
     def get_sync(self, timeout: float | None = None) -> str | bytes | ToolResult:
-        """:meth:`get` for a sync model in a worker thread (TimeoutError after `timeout` seconds)."""
-        return self._sync(self.get(), timeout)
+        """:meth:`get` for a sync model in a worker thread (TimeoutError after `timeout` seconds, nothing taken)."""
+        return self._sync(lambda: self.popleft() if self else None, "", timeout)
 
     def result_sync(self, call: ToolCall | str, timeout: float | None = None) -> ToolResult:
-        """:meth:`result` for a sync model in a worker thread (TimeoutError after `timeout` seconds)."""
-        return self._sync(self.result(call), timeout)
+        """:meth:`result` for a sync model in a worker thread (TimeoutError after `timeout` seconds, nothing
+        taken)."""
+        call_id = call.id if isinstance(call, ToolCall) else call
+        return self._sync(lambda: self._take_result(call_id), call_id, timeout)  # type: ignore[return-value]
 
-    def _sync(self, coro: Any, timeout: float | None) -> Any:
-        loop = self.loop
-        if loop is None:
-            coro.close()
-            raise RuntimeError("this stream's inputs are read on its event loop")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+    def _sync(self, take: Callable[[], Any], call_id: str, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cond = self.cond
+        if cond is None:  # made on the loop, where put() runs: from then on every put() takes it and notifies
+            loop, made = self.loop, threading.Event()
+
+            def make() -> None:
+                if self.cond is None:
+                    self.cond = threading.Condition()
+                made.set()
+
+            if loop is None:
+                raise RuntimeError("this stream's inputs are read on its event loop")
+            try:
+                loop.call_soon_threadsafe(make)
+            except RuntimeError:  # the loop is closed: the stream is over
+                raise InputEnded("the stream is over") from None
+            if not made.wait(timeout):
+                raise TimeoutError(f"no input within {timeout} s")
+            cond = self.cond
+            assert cond is not None
+        with cond:
+            while True:
+                found = take()
+                if found is not None:
+                    return found
+                if self.ended:
+                    raise InputEnded("the client ended this stream's input" + (
+                        f" without answering tool call {call_id!r}" if call_id else ""))
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no input within {timeout} s")
+                cond.wait(left)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

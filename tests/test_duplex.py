@@ -151,7 +151,7 @@ async def test_a_sync_model_waits_for_input_from_its_worker_thread() -> None:
     got: list[object] = []
     thread = threading.Thread(target=lambda: got.append(inputs.get_sync(timeout=10)))
     thread.start()
-    while inputs.waiter is None:  # the thread's wait is on the loop now
+    while inputs.cond is None:  # the thread's wait has begun (its condition is made on the loop)
         await asyncio.sleep(0.001)
     inputs.put("hi", False)
     await asyncio.to_thread(thread.join, 10)
@@ -159,11 +159,18 @@ async def test_a_sync_model_waits_for_input_from_its_worker_thread() -> None:
 
 
 # ---------------------------------------------------------------- the clients, in process
+CANCELLED: list[str] = []  # prompts whose model was cancelled while it waited
+
+
 async def _agent(req: ModelRequest) -> Any:
     yield "asking;"
     call = req.tool_call("lookup", {"q": req.prompt})
     yield call
-    result = await req.inputs.result(call)
+    try:
+        result = await req.inputs.result(call)
+    except asyncio.CancelledError:
+        CANCELLED.append(req.prompt)
+        raise
     yield f"got:{result.content};"
     async for item in req.inputs:
         yield f"in:{item};"
@@ -186,6 +193,8 @@ async def test_a_tool_call_nobody_answers_is_a_clear_client_error() -> None:
     async with AppClient(_app(), "/ws") as client:
         with pytest.raises(ClientError, match="asked for tool 'lookup'"):
             await client.complete("x")
+        while "x" not in CANCELLED:  # and its stream was cancelled: the model does not wait for ever
+            await asyncio.sleep(0.01)
         # with the tool given, the same call completes; the tool gets the call's arguments as keywords
         stream = client.stream("rome", tools={"lookup": lambda q: q.upper()})
         got = []
@@ -213,3 +222,46 @@ def test_the_sync_client_answers_and_sends_input() -> None:
             assert got[0] == "asking;" and isinstance(got[1], ev.ToolCall) and got[2:] == ["got:cold;", "in:bye;"]
     finally:
         server.stop()
+
+
+async def test_several_waiters_are_all_woken_and_a_cancelled_one_leaves_the_others_waiting() -> None:
+    """Parallel tool calls: gather() of two results, each answered; a cancelled waiter takes nothing and does not
+    unhook the others; the end of the stream wakes everyone still waiting."""
+    inputs = Inputs()
+    inputs.loop = asyncio.get_running_loop()
+    both = asyncio.gather(inputs.result("c1"), inputs.result("c2"))
+    gone = asyncio.ensure_future(inputs.get())
+    late = asyncio.ensure_future(inputs.get())
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.sleep(0)
+    inputs.put(ev.ToolResult(id="c2", content="two"), False)
+    inputs.put(ev.ToolResult(id="c1", content="one"), False)
+    assert [r.content for r in await both] == ["one", "two"]
+    inputs.put("x", False)
+    assert await late == "x"
+    waiting = [asyncio.ensure_future(inputs.get()) for _ in range(2)]
+    await asyncio.sleep(0)
+    inputs.put(None, True)  # (what the driver does when the stream ends)
+    for task in waiting:
+        with pytest.raises(InputEnded):
+            await task
+
+
+async def test_a_sync_wait_that_times_out_takes_nothing_and_the_end_wakes_a_waiting_thread() -> None:
+    inputs = Inputs()
+    inputs.loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        await asyncio.to_thread(inputs.result_sync, "c1", 0.05)
+    with pytest.raises(TimeoutError):
+        await asyncio.to_thread(inputs.get_sync, 0.05)
+    inputs.put("hello", False)
+    inputs.put(ev.ToolResult(id="c1", content="r"), False)
+    assert await asyncio.to_thread(inputs.result_sync, "c1", 5) == ev.ToolResult(id="c1", content="r")
+    assert await asyncio.to_thread(inputs.get_sync, 5) == "hello"  # nothing was lost to the timed-out waits
+    waiting = asyncio.ensure_future(asyncio.to_thread(inputs.get_sync, 30))
+    while inputs.cond is None:
+        await asyncio.sleep(0.001)
+    inputs.put(None, True)
+    with pytest.raises(InputEnded):
+        await waiting

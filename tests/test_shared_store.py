@@ -236,3 +236,33 @@ async def test_the_caches_redis_tier_keeps_replies_within_its_bytes_least_recent
         assert await shared.cache_get(b"big" * 11) is None
     finally:
         await client.aclose()
+
+
+async def test_a_cache_lookup_in_a_store_that_does_not_answer_is_a_quick_miss() -> None:
+    """A hung Redis (it accepts and never answers): a lookup gives up after CACHE_TIMEOUT, the next ones for a
+    second do not ask at all; the request path never waits out the store's own 5 s timeouts."""
+    import time
+
+    from lowlat_mw.drivers.shared import CACHE_TIMEOUT, SharedSessions
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # and says nothing
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    try:
+        shared = SharedSessions.for_loop(url, Settings(session_store=url, cache_size=1 << 20))
+        took = []
+        for _ in range(3):
+            start = time.monotonic()
+            assert await shared.cache_get(b"k" * 32) is None
+            took.append(time.monotonic() - start)
+        assert took[0] < CACHE_TIMEOUT + 2.0  # (bounded by the timeout, not by the pool's 5 s; loaded-machine slack)
+        assert max(took[1:]) < 0.5  # not asked again within the second
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()

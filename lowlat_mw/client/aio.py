@@ -306,8 +306,13 @@ class Stream:
                 pass
 
     async def text(self) -> str:
-        """Consume the whole stream and return the text."""
-        parts = [_text_of(c) async for c in self]
+        """Consume the whole stream and return the text (a tool call nobody answers: ClientError, and the stream
+        is cancelled, so the model does not wait for the answer for ever)."""
+        try:
+            parts = [_text_of(c) async for c in self]
+        except ClientError:
+            await self.aclose()
+            raise
         return "".join(parts)
 
 

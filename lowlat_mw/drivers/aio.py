@@ -33,7 +33,18 @@ from typing import Any
 from ..cache import CHUNK_OVERHEAD, is_deterministic, merged, request_key
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
-from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, SessionInfo, chunks_of, step_now, stream_model, warm_up
+from ..model import (
+    DONE,
+    WAIT,
+    WHOLE_REPLY,
+    Inputs,
+    ModelRequest,
+    SessionInfo,
+    chunks_of,
+    step_now,
+    stream_model,
+    warm_up,
+)
 from ..observability import tracing
 from ..observability.logs import CLIENT_LOGS
 from ..observability.metrics import Metrics
@@ -168,6 +179,7 @@ class ModelRunner:
         self.shared = shared = shared_sessions(endpoint) if self.settings.session_store else None
         if shared is not None:
             shared.share(session, session.principal)
+            push.HUB.runner_started(session.session_id, self)  # (its models' input may come from elsewhere)
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self, driver: ConnectionDriver) -> None:
@@ -246,6 +258,8 @@ class ModelRunner:
         store = self.endpoint.store
         if store.get(self.session.session_id) is self:
             store.remove(self.session.session_id)
+        if shared is not None:
+            push.HUB.runner_ended(self.session.session_id, self)
         for task in list(self.tasks.values()):
             task.cancel()
         if self.window is not None:
@@ -329,7 +343,11 @@ class ModelRunner:
         if inputs is None:
             if inp.stream_id in self.session.followed and self.shared is not None:  # its model runs on another
                 self.shared.input_elsewhere(self.session.session_id, inp)  # process: there it goes, in order
-            return None  # ending (its End is on its way), or answered from the result cache
+                return None
+            if inp.stream_id not in self.tasks:
+                return None  # ending: its End is on its way
+            inputs = self.inputs[inp.stream_id] = Inputs()  # its model has not started yet (the result cache is
+            # asked first): kept for it
         if len(inputs) >= self.settings.max_unread_inputs:
             return (f"more than {self.settings.max_unread_inputs} inputs the model has not read "
                     "(max_unread_inputs)")
@@ -399,7 +417,12 @@ class ModelRunner:
             else:
                 mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
                                     messages=req.messages, params=req.params, session=self.info)
-            inputs = self.inputs[sid] = mreq.inputs  # (v1.3: what the client sends while it runs)
+            inputs = mreq.inputs  # (v1.3: what the client sends while it runs)
+            early = self.inputs.get(sid)
+            if early is not None:  # (sent while the result cache was asked: kept for it)
+                inputs.extend(early)
+                inputs.ended = early.ended
+            self.inputs[sid] = inputs
             inputs.loop = self.loop
             if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
                 if timer is not None:
@@ -473,7 +496,7 @@ class ModelRunner:
             inputs = self.inputs.pop(sid, None)
             if inputs is not None:  # no more input comes (for a sync model still waiting in a thread, say)
                 inputs.ended = True
-                if inputs.waiter is not None:
+                if inputs.waiters or inputs.cond is not None:
                     inputs.put(None, True)
             # The stream is observed, then its End or Error recorded, the span ended, and only then is the End
             # sent: whoever reads it finds the metrics and the span already there. The timings are read first:

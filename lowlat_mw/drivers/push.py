@@ -144,6 +144,25 @@ class PushHub:
         self._keys: dict[Any, set[str]] = {}  # each connection's keys in _index
         self._listeners: dict[str, _Listener] = {}
         self._publishers: dict[str, Any] = {}  # sync Redis clients by URL (thread-safe: each has a pool)
+        self.runners: dict[str, list[Any]] = {}
+        """(Shared sessions) session id -> this process's ModelRunners of it, while they run models: where a client's
+        input for a stream followed on another process is handed over (``_input``). Not the endpoint's session
+        store: a session that left and came back here is relayed by a new runner while the old one still runs its
+        models. Changed under the lock (runners of several loops)."""
+
+    def runner_started(self, session_id: str, runner: Any) -> None:
+        """`runner` (of a shared session) runs models of `session_id` here: input for them may come from elsewhere."""
+        with self._lock:
+            self.runners.setdefault(session_id, []).append(runner)
+
+    def runner_ended(self, session_id: str, runner: Any) -> None:
+        """`runner` was destroyed."""
+        with self._lock:
+            found = self.runners.get(session_id)
+            if found is not None and runner in found:
+                found.remove(runner)
+                if not found:
+                    del self.runners[session_id]
 
     # ------------------------------------------------------------------ the index
     def add(self, driver: Any, keys: Iterable[str]) -> None:
@@ -249,11 +268,9 @@ class PushHub:
                     pass
         return stopped
 
-    @staticmethod
-    def _input(session_id: str, frame: bytes) -> int:
+    def _input(self, session_id: str, frame: bytes) -> int:
         """A client sent, on another process, input for a stream whose model runs here: hand it to the model (on the
         runner's loop). How many runners took it."""
-        from ..endpoint import Endpoint, _snapshot
         from ..protocol import events as ev
         from ..protocol.codec import PROTO_CODEC
 
@@ -264,9 +281,10 @@ class PushHub:
         if type(inp) is not ev.Input:
             return 0
         reached = 0
-        for endpoint in _snapshot(Endpoint.instances):
-            runner = endpoint.store.get(session_id)
-            if runner is not None and inp.stream_id in runner.tasks and inp.stream_id not in runner.session.followed:
+        with self._lock:
+            runners = list(self.runners.get(session_id, ()))
+        for runner in runners:
+            if inp.stream_id in runner.tasks and inp.stream_id not in runner.session.followed:
                 try:
                     runner.loop.call_soon_threadsafe(runner.deliver_remote, inp)
                     reached += 1

@@ -325,6 +325,8 @@ class _Follower:
 
 
 # ================================================================================ the cache tier's scripts
+CACHE_TIMEOUT = 0.1  # seconds a result cache lookup may take (loopback Redis answers in well under 1 ms)
+
 # Get a kept reply and note its use (its place in the LRU order).
 _CACHE_GET = """
 local data = redis.call('GET', KEYS[1])
@@ -380,6 +382,7 @@ class SharedSessions:
                                                         health_check_interval=30)
         self.redis = aioredis.Redis(connection_pool=pool)
         # The result cache's shared tier: scripts run by hash, loaded by redis-py when Redis does not have them yet.
+        self._cache_off_until = 0.0  # (loop time) no cache lookups before it: the last one failed
         self._cache_get = self.redis.register_script(_CACHE_GET)
         self._cache_put = self.redis.register_script(_CACHE_PUT)
         self._dirty: dict[int, Session] = {}  # sessions with journal records not yet written, by id()
@@ -573,15 +576,19 @@ class SharedSessions:
     async def cache_get(self, key: bytes) -> tuple[str | bytes, ...] | None:
         """The reply another process (or this one) kept in Redis for `key`, if any; None on a miss, and while Redis
         cannot be reached (a miss: the model runs)."""
-        if self.down and self.loop.time() < self._retry_at:
+        if self.loop.time() < self._cache_off_until:
             return None
         try:
-            data = await self._cache_get(keys=[f"lowlat:c:{key.hex()}", "lowlat:c:lru"], args=[key.hex()])
+            async with asyncio.timeout(CACHE_TIMEOUT):  # (a miss is cheaper than a slow store: the model runs)
+                data = await self._cache_get(keys=[f"lowlat:c:{key.hex()}", "lowlat:c:lru"], args=[key.hex()])
         except Exception as exc:
-            self._failed("read", exc)
-            self._retry_at = self.loop.time() + 1.0
+            # Not asked again for a second, so requests do not each wait out a hung store (the journal's own
+            # retries are separate: a cache miss says nothing they need).
+            self._cache_off_until = self.loop.time() + 1.0
+            if self.metrics is not None:
+                self.metrics.inc("session_store_errors", "read")
+            log.debug("result cache lookup in %s failed: %r", _safe(self.url), exc)
             return None
-        self._ok()
         return unpack_reply(data) if data else None
 
     def cache_put(self, key: bytes, chunks: Sequence[str | bytes]) -> None:

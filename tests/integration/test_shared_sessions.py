@@ -335,7 +335,8 @@ async def test_a_cancelled_followed_stream_ends_at_once_and_stops_the_model_on_a
 @pytest.mark.server_settings({"LOWLAT_MODEL": "counting:MODELS"})
 async def test_a_tool_call_answered_after_the_client_moved_reaches_the_model_on_a(servers: Servers) -> None:
     """The model runs on A; the client resumes on B, which relays the stream and forwards the client's input (the
-    tool result, more text, the end) to A through Redis, in order and each once."""
+    tool result, more text, the end) to A through Redis, in order and each once; then back on A, whose new relay
+    of the session forwards it to the runner that still runs the model."""
     async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
                                                backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
         stream = client.stream("oslo", model="agent")
@@ -347,8 +348,13 @@ async def test_a_tool_call_answered_after_the_client_moved_reaches_the_model_on_
         assert await anext(stream) == "got:cold;"
         assert client.resumes == 1
         await stream.send("one")
-        await stream.send("two", end=True)
-        assert [chunk async for chunk in stream] == ["in:one;", "in:two;", "done;"]
+        assert await anext(stream) == "in:one;"
+        servers.proxy.target = ("127.0.0.1", servers.ports[0])  # and back to A, which runs the model: A relays the
+        servers.proxy.cut_all()                                 # stream now, and its input still reaches the model
+        await stream.send("two")
+        await stream.send("three", end=True)
+        assert [chunk async for chunk in stream] == ["in:two;", "in:three;", "done;"]
+        assert client.resumes == 2
     for proc in servers.procs:
         assert "Traceback" not in proc.output(), proc.output()
 

@@ -385,3 +385,80 @@ async def test_against_a_v1_2_server_the_client_sends_no_context(monkeypatch: py
             await client.complete("q", continues=1)
         assert await client.complete("q") == ""  # (the model got no context and no history: it says nothing)
         assert client.last_error is None  # no Context reached the server (it would answer unsupported_message)
+
+
+# ---------------------------------------------------------------- found by a review (each failed before its fix)
+def app_with(**settings: Any) -> Starlette:
+    from prometheus_client import CollectorRegistry
+
+    application = Starlette()
+    application.add_middleware(LowLatMiddleware, model=context_model, path="/ws", settings=Settings(**settings),
+                               registry=CollectorRegistry())
+    return application
+
+
+async def test_a_document_refused_for_a_limit_is_not_sent_again_and_waiting_on_it_says_why() -> None:
+    """A context_limit refusal is the same however often the text is sent: the client does not loop resending it."""
+    async with AppClient(app_with(max_contexts=1, max_context_bytes=10), "/ws") as client:
+        a = await client.context("a", "12345")
+        await a.wait_synced()
+        b = await client.context("b", "two")
+        with pytest.raises(StreamError) as refused:
+            await b.wait_synced()
+        assert refused.value.code is ErrorCode.CONTEXT_LIMIT and b.state.full_sends == 1
+        await a.patch(5, 0, "678901")  # past max_context_bytes
+        with pytest.raises(StreamError) as refused:
+            await a.wait_synced()
+        assert refused.value.code is ErrorCode.CONTEXT_LIMIT and a.state.full_sends == 1
+        await a.set("ok")  # a change that fits is sent, and taken
+        await a.wait_synced()
+
+
+async def test_a_dropped_documents_answer_does_not_mark_a_new_one_of_its_name_synced() -> None:
+    async with AppClient(app_with(), "/ws") as client:
+        a = await client.context("a", "x")
+        for _ in range(5):
+            await a.patch(0, 0, "y")
+        await a.wait_synced()
+        await a.drop()
+        b = await client.context("a", "new")
+        assert b.version > 6  # (counted on past the dropped one's)
+        await b.wait_synced()
+        assert b.state.acked == b.version
+        assert await client.complete("q", context=[b]) == f"a={hashlib.sha256(b'new').hexdigest()};"
+
+
+def test_a_patch_that_is_not_unicode_changes_nothing_on_the_client() -> None:
+    doc = ClientDocument("a")
+    doc.set("hello")
+    with pytest.raises(UnicodeEncodeError):
+        doc.patch(0, 0, "\ud800")
+    with pytest.raises(UnicodeEncodeError):
+        doc.set("\ud800")
+    assert (doc.text, doc.version) == ("hello", 1)
+
+
+def test_a_context_with_too_many_patches_is_refused() -> None:
+    ctx = SessionContext(Settings())
+    assert ctx.apply(full("a", 1, "a" * 100)).code is ErrorCode.UNSPECIFIED
+    many = tuple(ev.ContextPatch(offset=50, length=0, text="b") for _ in range(1025))
+    ack = ctx.apply(ev.Context(name="a", version=2, base_version=1, patches=many))
+    assert ack.code is ErrorCode.BAD_REQUEST and "at most 1024 patches" in ack.message
+
+
+def test_a_long_reply_is_not_held_for_a_turn_past_history_size() -> None:
+    pair = ConnectionPair.ready(Settings(history_size=1000), SUBPROTOCOL_PROTO, history=True)
+    pair.send(ev.Request(stream_id=1, text="q"))
+    st = pair.server.session.streams[1]
+    for i in range(20):
+        pair.chunk(1, "x" * 100)
+        pair.send(ev.Ack(stream_id=1, seq=i + 1))
+    assert st.turn is None  # 2,000 bytes of output: not a turn history_size keeps, so not held meanwhile
+
+
+def test_a_session_holding_documents_is_kept_the_whole_resume_window() -> None:
+    pair = ConnectionPair.ready(Settings(resume_window=120))
+    pair.send(ev.Context(name="a", version=1, text="x" * 1000))
+    session = pair.server.session
+    session.detach(pair.now)
+    assert session.window == 120

@@ -376,12 +376,17 @@ class Document:
     async def drop(self) -> None:
         """Forget the document here and on the server."""
         self._client._documents.pop(self.name, None)
+        self._client._dropped[self.name] = self.state.version  # (a new document of this name counts on from it)
         await self._client._send_context(self, self.state.drop())
 
     async def wait_synced(self, timeout: float | None = 10.0) -> None:
-        """Wait until the server acknowledged the current version (TimeoutError past `timeout`)."""
+        """Wait until the server acknowledged the current version (TimeoutError past `timeout`; StreamError if the
+        server refused it for good: over max_contexts or max_context_bytes, say)."""
         async with asyncio.timeout(timeout):
             while not self.state.synced:
+                failed = self.state.failed
+                if failed is not None:
+                    raise StreamError(failed.code, f"context document {self.name!r}: {failed.message}")
                 waiter = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
                 await waiter
@@ -570,6 +575,7 @@ class AsyncClient:
             _check_warmup(self.warmup_request)
         self.warmups = 0  # warm-up requests the server ran
         self._documents: dict[str, Document] = {}  # context documents (v1.3): sent again to a session without them
+        self._dropped: dict[str, int] = {}  # the last version of each document dropped, by name
 
     # ------------------------------------------------------------------ state (the machine's)
     @property
@@ -730,13 +736,18 @@ class AsyncClient:
             proto.connection_lost()
             await ws.close()
             raise
+        sent: dict[str, int] = {}
         if self._documents and proto.contexts:  # (v1.3) a session without a document's version gets its whole text
             held = first.contexts if first.resumed else {}
-            for doc in self._documents.values():
+            for doc in list(self._documents.values()):
                 message = doc.state.welcomed(held)
                 if message is not None:
                     await self._send_quietly(ws, proto.context(message))
+                sent[doc.name] = doc.state.version
         self._ws = ws
+        for doc in list(self._documents.values()):  # (changed while the above went out, not connected yet: its
+            if sent.get(doc.name, doc.state.version) != doc.state.version:  # change was not sent, so its whole text)
+                _keep_running(self._io_tasks, self._send_context(doc, doc.state.set(doc.state.text)))
         self.last_close = None
         self._timer = _Timer(self, ws)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
@@ -1017,7 +1028,9 @@ class AsyncClient:
             raise ClientError(f"the server at {self.url} is older than protocol v1.3: it has no context documents")
         doc = self._documents.get(name)
         if doc is None:
-            doc = self._documents[name] = Document(self, ClientDocument(name))
+            state = ClientDocument(name)
+            state.version = self._dropped.pop(name, 0)  # (versions go on past a dropped one: its answers are old)
+            doc = self._documents[name] = Document(self, state)
         await doc.set(text)
         return doc
 

@@ -28,6 +28,7 @@ MAX_CONTEXT_NAME = 200  # characters of a document's name
 MAX_TURNS = 64  # turns kept per session, newest kept (history_size bounds their bytes)
 MAX_PATCHES = 256  # patches kept for the model between two requests naming a document; past it: None (read .text)
 MAX_PATCH_BYTES = 64 * 1024  # ... and their text's bytes
+MAX_PATCHES_PER_CONTEXT = 1024  # patches in one Context message (each costs a move of the text's tail)
 
 
 def sha256(data: bytes | bytearray | memoryview) -> bytes:
@@ -156,6 +157,9 @@ class SessionContext:
                                                                  f"not base_version {msg.base_version}")
         if msg.text:
             return self._refuse(msg, ErrorCode.BAD_REQUEST, "a Context carries text (base_version 0) or patches")
+        if len(msg.patches) > MAX_PATCHES_PER_CONTEXT:
+            return self._refuse(msg, ErrorCode.BAD_REQUEST, f"a Context carries at most {MAX_PATCHES_PER_CONTEXT} "
+                                                            f"patches (send the whole text instead)")
         data = doc.data
         del self.documents[name]  # out while it changes: a refusal leaves it out (patched in place)
         self.size -= len(data)
@@ -273,6 +277,7 @@ class ClientDocument:
         self.acked = 0  # the highest version the server acknowledged
         self.resync = 0  # the version of the last whole text sent: refusals of older versions are stale
         self.refusal: ev.ContextAck | None = None  # the last refusal that was not stale
+        self.failed: ev.ContextAck | None = None  # a refusal sending it again cannot cure (a limit, a bad name)
         self.full_sends = 0  # whole texts sent (the first, and every recovery)
 
     @property
@@ -281,8 +286,10 @@ class ClientDocument:
         return self.acked >= self.version > 0
 
     def set(self, text: str) -> ev.Context:
-        """Replace the whole text: the Context that says so."""
+        """Replace the whole text: the Context that says so (UnicodeEncodeError for text that is not Unicode, such
+        as a lone surrogate: nothing changes then)."""
         data = text.encode("utf-8")
+        self.failed = None
         self.text = text
         self.version = self.resync = self.version + 1
         self.full_sends += 1
@@ -296,13 +303,15 @@ class ClientDocument:
             raise ValueError(f"patch {offset}+{length} is outside the text of {len(old)} characters")
         head = old[:offset]
         cut = old[offset:offset + length]
+        new = head + text + old[offset + length:]
+        digest = sha256(new.encode("utf-8"))  # (first: text that is not Unicode raises before anything changes)
         byte_offset = len(head) if head.isascii() else len(head.encode("utf-8"))
         byte_length = len(cut) if cut.isascii() else len(cut.encode("utf-8"))
-        self.text = head + text + old[offset + length:]
+        self.text = new
         base, self.version = self.version, self.version + 1
         return ev.Context(name=self.name, version=self.version, base_version=base,
                           patches=(ev.ContextPatch(offset=byte_offset, length=byte_length, text=text),),
-                          sha256=sha256(self.text.encode("utf-8")))
+                          sha256=digest)
 
     def drop(self) -> ev.Context:
         """Forget the document: the Context that tells the server."""
@@ -317,6 +326,10 @@ class ClientDocument:
         if ack.version < self.resync:
             return None
         self.refusal = ack
+        if ack.code is not ErrorCode.CONTEXT_MISMATCH or ack.version == self.resync:
+            # A limit, a bad name, or the whole text itself refused: sending it again would be refused again.
+            self.failed = ack
+            return None
         return self.set(self.text)
 
     def welcomed(self, held: Mapping[str, int]) -> ev.Context | None:

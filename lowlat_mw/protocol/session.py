@@ -57,6 +57,7 @@ class StreamState:
     # Protocol v1.3, in a session that keeps turns (Hello.history): the output so far (None: not kept), the
     # Request, and the kept turn it continues (stream id, serial).
     turn: list[str | bytes] | None = None
+    turn_bytes: int = 0  # (the output's bytes so far: past history_size the turn is not kept, nor its pieces)
     asked: ev.Request | None = None
     parent: tuple[int, int] | None = None
 
@@ -211,6 +212,9 @@ class Session:
         st.costs.append(cost)
         if st.turn is not None:
             st.turn.append(piece)
+            st.turn_bytes += n
+            if st.turn_bytes > self.settings.history_size:  # too big to keep as a turn: stop holding it now
+                st.turn = None
         self.buffered += cost
         if self.buffered > self.settings.resume_buffer_size:
             self._enforce_buffer_limit(st)
@@ -409,7 +413,9 @@ class Session:
         """Whether anything could still be resumed: a stream the client has not acknowledged as done,
         one the last resume reported unknown (its Request was lost; the client sends it again), or the
         push groups it is in (the server's joins among them: a new session would be in none)."""
-        return bool(self.streams or self._awaited or self.groups)
+        context = self.context
+        return bool(self.streams or self._awaited or self.groups
+                    or (context is not None and (context.documents or context.turns)))
 
     def input_seqs(self) -> dict[int, int]:
         """(v1.3) Running stream id -> seq of the last Input it got, for streams that got any: a resume's Welcome

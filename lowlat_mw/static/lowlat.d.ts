@@ -229,19 +229,24 @@ export declare class ContextDocument {
   readonly acked: number;
   /** Whole texts sent (the first one, and each recovery). */
   readonly fullSends: number;
-  /** The last refusal that made the client send the whole text again, if any. */
+  /** The last refusal of the current text, if any. */
   readonly refusal: ContextAck | null;
+  /** A refusal that sending the text again cannot cure (context_limit, bad_request): `whenSynced()` rejects with it
+   * until the next `set()`. */
+  readonly failed: ContextAck | null;
   /** Whether the server acknowledged the current version. */
   readonly synced: boolean;
-  /** Replace the whole text. */
+  /** Replace the whole text (RangeError for a lone surrogate). */
   set(text: string): void;
-  /** Replace `length` UTF-16 code units at `offset` with `text` (RangeError outside the text). */
+  /** Replace `length` UTF-16 code units at `offset` with `text` (RangeError outside the text, inside a surrogate
+   * pair, or for a lone surrogate in `text`). */
   patch(offset: number, length: number, text: string): void;
   /** Replace the first occurrence of `old` (RangeError if it does not occur). */
   replace(old: string, replacement: string): void;
   /** Forget the document, here and on the server. */
   drop(): void;
-  /** Resolves once the server acknowledged the current version; rejects after `timeout` ms. */
+  /** Resolves once the server acknowledged the current version; rejects after `timeout` ms, or with a StreamError
+   * when it refused it for good (`failed`). */
   whenSynced(timeout?: number): Promise<void>;
 }
 /** A prompt: its text, binary input, or a request object. */

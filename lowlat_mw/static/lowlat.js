@@ -193,6 +193,11 @@ const ERROR_CODES = ["unspecified", "bad_request", "model_error", "too_many_stre
 const utf8 = new TextEncoder();
 const utf8Decoder = new TextDecoder("utf-8", { fatal: true });
 
+/** Whether `s` holds a UTF-16 surrogate without its pair (not Unicode text: UTF-8 cannot carry it). */
+function loneSurrogate(s) {
+  return /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(s);
+}
+
 /** UTF-8 size of a string, without encoding it. */
 export function utf8Length(s) {
   let n = 0;
@@ -200,7 +205,10 @@ export function utf8Length(s) {
     const c = s.charCodeAt(i);
     if (c < 0x80) n += 1;
     else if (c < 0x800) n += 2;
-    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) { n += 4; i++; } else n += 3;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+      n += 4; // a surrogate pair: one 4-byte character
+      i++;
+    } else n += 3; // (a lone surrogate: TextEncoder writes U+FFFD, 3 bytes)
   }
   return n;
 }
@@ -567,6 +575,7 @@ export class ContextDocument {
     this.resync = 0; // the version of the last whole text sent: refusals of older versions are stale
     this.refusal = null; // the last refusal that was not stale (a context_ack with a code)
     this.fullSends = 0; // whole texts sent (the first, and every recovery)
+    this.failed = null; // a refusal that sending the text again cannot cure (a limit, a bad name)
     this._waiters = [];
   }
 
@@ -576,6 +585,7 @@ export class ContextDocument {
   }
 
   _full(text) {
+    this.failed = null;
     this.text = text;
     this.version = this.resync = this.version + 1;
     this.fullSends++;
@@ -583,9 +593,11 @@ export class ContextDocument {
       sha256: sha256(utf8.encode(text)) };
   }
 
-  /** Replace the whole text. */
+  /** Replace the whole text (RangeError for a lone surrogate: not Unicode text, the server could not take it). */
   set(text) {
-    this._client._sendContext(this._full(String(text)));
+    text = String(text);
+    if (loneSurrogate(text)) throw new RangeError("a context document's text holds a lone surrogate");
+    this._client._sendContext(this._full(text));
   }
 
   /** Replace `length` code units at `offset` with `text`; RangeError outside the text or inside a surrogate pair. */
@@ -598,6 +610,8 @@ export class ContextDocument {
     const splits = (i) => i > 0 && i < old.length && (old.charCodeAt(i) & 0xfc00) === 0xdc00
       && (old.charCodeAt(i - 1) & 0xfc00) === 0xd800;
     if (splits(offset) || splits(offset + length)) throw new RangeError("a patch may not split a surrogate pair");
+    text = String(text);
+    if (loneSurrogate(text)) throw new RangeError("a patch's text holds a lone surrogate");
     const head = old.slice(0, offset);
     const patch = { offset: utf8Length(head), length: utf8Length(old.slice(offset, offset + length)), text };
     this.text = head + text + old.slice(offset + length);
@@ -617,14 +631,16 @@ export class ContextDocument {
   /** Forget the document, here and on the server. */
   drop() {
     this._client.documents.delete(this.name);
+    this._client._dropped.set(this.name, this.version); // (a new document of this name counts on from it)
     this._client._sendContext({ type: "context", name: this.name, version: this.version, drop: true });
   }
 
   /** Resolve once the server acknowledged the current version (reject after `timeout` ms). */
   whenSynced(timeout = 10000) {
     if (this.synced) return Promise.resolve();
+    if (this.failed) return Promise.reject(new StreamError({ code: this.failed.code, message: this.failed.message }));
     return new Promise((resolve, reject) => {
-      const waiter = { resolve, timer: setTimeout(() => {
+      const waiter = { resolve, reject, timer: setTimeout(() => {
         this._waiters = this._waiters.filter((x) => x !== waiter);
         reject(new LowLatError(`context ${this.name} not acknowledged within ${timeout} ms`));
       }, timeout) };
@@ -638,11 +654,17 @@ export class ContextDocument {
     if (ack.code === "unspecified") this.acked = Math.max(this.acked, ack.version);
     else if (ack.version >= this.resync) {
       this.refusal = ack;
-      again = this._full(this.text);
+      // A limit, a bad name, or the whole text itself refused: sending it again would be refused again.
+      if (ack.code !== "context_mismatch" || ack.version === this.resync) this.failed = ack;
+      else again = this._full(this.text);
     }
-    if (this.synced) {
+    if (this.synced || this.failed) {
       const waiters = this._waiters.splice(0);
-      for (const w of waiters) { clearTimeout(w.timer); w.resolve(); }
+      for (const w of waiters) {
+        clearTimeout(w.timer);
+        if (this.synced) w.resolve();
+        else w.reject(new StreamError({ code: this.failed.code, message: this.failed.message }));
+      }
     }
     return again;
   }
@@ -1029,6 +1051,7 @@ export class LowLatClient extends EventTarget {
     this.warmups = 0; // warm-up requests the server ran
     this.history = Boolean(options.history); // v1.3: the server keeps this session's turns (for `continues`)
     this.documents = new Map(); // v1.3: context documents, by name (sent again to a session without them)
+    this._dropped = new Map(); // the last version of each document dropped, by name
     this.auth = options.auth || "";
     this.clientName = options.clientName || CLIENT_NAME;
     this.WebSocket = options.WebSocket || globalThis.WebSocket;
@@ -1184,6 +1207,8 @@ export class LowLatClient extends EventTarget {
     let doc = this.documents.get(name);
     if (!doc) {
       doc = new ContextDocument(this, name);
+      doc.version = this._dropped.get(name) ?? 0; // (versions go on past a dropped one: its answers are old)
+      this._dropped.delete(name);
       this.documents.set(name, doc);
     }
     doc.set(text);

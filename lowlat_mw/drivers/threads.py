@@ -71,6 +71,10 @@ class SocketWriter:
                  high: int = HIGH) -> None:
         self.closing = False
         self._sock = sock
+        try:  # (gunicorn sets it on its listening socket; werkzeug's server does not)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a small frame waits for no ACK
+        except OSError:  # not TCP (a Unix socket)
+            pass
         self._loop = loop
         self._pool = pool
         self._high = high

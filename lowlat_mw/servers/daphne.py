@@ -103,6 +103,12 @@ class DaphneDirect:
     def __init__(self, protocol: WebSocketProtocol) -> None:
         self._protocol = protocol
         self.write = protocol.sendData
+        no_delay = getattr(protocol.transport, "setTcpNoDelay", None)  # Twisted leaves Nagle's algorithm on
+        if no_delay is not None:
+            try:
+                no_delay(True)
+            except OSError:
+                pass
 
     @property
     def closing(self) -> bool:

@@ -153,7 +153,7 @@ class LowLat:
             if user is not None:
                 facts["user"] = user
             driver = ThreadDriver(endpoint, send=ws.send, close=close, subprotocol=subprotocol, address=address,
-                                  **facts)
+                                  sock=ws.sock, **facts)
         except BaseException:
             endpoint.release(address)
             close(1011, "internal error")

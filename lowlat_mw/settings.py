@@ -146,8 +146,9 @@ class Settings:
     merge_max_delay: float = 0.0005
     """Longest time (seconds) a chunk waits for more to merge with, when merge_deltas is on."""
     direct_writes: bool = True
-    """Where the server offers it (lowlat-mw's uvicorn protocols), frame output here and write it straight
-    to the socket, a loop turn's frames in one write, instead of one ASGI send per frame (docs/architecture.md)."""
+    """Where the server offers it (lowlat-mw's uvicorn protocols and daphne runner, the Flask adapter), frame output
+    here and write it straight to the socket, a loop turn's frames in one write, instead of one ASGI send per frame
+    (docs/architecture.md)."""
     max_batch_size: int = 16
     """Micro-batching: at most this many requests in one call of a model marked batch-capable
     (``generate.batch = True``: it takes a list of requests and returns one reply per request;

@@ -45,7 +45,7 @@ def server_url() -> Any:
 
     app = Starlette()
     app.add_middleware(LowLatMiddleware, model=demo_model, path="/ws")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # (asyncio: TCP_NODELAY)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, ws="websockets-sansio", log_level="warning", lifespan="off")

@@ -44,8 +44,11 @@ class RunningServer:
     def __init__(self, app: Any, path: str = "/ws") -> None:
         self.app = app
         self.path = path
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP: asyncio turns Nagle's algorithm off only on connections of such a socket; TCP_NODELAY on
+        # the listening socket is inherited by its connections (Linux) under werkzeug's threads too.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind(("127.0.0.1", 0))  # bound here and handed over: no race for a "free" port
         self.port: int = self._sock.getsockname()[1]
         self.error: BaseException | None = None

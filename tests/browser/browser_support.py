@@ -106,7 +106,7 @@ class Uvicorn:
 def start_uvicorn(app: Any) -> Uvicorn:
     import uvicorn
 
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # (asyncio: TCP_NODELAY)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, ws="websockets-sansio", ws_ping_interval=None,

@@ -150,7 +150,8 @@ async def test_scrape_counts_streams_errors_connections_and_bytes(server, mode):
     assert d("lowlat_connections") == CONNECTIONS
     assert d("lowlat_connections_opened_total") == CONNECTIONS
     assert d("lowlat_connections_opened_total", subprotocol=mode) == CONNECTIONS
-    # frames written straight to the socket where our uvicorn protocols offer it, through ASGI send elsewhere
+    # frames written straight to the socket where our uvicorn protocols, daphne runner or Flask bridge offer it,
+    # through ASGI send elsewhere
     writes = "direct" if server.framework in DIRECT_WRITES else "send"
     assert d("lowlat_connections_opened_total", writes=writes) == CONNECTIONS, writes
     # and read straight from the parser of our websockets-sansio protocol, through ASGI receive elsewhere

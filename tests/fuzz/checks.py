@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from lowlat_mw.protocol import events as ev
@@ -26,6 +26,7 @@ from lowlat_mw.protocol.server import (
     CancelStream,
     CloseConnection,
     ConnState,
+    DeliverInput,
     Measured,
     Membership,
     ResumeSession,
@@ -38,8 +39,7 @@ from lowlat_mw.testing import ConnectionPair
 
 LIMIT = 64 * 1024
 ALL_CODECS = tuple(available_codecs())
-EVENT_TYPES = (ev.Hello, ev.Welcome, ev.Request, ev.Delta, ev.End, ev.Error, ev.Cancel, ev.Ping, ev.Pong,
-               ev.GoAway, ev.Ack, ev.Subscribe, ev.Subscribed, ev.Push)
+EVENT_TYPES = get_args(ev.Event)  # every message kind, new revisions' included (v1.3: Input, Context...)
 PROTO, JSON = ProtoCodec(), JsonCodec()
 
 # (error code, close code) pairs docs/protocol.md documents for a frame the server cannot take.
@@ -110,7 +110,7 @@ def check_frame(codec: ProtoCodec | JsonCodec, frame: bytes | str, *, limit: int
 # ================================================================================ ServerProtocol
 FUZZ_SETTINGS = Settings(max_frame_size=LIMIT, max_decompressed_size=LIMIT, max_streams=4, rate_limit=50,
                          rate_burst=5, max_request_size=4096, max_session_lifetime=30)
-_ACTIONS = (SendFrame, CloseConnection, StartStream, CancelStream, Measured, Membership,
+_ACTIONS = (SendFrame, CloseConnection, StartStream, CancelStream, DeliverInput, Measured, Membership,
             bytes, str)  # str/bytes: a Delta's frame
 
 
@@ -118,7 +118,8 @@ def open_connection(subprotocol: str, now: float = 1000.0) -> ServerProtocol:
     """A server machine after Hello/Welcome (every codec negotiated on proto), through a ConnectionPair."""
     pair = ConnectionPair(FUZZ_SETTINGS, subprotocol, now=now, session_id="fuzz")
     conn = pair.server
-    actions = conn.receive_data(pair.codec.encode(ev.Hello(client="fuzz", compression=ALL_CODECS)), now)
+    actions = conn.receive_data(pair.codec.encode(ev.Hello(client="fuzz", compression=ALL_CODECS,
+                                                           revision=ev.REVISION)), now)  # (every kind it knows)
     _require(len(actions) == 1 and isinstance(actions[0], SendFrame) and conn.open, f"no welcome: {actions}")
     return conn
 

@@ -223,7 +223,7 @@ async def test_the_caches_redis_tier_keeps_replies_within_its_bytes_least_recent
         keys = [bytes([i]) * 32 for i in range(8)]
         for i, key in enumerate(keys):
             shared.cache_put(key, reply)
-            await asyncio.gather(*shared._cancels)  # (written behind, in a task)
+            await asyncio.gather(*shared._background)  # (written behind, in a task)
             if i == 3:
                 assert await shared.cache_get(keys[0]) == reply  # used: newer than keys[1] to keys[3] now
         total = int(await client.get("lowlat:c:bytes"))
@@ -232,7 +232,7 @@ async def test_the_caches_redis_tier_keeps_replies_within_its_bytes_least_recent
         assert kept == [True, False, False, False, True, True, True, True]  # keys[0] was used: 1, 2, 3 went
         assert await client.ttl(f"lowlat:c:{keys[7].hex()}") > 50
         shared.cache_put(b"big" * 11, ("y" * (capacity // 4 + 1),))  # over a quarter of the tier: not kept
-        await asyncio.gather(*shared._cancels)
+        await asyncio.gather(*shared._background)
         assert await shared.cache_get(b"big" * 11) is None
     finally:
         await client.aclose()

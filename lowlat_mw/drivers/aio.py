@@ -364,11 +364,10 @@ class ModelRunner:
         st.input_seq = inp.seq
         st.input_ended = inp.end
         problem = self.deliver(inp)
-        if problem is not None:  # (as ServerProtocol.refuse_input does for a connection's own streams)
-            st.cancelling = True
-            self.session.fail(inp.stream_id, self.monotonic(), ErrorCode.BAD_REQUEST, problem)
+        if problem is not None and self.session.refuse(inp.stream_id, self.monotonic(), ErrorCode.BAD_REQUEST,
+                                                       problem) is not None:
             self.cancel(inp.stream_id)
-            if self.shared is not None:
+            if self.shared is not None:  # (the Error goes out through the store, to the process relaying it)
                 self.shared.touch(self.session)
 
     def cancel(self, stream_id: int) -> None:
@@ -643,9 +642,6 @@ class ModelRunner:
 
 
 # ================================================================================ the connection driver
-_BACKGROUND: set[asyncio.Task[Any]] = set()  # tasks nobody awaits (referenced until done)
-
-
 class ConnectionDriver:
     """Runs one WebSocket: frames in, frames out through the ASGI `send`, its timers from the loop's scheduler.
 
@@ -900,9 +896,7 @@ class ConnectionDriver:
         if problem is not None:
             actions = self.protocol.refuse_input(inp.stream_id, self.monotonic(), ErrorCode.BAD_REQUEST, problem)
             if not self._act_now(actions):  # (the socket is busy: in order, after what is being written)
-                task = asyncio.get_running_loop().create_task(self._act(actions))
-                _BACKGROUND.add(task)
-                task.add_done_callback(_BACKGROUND.discard)
+                self._spawn(self._act(actions))
 
     async def _read_inbox(self) -> None:
         inbox = self._inbox

@@ -394,7 +394,7 @@ class SharedSessions:
         """The store failed and has not answered since (logged once per outage)."""
         self._retry_at = 0.0
         self._alive: asyncio.Task[None] | None = None
-        self._cancels: set[asyncio.Task[None]] = set()  # (referenced until done)
+        self._background: set[asyncio.Task[None]] = set()  # writes behind the caller (referenced until done)
         self._inputs_out: deque[tuple[str, ev.Input]] = deque()  # (v1.3) Inputs for other processes, in order
         self._input_sender: asyncio.Task[None] | None = None
         self._entry_bytes: dict[str, float] = {}  # each writing session's average entry size (moving)
@@ -607,9 +607,7 @@ class SharedSessions:
             except Exception as exc:
                 self._failed("write", exc)
 
-        task = self.loop.create_task(write())
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._behind(write())
 
     def cancel_elsewhere(self, session_id: str, stream_id: int) -> None:
         """The client cancelled a stream this process relays from another: tell that process to stop its model
@@ -622,9 +620,13 @@ class SharedSessions:
             except Exception as exc:  # the model runs on to its end there, as before the store knew of cancels
                 self._failed("write", exc)
 
-        task = self.loop.create_task(send())
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._behind(send())
+
+    def _behind(self, coro: Any) -> None:
+        """Run `coro` (a write that reports its own failure) in a task of its own, kept referenced until done."""
+        task = self.loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def flushed(self, timeout: float = TIMEOUT) -> None:
         """Wait (up to `timeout`) until everything journaled so far has been written (or failed): a draining

@@ -396,13 +396,10 @@ class ServerProtocol(Protocol):
     def refuse_input(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
         """End running stream `stream_id` with Error(`code`, `message`) and stop its model: an input it cannot take
         (out of order, too big; or, from the driver, more than ``max_unread_inputs`` its model has not read)."""
-        session = self.session
-        st = session.streams.get(stream_id) if session is not None else None
-        if st is None or not st.running:
-            return []
-        st.cancelling = True
-        error = session.fail(stream_id, now, code, message)  # type: ignore[union-attr]
-        if error is None or self.state is not ConnState.OPEN:
+        error = self.session.refuse(stream_id, now, code, message) if self.session is not None else None
+        if error is None:
+            return []  # not running: its End or Error is on its way
+        if self.state is not ConnState.OPEN:
             return [CancelStream(stream_id)]
         return [self._send_error(error), CancelStream(stream_id)]
 

@@ -318,6 +318,15 @@ class Session:
         error = ev.Error(stream_id=stream_id, code=code, message=message, retryable=retryable)
         return self.finish(stream_id, now, error=error)  # type: ignore[return-value]
 
+    def refuse(self, stream_id: int, now: float, code: ErrorCode, message: str) -> ev.Error | None:
+        """End running stream `stream_id` with its Error(`code`, `message`), marked cancelling (its model is to be
+        stopped): an input it cannot take (v1.3). None if it was not running."""
+        st = self.streams.get(stream_id)
+        if st is None or not st.running:
+            return None
+        st.cancelling = True
+        return self.fail(stream_id, now, code, message)
+
     def _forget(self, sid: int) -> None:
         st = self.streams.pop(sid, None)
         if st is not None:

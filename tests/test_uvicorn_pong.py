@@ -77,3 +77,35 @@ async def test_the_awaited_pong_inside_a_fragmented_message_is_a_protocol_error_
         assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == 1002
         assert server.samples("lowlat_heartbeat_rtt_seconds") == 0
         writer.close()
+
+
+async def test_the_awaited_pong_reaches_the_machine_without_its_decoder_and_is_counted_and_measured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver knows the awaited Pong by identity (the transport hands it the very object it was told to
+    await) and gives it to ``ServerProtocol.pong_arrived``, not ``receive_data``: counted as a received frame
+    with its bytes, its RTT measured, and the next Ping scheduled, as the decoding path would."""
+    from lowlat_mw.protocol.server import ServerProtocol
+
+    decoded: list[bytes | str] = []
+    receive_data = ServerProtocol.receive_data
+
+    def spy(self: ServerProtocol, data: bytes | str, now: float) -> list[object]:
+        decoded.append(data)
+        return receive_data(self, data, now)
+
+    monkeypatch.setattr(ServerProtocol, "receive_data", spy)
+    async with asyncio.timeout(2 * WAIT), Server() as server:
+        conn, _ = await server.connect()
+        [direct] = server.offered
+        for n in (1, 2):
+            got = await ping(conn)
+            pong = CODEC.encode(ev.Pong(id=got.id))
+            before = server.samples("lowlat_frames_received", "_total")
+            conn.writer.write(client_frame(pong))
+            while server.samples("lowlat_heartbeat_rtt_seconds") < n:
+                await asyncio.sleep(0.01)
+            assert direct.expect is None
+            assert server.samples("lowlat_frames_received", "_total") == before + 1
+            assert pong not in decoded  # (the Hello went through receive_data)
+        assert decoded and isinstance(decoded[0], bytes)  # the spy does see what is decoded: the Hello
+        conn.writer.close()

@@ -25,6 +25,7 @@ import logging
 import math
 import time
 import weakref
+from bisect import bisect_left
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import Executor
@@ -655,10 +656,10 @@ class ConnectionDriver:
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
-                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
-                 "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
-                 "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member",
-                 "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
+                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_rtts",
+                 "_scheduled", "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn",
+                 "_turns", "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop",
+                 "member", "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
@@ -710,6 +711,7 @@ class ConnectionDriver:
         self._superseded = False  # a resume moved this connection's session to another connection
         self.member = False  # in push's index of users and groups (push.HUB.add): it leaves it when it closes
         self._push_backlog = 0  # bytes of pushes waiting for the connection's output (PUSH_BACKLOG bounds them)
+        self._rtts: Any = None  # the heartbeat RTT histogram (Metrics.hist), bound at the first Pong (see _pong)
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         # Where offered, messages skip the ASGI queue too (ASGI receive still brings the disconnect).
         reads = direct is not None and self.read_directly()
@@ -768,6 +770,9 @@ class ConnectionDriver:
             return
         proto = self.protocol
         try:
+            if data is proto.pong_frame and proto.state is ConnState.OPEN:  # the Pong on_timer's transport awaited
+                self._pong(proto)
+                return
             if self.timed:
                 self._arrived = self.clock()
             actions = proto.receive_data(data, self.monotonic())
@@ -783,6 +788,21 @@ class ConnectionDriver:
                 self.reschedule()
         except Exception:
             self._spawn(self._failed())
+
+    def _pong(self, proto: ServerProtocol) -> None:
+        """The heartbeat's Pong, known by identity (:meth:`feed`): what ``receive_data``, the RTT's measurement and
+        :meth:`reschedule` do for it, written out (once per heartbeat of every idle connection)."""
+        rtt = proto.pong_arrived(self.monotonic())
+        if self.metrics is not None:
+            rtts = self._rtts
+            if rtts is None:
+                rtts = self._rtts = self.metrics.hist("heartbeat_rtt_seconds")
+            rtts.counts[bisect_left(rtts.bounds, rtt)] += 1  # (_Hist.observe, written out)
+            rtts.sum += rtt
+        when = self._next_deadline()  # (reschedule, written out)
+        if when != self._scheduled:
+            self._scheduled = when
+            self.scheduler.schedule(self, when)
 
     async def _fed(self, actions: list[Any]) -> None:
         """Carry out what a fed message caused that has to wait, then the messages that came meanwhile."""

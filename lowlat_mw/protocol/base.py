@@ -273,19 +273,27 @@ class Protocol:
         return []
 
     def _pong_arrived(self, size: int, now: float) -> list[Any]:
-        """:meth:`receive_data` of the awaited Pong (`pong_frame`, `size` bytes), written out: what decoding it
-        and :meth:`_on_pong` do (counted, proof of life, the Ping answered, its RTT measured)."""
+        """:meth:`receive_data` of the awaited Pong (`pong_frame`, `size` bytes): :meth:`pong_arrived`, and its RTT
+        to measure."""
+        return [Measured("heartbeat_rtt_seconds", self.pong_arrived(now))]
+
+    def pong_arrived(self, now: float) -> float:
+        """The awaited Pong (`pong_frame`) arrived whole; returns its RTT. What decoding it and :meth:`_on_pong` do,
+        written out: counted, proof of life, the Ping answered. Only while `pong_frame` is set and the connection is
+        open: :meth:`receive_data` checks; a driver that knows the message by identity (its transport awaited it)
+        calls this instead, and measures the RTT itself."""
+        pong = self.pong_frame
         self.pong_frame = None
         received = self.stats.received
         received[0] += 1
-        received[1] += size
+        received[1] += len(pong)  # type: ignore[arg-type]  # (ASCII either way: a Pong's JSON, or bytes)
         hb = self.heartbeat
         assert hb is not None and hb.awaiting is not None  # (pong_frame is set only while a Ping is out)
         self.deadline_moved = True
         hb.alive_since_ping = True
         hb.rtt = rtt = now - hb.last_ping_at
         hb.awaiting = None
-        return [Measured("heartbeat_rtt_seconds", rtt)]
+        return rtt
 
     def _ping(self) -> list[Any]:
         """The Ping the heartbeat just asked for, framed (counted as :meth:`_frame` counts), and the Pong

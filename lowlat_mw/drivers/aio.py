@@ -819,7 +819,10 @@ class ConnectionDriver:
                 rtts = self._rtts = self.metrics.hist("heartbeat_rtt_seconds")
             rtts.counts[bisect_left(rtts.bounds, rtt)] += 1  # (_Hist.observe, written out)
             rtts.sum += rtt
-        when = self._next_deadline()  # (reschedule, written out)
+        proto.deadline_moved = False  # (reschedule and _next_deadline, written out)
+        when = proto.next_deadline()
+        if self._sender is not None and self._stuck_task is None:
+            when = min(when, self._send_since + self.settings.slow_consumer_timeout)
         if when != self._scheduled:
             self._scheduled = when
             self.scheduler.schedule(self, when)
@@ -1485,8 +1488,12 @@ class ConnectionDriver:
                     self._closing = True
             elif not self._act_now(actions):  # a close (idle, dead peer) goes out in a task
                 self._spawn(self._act(actions))
-        self._scheduled = self._next_deadline()
-        return self._scheduled
+        proto.deadline_moved = False  # (_next_deadline, written out: once per heartbeat)
+        when = proto.next_deadline()
+        if self._sender is not None and self._stuck_task is None:
+            when = min(when, self._send_since + self.settings.slow_consumer_timeout)
+        self._scheduled = when
+        return when
 
     def _next_deadline(self) -> float:
         self.protocol.deadline_moved = False

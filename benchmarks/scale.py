@@ -573,8 +573,12 @@ compare, no frame parser, no decoding), its RTT observed, and the connection's t
 Ping (no second wake-up at the Pong's timeout): 44 Python calls per heartbeat (cProfile), from 52 before the
 awaited Pong and 2,040 opcodes before the made-once Ping (3,000 connections, 12 s heartbeat, one server at
 a time: user + system CPU 38.5 -> 36.8 µs per heartbeat for the awaited Pong, three interleaved runs;
-docs/architecture.md, "Heartbeats"). Two full runs of this suite after it: {per_hb_direct} here, 31 µs
-(+1.04 points) in the other. Tried and dropped: the hot modules compiled unchanged with Cython (no gain,
+docs/architecture.md, "Heartbeats"). Then the awaited Pong went straight to `Protocol.pong_arrived`, known by
+identity, without `receive_data`, its actions and `reschedule` (about 30 Python calls per heartbeat; in process,
+2,000 connections on fake transports: 9.6 -> 8.4 µs of Python per heartbeat, three interleaved pairs). On a
+real server that is within the spread of the measure: interleaved A/A runs of this suite's idle part (3,000
+connections, 5 s heartbeat, 20 s windows) differ by up to 6%, and 10,000 connections at 30 s by 10% and more;
+this run: {per_hb_direct}. Tried and dropped: the hot modules compiled unchanged with Cython (no gain,
 43 vs 35 µs user per heartbeat: compiled code calls CPython's generic attribute and method lookups, which
 Python 3.11's specializing interpreter caches; a gain needs typed extension classes, a second
 implementation of the protocol core). Meeting 1% needs a few µs less per heartbeat, or fewer heartbeats on
@@ -593,10 +597,17 @@ Delta is about 52 µs on lowlat-mw's protocol: its params decoded through the pr
 stream's state, timer and metrics, its task and eager first step), and each token a little more (py-spy:
 each token's write system call is half of either server's time; lowlat-mw's Python per token, the
 Delta's numbering, replay buffer and frame, touching another connection's objects each time, is about
-2 µs more than the bare endpoint's). The garbage collector was the other part: a running stream holds
-about 20 objects the collector tracks (the bare endpoint's about 5); with the interpreter's thresholds
-they reach the oldest generation within milliseconds, and a full collection then stalls the process
-for 50-100 ms of wall time, which lands in the p99 of the round it falls in (rounds at 119-191 ms
+2 µs more than the bare endpoint's). Measured per request apart (these servers, 1,000 connections each
+sending one 1-token request at once, 8 interleaved rounds): about 140 µs of lowlat-mw's server CPU per
+request against the bare endpoint's 73 µs, of which lowlat-mw's Python, in process without sockets, is
+about 20 µs; the rest is the event loop and the system calls, and lowlat-mw has one more message per
+request to read (the client's `Ack` of the End, which the bare endpoint does not get; a quick reply's
+Delta and End now leave in one write: 157 -> 142 µs). And on this shared machine one burst's p99 moves a
+lot from round to round: in interleaved runs of these two servers the same session saw per-round ratios
+from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x. The garbage collector was the other
+part: a running stream holds about 20 objects the collector tracks (the bare endpoint's about 5); with the
+interpreter's thresholds they reach the oldest generation within milliseconds, and a full collection then
+stalls the process for 50-100 ms of wall time, which lands in the p99 of the round it falls in (rounds at 119-191 ms
 instead of 64-69 ms). The `lowlat-direct` server runs with `lowlat-mw serve`'s settings, `gc_freeze`
 (the startup heap out of the collector's reach) and `gc_threshold` {SERVE_GC_THRESHOLD} (a stream's objects die before
 they are promoted). The threshold counts tracked objects made minus those freed, so it is set above what

@@ -96,12 +96,8 @@ class Conn:
         return [data for kind, data in self.log if kind == "write"]
 
     def events(self) -> list[ev.Event]:
-        return self.codec_events(b"".join(self.writes()))
-
-    def codec_events(self, data: bytes) -> list[ev.Event]:
-        """The events in `data` (frames as written)."""
         out = []
-        for frame in parse_frames(data):
+        for frame in parse_frames(b"".join(self.writes())):
             data = frame.data if frame.opcode is Opcode.BINARY else frame.data.decode()
             out.append(self.codec.decode(data, limit=1 << 30, allowed=self.driver.protocol.compression))
         return out
@@ -155,67 +151,12 @@ async def test_a_turns_first_frame_goes_at_once_the_rest_in_one_write_at_its_end
     await conn.send(ev.Hello())
     assert len(conn.writes()) == 1  # Welcome: the first output of this turn, written at once
     await end_of_turn()
-    # The model yields 20 tokens without waiting: its first step (one turn of the loop) produces them all.
+    # The model yields 20 tokens without waiting: one turn of the loop produces them all.
     await conn.send(ev.Request(stream_id=1, text="x", params={"n": 20}))
     await wait_for(lambda: any(isinstance(e, ev.End) for e in conn.events()))
     stream_writes = conn.writes()[1:]
-    # the first Delta as soon as the second comes (the model's first step), then the rest of that turn (18 Deltas
-    # and the End) together
-    assert [len(parse_frames(w)) for w in stream_writes] == [2, 19], [len(parse_frames(w)) for w in stream_writes]
-    await conn.driver.disconnected(1000)
-
-
-async def whole(req: Any) -> str:
-    return f"whole {req.text}"
-
-
-async def first_then_wait(req: Any) -> Any:
-    yield "first"
-    await asyncio.Event().wait()
-
-
-@pytest.mark.parametrize("model", [whole, None], ids=["async def", "async generator"])
-async def test_a_reply_that_ends_in_the_models_first_step_is_one_write(model: Any) -> None:
-    """A quick reply's Delta and End leave in one write (one system call, one wake-up of the client), written
-    before the Request's read returns; a model that waits after its first token gets that Delta at once too."""
-    conn = Conn(model or tokens)
-    await conn.send(ev.Hello())
-    await end_of_turn()
-    before = len(conn.writes())
-    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 1}))
-    writes = conn.writes()[before:]
-    assert [[type(e) for e in conn.codec_events(w)] for w in writes] == [[ev.Delta, ev.End]]
-    await conn.driver.disconnected(1000)
-
-
-async def late(req: Any) -> Any:
-    await asyncio.sleep(0.01)
-    yield "late"
-
-
-async def test_a_model_step_that_writes_nothing_leaves_the_turns_first_output_to_what_follows() -> None:
-    """A model that waits before its first token holds nothing: the Pong answering a Ping read right after its
-    Request is the connection's first output of the turn, written before the read returns."""
-    conn = ReadConn(late)
-    conn.read(ev.Hello())
-    await end_of_turn()
-    conn.read(ev.Request(stream_id=1, text="x"), ev.Ping(id=9))
-    assert [type(e) for e in conn.events()] == [ev.Welcome, ev.Pong]
-    await wait_for(lambda: isinstance(conn.events()[-1], ev.End))
-    assert [type(e) for e in conn.events()] == [ev.Welcome, ev.Pong, ev.Delta, ev.End]
-    await conn.driver.disconnected(1000)
-
-
-async def test_a_first_delta_before_the_model_waits_is_written_when_the_step_ends() -> None:
-    conn = Conn(first_then_wait)
-    await conn.send(ev.Hello())
-    await end_of_turn()
-    before = len(conn.writes())
-    await conn.send(ev.Request(stream_id=1, text="x"))
-    writes = conn.writes()[before:]
-    assert [[type(e) for e in conn.codec_events(w)] for w in writes] == [[ev.Delta]]  # not held to the turn's end
-    await conn.send(ev.Cancel(stream_id=1))
-    await wait_for(lambda: isinstance(conn.events()[-1], ev.End))
+    # the first Delta alone, then the rest of that turn (19 Deltas and the End) together
+    assert [len(parse_frames(w)) for w in stream_writes] == [1, 20], [len(parse_frames(w)) for w in stream_writes]
     await conn.driver.disconnected(1000)
 
 

@@ -296,25 +296,7 @@ class ModelRunner:
             if self.settings.delta_timing or (kind != "asyncgen" and kind != "async") or self.settings.merge_deltas:
                 timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
-        driver = self.driver
-        turns = driver._turns if driver is not None else None
-        before = driver._turn if driver is not None else -1
-        step = turns is not None and before != turns.turn  # (direct writes; nothing written yet this turn)
-        if step:  # its first frame is held until a second one or the step's end (Turns: the turn is this connection's)
-            driver._turn = turns.turn  # type: ignore[union-attr]
-            if not turns.scheduled:
-                turns.scheduled = True
-                self.loop.call_soon(turns.end)
-            driver._stepping = True  # type: ignore[union-attr]
-        try:
-            task, finished = eager.start(asyncio.get_running_loop(), self._run(request, fn, label, kind, timer))
-        finally:
-            if step and driver._stepping:  # (type: ignore[union-attr]) no second frame came: the first goes now
-                driver._stepping = False  # type: ignore[union-attr]
-                if driver._cork:  # type: ignore[union-attr]
-                    driver._write_held()  # type: ignore[union-attr]
-                else:  # nothing went out: this turn's next output (a Pong, another reply) is written at once
-                    driver._turn = before  # type: ignore[union-attr]
+        task, finished = eager.start(asyncio.get_running_loop(), self._run(request, fn, label, kind, timer))
         if not finished:  # (a stream that ended in that step popped itself already)
             self.tasks[request.stream_id] = task
         if self.shared is not None:  # (its start, and what its first step produced)
@@ -675,10 +657,9 @@ class ConnectionDriver:
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
                  "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_rtts",
-                 "_scheduled", "_send", "_send_since", "_sender", "_stepping", "_stuck_task", "_superseded",
-                 "_timer_tasks", "_turn", "_turns", "_waiters", "_welcomed", "_writing", "address", "direct",
-                 "endpoint", "info", "loop", "member", "metrics", "opened_at", "protocol", "runner", "scheduler",
-                 "settings", "timed", "tracer")
+                 "_scheduled", "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn",
+                 "_turns", "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop",
+                 "member", "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
@@ -703,7 +684,6 @@ class ConnectionDriver:
         self._inbox: deque[bytes | str] | None = None  # direct reads waiting for an earlier message to be handled
         self._corked = 0
         self._turn = -1  # the loop turn (Turns.turn) of this connection's last direct write
-        self._stepping = False  # a model's first step runs (ModelRunner.start): its first frame waits for a second
         self.address = address
         self.info = SessionInfo(session_id=session_id, subprotocol=subprotocol, client=client, headers=headers or {},
                                 user=user, extra=extra or {})
@@ -1383,7 +1363,7 @@ class ConnectionDriver:
                 except RuntimeError:  # the transport closed under us (see DirectTransport.closing)
                     self._closing = True
                 return
-        elif not cork and not self._stepping:  # held until the turn ends (a model's first step: until it ends)
+        elif not cork:  # held until the turn ends
             turns.held.append(self)
         size = self._corked
         for data in frames:
@@ -1395,11 +1375,8 @@ class ConnectionDriver:
             cork.append(data)
             size += len(data)
         self._corked = size
-        if first:
+        if first or size >= CORK_LIMIT:
             self._write_held()
-        elif size >= CORK_LIMIT or (self._stepping and len(cork) > 2):  # (a model's first step made a second frame:
-            self._stepping = False  # out with both now, a quick reply's Delta and End in one write, one system call,
-            self._write_held()  # one wake-up of the client; what follows in this turn is held to its end, as usual)
 
     def _write_held(self) -> None:
         """Write what `_hold` holds now (at the end of the turn, or before anything goes out through ASGI

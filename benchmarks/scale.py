@@ -602,7 +602,8 @@ sending one 1-token request at once, 8 interleaved rounds): about 140 µs of low
 request against the bare endpoint's 73 µs, of which lowlat-mw's Python, in process without sockets, is
 about 20 µs; the rest is the event loop and the system calls, and lowlat-mw has one more message per
 request to read (the client's `Ack` of the End, which the bare endpoint does not get; a quick reply's
-Delta and End now leave in one write: 157 -> 142 µs). And on this shared machine one burst's p99 moves a
+Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta waited for the End, see
+docs/architecture.md). And on this shared machine one burst's p99 moves a
 lot from round to round: in interleaved runs of these two servers the same session saw per-round ratios
 from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x. The garbage collector was the other
 part: a running stream holds about 20 objects the collector tracks (the bare endpoint's about 5); with the

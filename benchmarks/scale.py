@@ -574,8 +574,8 @@ Ping (no second wake-up at the Pong's timeout): 44 Python calls per heartbeat (c
 awaited Pong and 2,040 opcodes before the made-once Ping (3,000 connections, 12 s heartbeat, one server at
 a time: user + system CPU 38.5 -> 36.8 µs per heartbeat for the awaited Pong, three interleaved runs;
 docs/architecture.md, "Heartbeats"). Then the awaited Pong went straight to `Protocol.pong_arrived`, known by
-identity, without `receive_data`, its actions and `reschedule` (about 30 Python calls per heartbeat; in process,
-2,000 connections on fake transports: 9.6 -> 8.4 µs of Python per heartbeat, three interleaved pairs). On a
+identity, without `receive_data` and its action list (in process, cachegrind, 500 connections on fake
+transports: 45,900 -> 39,300 instructions per heartbeat). On a
 real server that is within the spread of the measure: interleaved A/A runs of this suite's idle part (3,000
 connections, 5 s heartbeat, 20 s windows) differ by up to 6%, and 10,000 connections at 30 s by 10% and more;
 this run: {per_hb_direct}. Tried and dropped: the hot modules compiled unchanged with Cython (no gain,

@@ -25,7 +25,6 @@ import logging
 import math
 import time
 import weakref
-from bisect import bisect_left
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import Executor
@@ -656,10 +655,10 @@ class ConnectionDriver:
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
-                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_rtts",
-                 "_scheduled", "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn",
-                 "_turns", "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop",
-                 "member", "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
+                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
+                 "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
+                 "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member",
+                 "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
@@ -711,7 +710,6 @@ class ConnectionDriver:
         self._superseded = False  # a resume moved this connection's session to another connection
         self.member = False  # in push's index of users and groups (push.HUB.add): it leaves it when it closes
         self._push_backlog = 0  # bytes of pushes waiting for the connection's output (PUSH_BACKLOG bounds them)
-        self._rtts: Any = None  # the heartbeat RTT histogram (Metrics.hist), bound at the first Pong (see _pong)
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         # Where offered, messages skip the ASGI queue too (ASGI receive still brings the disconnect).
         reads = direct is not None and self.read_directly()
@@ -790,22 +788,12 @@ class ConnectionDriver:
             self._spawn(self._failed())
 
     def _pong(self, proto: ServerProtocol) -> None:
-        """The heartbeat's Pong, known by identity (:meth:`feed`): what ``receive_data``, the RTT's measurement and
-        :meth:`reschedule` do for it, written out (once per heartbeat of every idle connection)."""
+        """The heartbeat's Pong, known by identity (:meth:`feed`): its RTT measured and the timer moved to the next
+        Ping, without decoding it or the general path's action list (once per heartbeat of every idle connection)."""
         rtt = proto.pong_arrived(self.monotonic())
         if self.metrics is not None:
-            rtts = self._rtts
-            if rtts is None:
-                rtts = self._rtts = self.metrics.hist("heartbeat_rtt_seconds")
-            rtts.counts[bisect_left(rtts.bounds, rtt)] += 1  # (_Hist.observe, written out)
-            rtts.sum += rtt
-        proto.deadline_moved = False  # (reschedule and _next_deadline, written out)
-        when = proto.next_deadline()
-        if self._sender is not None and self._stuck_task is None:
-            when = min(when, self._send_since + self.settings.slow_consumer_timeout)
-        if when != self._scheduled:
-            self._scheduled = when
-            self.scheduler.schedule(self, when)
+            self.metrics.observe("heartbeat_rtt_seconds", rtt)
+        self.reschedule()
 
     async def _fed(self, actions: list[Any]) -> None:
         """Carry out what a fed message caused that has to wait, then the messages that came meanwhile."""
@@ -1465,12 +1453,8 @@ class ConnectionDriver:
                     self._closing = True
             elif not self._act_now(actions):  # a close (idle, dead peer) goes out in a task
                 self._spawn(self._act(actions))
-        proto.deadline_moved = False  # (_next_deadline, written out: once per heartbeat)
-        when = proto.next_deadline()
-        if self._sender is not None and self._stuck_task is None:
-            when = min(when, self._send_since + self.settings.slow_consumer_timeout)
-        self._scheduled = when
-        return when
+        self._scheduled = self._next_deadline()
+        return self._scheduled
 
     def _next_deadline(self) -> float:
         self.protocol.deadline_moved = False

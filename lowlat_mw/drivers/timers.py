@@ -38,7 +38,6 @@ cpu_clock = _cpu_clock()
 _INF = math.inf
 _heappush = heapq.heappush
 _monotonic = time.monotonic
-_ceil = math.ceil
 
 
 class DeadlineQueue:
@@ -120,7 +119,6 @@ class TimerTarget(Protocol):
 MAX_SLACK = 0.25  # seconds a timer may fire late, at most (for deadlines >= 16 s away)
 _SLACK_WAIT = 64 * MAX_SLACK  # waits from this long on get the whole slack
 _HALF_SLACK = MAX_SLACK / 2
-_HALF_WAIT = _SLACK_WAIT / 2  # waits from this long on get half the slack
 
 
 def fire_time(when: float, now: float) -> float:
@@ -133,7 +131,7 @@ def fire_time(when: float, now: float) -> float:
     wait = when - now
     if wait >= _SLACK_WAIT:  # (the grid is MAX_SLACK: 30 s heartbeats, most deadlines)
         return math.ceil(when / MAX_SLACK) * MAX_SLACK
-    if wait >= _HALF_WAIT:  # (half of it: a 10 s Pong timeout)
+    if wait >= _SLACK_WAIT / 2:  # (half of it: a 10 s Pong timeout)
         return math.ceil(when / _HALF_SLACK) * _HALF_SLACK
     if wait <= 0.064:
         return when
@@ -175,9 +173,8 @@ class AsyncScheduler:
 
     def schedule(self, target: TimerTarget, when: float) -> None:
         """Call ``target.on_timer`` at monotonic time `when` (replaces an earlier schedule)."""
-        if when != _INF:  # the queue holds wake-up times, on a shared grid
-            now = _monotonic()  # (fire_time's first case, written out: most deadlines, a Pong's next Ping 30 s on)
-            when = _ceil(when / MAX_SLACK) * MAX_SLACK if when - now >= _SLACK_WAIT else fire_time(when, now)
+        if when != _INF:
+            when = fire_time(when, _monotonic())  # the queue holds wake-up times, on a shared grid
         self._queue.set(target, when)
         if when < self._armed_at:
             self._arm(when)
@@ -203,11 +200,7 @@ class AsyncScheduler:
 
                 logging.getLogger("lowlat_mw").exception("timer callback failed")
                 continue
-            if nxt != _INF:
-                wait = nxt - now  # (fire_time's first two cases, written out: a Pong's timeout 10 s on, a Ping 30 s)
-                nxt = _ceil(nxt / MAX_SLACK) * MAX_SLACK if wait >= _SLACK_WAIT else \
-                    _ceil(nxt / _HALF_SLACK) * _HALF_SLACK if wait >= _HALF_WAIT else fire_time(nxt, now)
-            self._queue.set(target, nxt)
+            self._queue.set(target, fire_time(nxt, now) if nxt != math.inf else nxt)
         self._arm(self._queue.next_deadline())
 
 

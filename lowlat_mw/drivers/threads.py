@@ -88,28 +88,27 @@ class SocketWriter:
 
     def write(self, data: bytes) -> None:
         """Queue `data` (whole frames) for the socket; called on the loop, never blocks."""
-        if self.closing:
-            return
-        with self._lock:
-            self._queue.append(data)
-            self._size += len(data)
-            if self._size >= self._high:
-                self._writable.clear()
-            start = not self._busy
-            self._busy = True
-        if start:
-            self._pool.submit(self._run)
+        if not self.closing:
+            self._enqueue(data, len(data))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` in the send pool after everything queued so far; awaitable on the loop."""
         done: Future[Any] = Future()
+        self._enqueue((fn, args, done), 0)
+        return asyncio.wrap_future(done, loop=self._loop)
+
+    def _enqueue(self, item: Any, size: int) -> None:
+        """Queue `item` (`size` bytes to write, 0 for a call) and start a pool job unless one is running."""
         with self._lock:
-            self._queue.append((fn, args, done))
+            self._queue.append(item)
+            if size:
+                self._size += size
+                if self._size >= self._high:
+                    self._writable.clear()
             start = not self._busy
             self._busy = True
         if start:
             self._pool.submit(self._run)
-        return asyncio.wrap_future(done, loop=self._loop)
 
     def wait_writable(self) -> Any:
         return self._writable.wait()

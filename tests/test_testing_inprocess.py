@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -113,3 +114,18 @@ def test_a_server_that_fails_to_start_says_why_and_cleans_up() -> None:
         server.start()
     assert isinstance(info.value.__cause__, SystemExit)  # uvicorn exits on a failed lifespan start-up
     assert not server._thread.is_alive() and server._sock.fileno() == -1
+
+
+def test_a_failed_start_up_leaves_no_unretrieved_task_exception(caplog: pytest.LogCaptureFixture) -> None:
+    """uvicorn's SystemExit is raised by the server thread's main coroutine, not left on a task of its own: else
+    the collector finds that task later and asyncio logs "Task exception was never retrieved", at a random
+    moment of whichever test then runs (or at interpreter exit)."""
+    import gc
+
+    from lowlat_mw.testing.pytest_plugin import RunningServer
+
+    with pytest.raises(RuntimeError, match="did not start serving"):
+        RunningServer(starlette_app(idle_timout=5)).start()
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -100,14 +100,26 @@ class RunningServer:
         server = uvicorn.Server(config)
         loop = asyncio.get_running_loop()
         self._stop = lambda: loop.call_soon_threadsafe(setattr, server, "should_exit", True)
-        task = loop.create_task(server.serve(sockets=[self._sock]))
+
+        async def serve() -> SystemExit | None:
+            try:
+                await server.serve(sockets=[self._sock])
+            except SystemExit as exc:  # uvicorn's exit on a failed lifespan start-up, SystemExit(3): returned, for
+                return exc  # this coroutine to raise (raised in a task, it leaves the task's exception unretrieved)
+            return None
+
+        task = loop.create_task(serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if task.done() and not server.started:
-            task.result()  # (raises what stopped it: uvicorn exits with SystemExit(3) on a failed lifespan start-up)
+            exited = task.result()  # (raises what else stopped it)
+            if exited is not None:
+                raise exited
             raise RuntimeError("the app's lifespan start-up failed (see the log above)")
         self._ready.set()
-        await task
+        exited = await task
+        if exited is not None:
+            raise exited
 
     def stop(self) -> None:
         """Stop serving and wait for the thread (bounded)."""

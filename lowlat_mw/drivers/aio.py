@@ -295,7 +295,7 @@ class ModelRunner:
             if self.settings.delta_timing or (kind != "asyncgen" and kind != "async") or self.settings.merge_deltas:
                 timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
-        task, finished = eager.start(asyncio.get_running_loop(), self._run(request, fn, label, kind, timer))
+        task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer))
         if not finished:  # (a stream that ended in that step popped itself already)
             self.tasks[request.stream_id] = task
         if self.shared is not None:  # (its start, and what its first step produced)
@@ -304,7 +304,7 @@ class ModelRunner:
     def follow(self, stream_id: int, source: AsyncIterator[Any]) -> None:
         """Relay a stream another process runs (a session resumed from the shared store): `source` yields its
         chunks, then its End or Error, which this session sends as if its own model had produced them."""
-        self.tasks[stream_id] = asyncio.get_running_loop().create_task(self._follow(stream_id, source))
+        self.tasks[stream_id] = self.loop.create_task(self._follow(stream_id, source))
 
     async def _follow(self, sid: int, source: AsyncIterator[Any]) -> None:
         terminal: ev.End | ev.Error | None = None

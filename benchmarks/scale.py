@@ -577,11 +577,15 @@ docs/architecture.md, "Heartbeats"). Then the awaited Pong went straight to `Pro
 identity, without `receive_data` and its action list (in process, cachegrind, 500 connections on fake
 transports: 45,900 -> 39,300 instructions per heartbeat). On a
 real server that is within the spread of the measure: interleaved A/A runs of this suite's idle part (3,000
-connections, 5 s heartbeat, 20 s windows) differ by up to 6%, and 10,000 connections at 30 s by 10% and more;
-this run: {per_hb_direct}. Tried and dropped: the hot modules compiled unchanged with Cython (no gain,
-43 vs 35 µs user per heartbeat: compiled code calls CPython's generic attribute and method lookups, which
-Python 3.11's specializing interpreter caches; a gain needs typed extension classes, a second
-implementation of the protocol core). Meeting 1% needs a few µs less per heartbeat, or fewer heartbeats on
+connections, 5 s heartbeat, 20 s windows) differ by up to 6%, and 10,000 connections at 30 s by 10% and more.
+Then the Pong stopped moving the connection's timer: the Ping puts it at the next Ping, and the Pong's timeout
+is a watch of the scheduler's, an entry in a list per grid time that finds the Pong came (in process: 43,800-44,500
+-> 38,600-39,300 instructions per heartbeat; a real server, ten interleaved rounds side by side: 34.6 -> 33.2 µs per
+heartbeat, medians, 8 rounds of 10 lower). This run: {per_hb_direct}. Tried and dropped: the hot modules
+compiled unchanged with Cython (no gain, 43 vs 35 µs user per heartbeat: compiled code calls CPython's generic
+attribute and method lookups, which Python 3.11's specializing interpreter caches; a gain needs typed extension
+classes, a second implementation of the protocol core). Meeting 1% needs a few µs less per heartbeat, or fewer
+heartbeats on
 idle connections (a change of the product's 30 s idle heartbeat, docs/protocol.md 9.1): not done.
 
 *Streams, {1 / PACE:g} tokens/s:* {size.streams:,} streams of {size.paced_tokens} tokens want

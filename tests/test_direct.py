@@ -9,7 +9,6 @@ with timing.
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from websockets.streams import StreamReader
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.drivers.asgi import accept
 from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, expected, frame_header, next_message
+from lowlat_mw.drivers.timers import MAX_SLACK
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
@@ -244,29 +244,96 @@ async def test_a_paused_transport_holds_output_in_order_until_it_resumes() -> No
     await conn.driver.disconnected(1000)
 
 
-async def test_a_heartbeat_is_a_written_ping_and_a_known_pong_that_moves_the_timer_to_the_next_ping() -> None:
-    """The Ping goes out from the timer with one write; the Pong that answers it is known by its bytes
-    (not decoded), its RTT observed, and the connection's timer moves from the Pong's timeout to the next
-    Ping (a Pong used to leave it at the timeout: a wake-up per heartbeat for nothing)."""
+async def test_a_heartbeat_is_a_written_ping_and_a_known_pong_that_leaves_the_timer_at_the_next_ping() -> None:
+    """The Ping goes out from the timer with one write; the Pong that answers it is known by identity (the
+    object the transport was told to await: not decoded) and its RTT observed. The Pong's timeout is watched
+    apart (AsyncScheduler.watch), so the connection's timer goes to the next Ping at once, and the Pong does not
+    move it (it used to go to the timeout at the Ping and back at the Pong: two moves per heartbeat)."""
+    conn = ReadConn(echo)
+    conn.read(ev.Hello())
+    await end_of_turn()
+    driver, proto = conn.driver, conn.driver.protocol
+    scheduler = driver.scheduler
+    due = proto.next_deadline()
+    assert due == proto.heartbeat.next_ping_at
+    writes = len(conn.log)
+    pong = codec_for(SUBPROTOCOL_PROTO).encode(ev.Pong(id=1))
+    assert driver.on_timer(due) == due + 30  # a Ping out: the timer where its Pong will put it, the next Ping
+    assert conn.log[writes:] == [("write", conn.log[-1][1])] and conn.events()[-1] == ev.Ping(id=1)
+    assert conn.direct.expect == expected(pong)  # awaited by the server
+    [(when, token)] = [(when, token) for when, slot in scheduler._watches.items() for watcher, token in slot
+                       if watcher is driver]
+    assert token == pong and due + 10 <= when <= due + 10 + MAX_SLACK  # its timeout (on the scheduler's grid)
+    driver.monotonic = lambda: due + 0.25
+    proto.codec = None  # (the Pong must not need decoding)
+    moves: list[Any] = []
+    driver.reschedule = lambda: moves.append("reschedule")  # type: ignore[method-assign]
+    scheduler.schedule = lambda target, when: moves.append((target, when))  # type: ignore[method-assign]
+    try:
+        conn.direct.receiver(conn.direct.expect.message, 1)  # what the transport hands over: the awaited object
+        assert proto.heartbeat.rtt == 0.25 and proto.pong_frame is None and not proto.deadline_moved
+        assert moves == [] and driver._scheduled == proto.heartbeat.next_ping_at == due + 30  # not moved by the Pong
+        driver.on_watch(due + 10, token)  # the timeout comes: the Pong came, nothing to do
+        assert moves == []
+    finally:
+        del scheduler.schedule, driver.reschedule
+    [sample] = [s for m in driver.endpoint.registry.collect() if m.name == "lowlat_heartbeat_rtt_seconds"
+                for s in m.samples if s.name.endswith("_count")]
+    assert sample.value == 1
+    await driver.disconnected(1000)
+
+
+async def test_a_watched_pong_that_does_not_come_makes_the_timer_due_and_closes_with_4001() -> None:
+    """The Pong's timeout is a watch, not the timer: when it comes with the Pong still awaited, the connection's
+    timer runs then (not at the next Ping), and finds the peer dead. (Through a real server and the scheduler:
+    tests/test_uvicorn_pong.py.)"""
     conn = ReadConn(echo)
     conn.read(ev.Hello())
     await end_of_turn()
     driver, proto = conn.driver, conn.driver.protocol
     due = proto.next_deadline()
-    assert due == proto.heartbeat.next_ping_at
-    writes = len(conn.log)
-    assert driver.on_timer(due) == due + proto.settings.heartbeat_timeout  # a Ping out: its Pong's timeout next
-    assert conn.log[writes:] == [("write", conn.log[-1][1])] and conn.events()[-1] == ev.Ping(id=1)
-    assert conn.direct.expect == expected(codec_for(SUBPROTOCOL_PROTO).encode(ev.Pong(id=1)))  # awaited by the server
-    driver.monotonic = lambda: due + 0.25
-    proto.codec = None  # (the Pong must not need decoding)
-    conn.direct.receiver(codec_for(SUBPROTOCOL_PROTO).encode(ev.Pong(id=1)), 1)
-    assert proto.heartbeat.rtt == 0.25 and proto.pong_frame is None
-    assert driver._scheduled == proto.heartbeat.next_ping_at == due + 30
-    assert driver.scheduler._queue._when[driver] == math.ceil((due + 30) * 4) / 4  # (on the scheduler's 0.25 s grid)
-    [sample] = [s for m in driver.endpoint.registry.collect() if m.name == "lowlat_heartbeat_rtt_seconds"
-                for s in m.samples if s.name.endswith("_count")]
-    assert sample.value == 1
+    driver.on_timer(due)
+    [pong] = [token for slot in driver.scheduler._watches.values() for watcher, token in slot if watcher is driver]
+    moves: list[Any] = []
+    driver.scheduler.schedule = lambda target, when: moves.append((target, when))  # type: ignore[method-assign]
+    try:
+        driver.on_watch(due + 10, pong)
+    finally:
+        del driver.scheduler.schedule
+    assert moves == [(driver, due + 10)]  # due now: the scheduler runs it in the same wake-up
+    driver.on_timer(due + 10)
+    await wait_for(lambda: conn.closed() is not None)
+    assert conn.closed() == CloseCode.HEARTBEAT_TIMEOUT
+    await driver.disconnected(CloseCode.HEARTBEAT_TIMEOUT)
+
+
+async def test_a_known_pong_keeps_a_deadline_move_that_waits_for_its_reschedule() -> None:
+    """A stream's end moves the idle deadline sooner (`deadline_moved`) and reschedules after its End is written;
+    a Pong known by identity that arrives while that write waits must not take the news away: the timer ends up
+    at the idle deadline, not at the next Ping."""
+    release = asyncio.Event()
+
+    async def once(req: Any) -> Any:
+        yield "a"
+        await release.wait()
+
+    conn = ReadConn(once, idle_timeout=2, slow_consumer_timeout=100)
+    conn.read(ev.Hello())
+    await end_of_turn()
+    driver, proto = conn.driver, conn.driver.protocol
+    conn.read(ev.Request(stream_id=1, text="x"))
+    await end_of_turn()
+    now = proto.heartbeat.next_ping_at
+    driver.monotonic = lambda: now
+    assert driver.on_timer(now) == proto.heartbeat.next_ping_at > now + 2  # a Ping out: the timer at the next Ping
+    conn.direct.writable.clear()  # the End will wait for the transport
+    release.set()
+    await wait_for(lambda: driver._sender is not None)  # the stream ended: its End waits to be written
+    conn.direct.receiver(conn.direct.expect.message, 1)  # the Pong, meanwhile
+    conn.direct.writable.set()
+    await wait_for(lambda: driver._sender is None)
+    await end_of_turn()
+    assert driver._scheduled == proto.next_deadline() == now + 2  # the idle deadline
     await driver.disconnected(1000)
 
 

@@ -292,6 +292,58 @@ async def test_async_scheduler_past_deadline_fires_soon() -> None:
     assert len(log) == 1
 
 
+class Watching(Target):
+    """A target that also watches: `due` tokens make its timer due at the watch (as a Pong still awaited)."""
+
+    def __init__(self, name: str, log: list[tuple[str, float]], sched: AsyncScheduler, due: set[object],
+                 on_fire: Callable[[], None] | None = None) -> None:
+        super().__init__(name, log, on_fire=on_fire)
+        self.sched, self.due = sched, due
+        self.watched: list[tuple[object, float]] = []
+
+    def on_watch(self, now: float, token: object) -> None:
+        self.watched.append((token, now))
+        if token in self.due:
+            self.sched.schedule(self, now)
+
+
+async def test_async_scheduler_watches_fire_in_order_never_early_and_share_the_targets_wake_up() -> None:
+    """A watch is called at its time, never cancelled; a watcher that makes its timer due then has it run in the
+    same wake-up (the same `now`), before the timer's own, later deadline."""
+    loop = asyncio.get_running_loop()
+    sched = AsyncScheduler(loop)
+    log: list[tuple[str, float]] = []
+    done = asyncio.Event()
+    answered = Watching("answered", log, sched, set())
+    overdue = Watching("overdue", log, sched, {"pong 2"}, on_fire=done.set)
+    t0 = time.monotonic()
+    sched.schedule(answered, t0 + 30)
+    sched.schedule(overdue, t0 + 30)  # (the next Ping: far away)
+    sched.watch(overdue, t0 + 0.02, "pong 2")
+    sched.watch(answered, t0 + 0.01, "pong 1")
+    assert _live_handles(loop, sched) == 1 and len(sched) == 2  # the watches hold no timer of their own
+    await _wait(done)
+    assert [token for token, _ in answered.watched] == ["pong 1"] and answered.watched[0][1] >= t0 + 0.01
+    [(token, watched_at)] = overdue.watched
+    assert token == "pong 2" and watched_at >= t0 + 0.02
+    assert log == [("overdue", watched_at)]  # its timer ran in the watch's wake-up
+    assert sched._watches == {} and len(sched) == 1  # answered's timer is left (overdue's: Target plans no more)
+    sched.cancel(answered)
+
+
+async def test_async_scheduler_survives_a_broken_watcher(caplog: pytest.LogCaptureFixture) -> None:
+    sched = AsyncScheduler(asyncio.get_running_loop())
+    log: list[tuple[str, float]] = []
+    done = asyncio.Event()
+    ok = Watching("ok", log, sched, {"t"}, on_fire=done.set)
+    t0 = time.monotonic()
+    sched.watch(Boom(), t0 + 0.002, "t")  # (no on_watch at all)
+    sched.watch(ok, t0 + 0.004, "t")
+    with caplog.at_level(logging.ERROR, logger="lowlat_mw"):
+        await _wait(done)
+    assert "timer callback failed" in caplog.text and [n for n, _ in log] == ["ok"]
+
+
 def test_fire_time_is_never_early_and_late_by_at_most_a_64th_of_the_wait() -> None:
     now = 1000.0
     for wait in (0.0, 0.01, 0.064, 0.1, 0.5, 1.0, 9.99, 10.0, 30.0, 120.0, 600.0):

@@ -109,3 +109,33 @@ async def test_the_awaited_pong_reaches_the_machine_without_its_decoder_and_is_c
             assert pong not in decoded  # (the Hello went through receive_data)
         assert decoded and isinstance(decoded[0], bytes)  # the spy does see what is decoded: the Hello
         conn.writer.close()
+
+
+async def test_a_pong_that_does_not_come_closes_at_its_timeout_through_the_watch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The awaited Pong's timeout is a watch of the scheduler's (the connection's timer is at the next Ping, where
+    the Pong would leave it). With the timeout sooner than the next Ping, a client that never answers is closed
+    with 4001 by the watch: it finds the Pong still awaited and makes the timer due at once."""
+    from lowlat_mw.drivers.aio import ConnectionDriver
+    from lowlat_mw.errors import CloseCode
+
+    overdue: list[tuple[bool, bool]] = []
+    on_watch = ConnectionDriver.on_watch
+
+    def spy(self: ConnectionDriver, now: float, pong: object) -> None:
+        awaited = self.protocol.pong_frame is pong
+        on_watch(self, now, pong)
+        overdue.append((awaited, self.scheduler._queue._when.get(self) == now))  # (still awaited, timer due now)
+
+    monkeypatch.setattr(ConnectionDriver, "on_watch", spy)
+    async with asyncio.timeout(2 * WAIT), \
+            InProcessServer(record=True, heartbeat_interval=1.0, heartbeat_timeout=0.3) as server:
+        conn, _ = await server.connect()
+        [direct] = server.offered
+        await ping(conn)  # not answered
+        assert direct.expect is not None
+        opcode, payload = await conn.frame()
+        assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == CloseCode.HEARTBEAT_TIMEOUT
+        assert overdue == [(True, True)]  # the watch made the timer due: not the next Ping's timer
+        conn.writer.close()
+

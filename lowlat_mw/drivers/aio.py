@@ -654,7 +654,7 @@ class ConnectionDriver:
 
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
-    __slots__ = ("__dict__", "__weakref__", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
+    __slots__ = ("__dict__", "__weakref__", "_answered", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
                  "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
                  "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
                  "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member",
@@ -718,6 +718,7 @@ class ConnectionDriver:
             self.metrics.connection_opened(self.protocol.stats, direct is not None, reads)
         endpoint.connection_started(self)  # drains reach it from now on
         self._scheduled = self.protocol.handshake_deadline
+        self._answered = math.nan  # where on_timer put the timer for a Ping's Pong to come (nan: equal to nothing)
         self.scheduler.schedule(self, self._scheduled)
 
     @property
@@ -790,10 +791,14 @@ class ConnectionDriver:
     def _pong(self, proto: ServerProtocol) -> None:
         """The heartbeat's Pong, known by identity (:meth:`feed`): its RTT measured and the timer moved to the next
         Ping, without decoding it or the general path's action list (once per heartbeat of every idle connection)."""
+        moved = proto.deadline_moved  # (something else moved it, and its reschedule is still to come)
         rtt = proto.pong_arrived(self.monotonic())
         if self.metrics is not None:
             self.metrics.observe("heartbeat_rtt_seconds", rtt)
-        self.reschedule()
+        if self._scheduled == self._answered and not moved:  # (where on_timer put it for this Pong: nothing to do)
+            proto.deadline_moved = False
+        else:
+            self.reschedule()
 
     async def _fed(self, actions: list[Any]) -> None:
         """Carry out what a fed message caused that has to wait, then the messages that came meanwhile."""
@@ -1451,14 +1456,32 @@ class ConnectionDriver:
                     direct.write(made[0])
                 except RuntimeError:  # the transport closed under us (see DirectTransport.closing)
                     self._closing = True
+                else:
+                    if self._expects and pong is not None:
+                        # The transport knows the Pong (feed, _pong). Its timeout, if sooner than where the Pong
+                        # will put this timer, is watched apart, and the timer goes there now: the Pong moves nothing.
+                        hb = proto.heartbeat
+                        timeout = hb.last_ping_at + hb.timeout  # type: ignore[union-attr]
+                        answered = self._next_deadline(True)
+                        if timeout < answered:
+                            self.scheduler.watch(self, timeout, pong)
+                            self._scheduled = self._answered = answered
+                            return answered
+                        self._answered = math.nan  # (the timeout comes first: the timer goes there, below)
             elif not self._act_now(actions):  # a close (idle, dead peer) goes out in a task
                 self._spawn(self._act(actions))
         self._scheduled = self._next_deadline()
         return self._scheduled
 
-    def _next_deadline(self) -> float:
+    def on_watch(self, now: float, pong: object) -> None:
+        """The timeout of the Pong that `pong` is (on_timer's watch): if it is still awaited, the timer is due now
+        (unless the connection ended: its timer was cancelled, `_scheduled` is inf)."""
+        if self.protocol.pong_frame is pong and self._scheduled != math.inf:
+            self.scheduler.schedule(self, now)  # (the scheduler runs it right after this, in the same wake-up)
+
+    def _next_deadline(self, answered: bool = False) -> float:
         self.protocol.deadline_moved = False
-        when = self.protocol.next_deadline()
+        when = self.protocol.next_deadline(answered)
         if self._sender is not None and self._stuck_task is None:
             when = min(when, self._send_since + self.settings.slow_consumer_timeout)
         return when

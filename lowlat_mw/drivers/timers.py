@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-__all__ = ["AsyncScheduler", "DeadlineQueue", "ThreadScheduler", "TimerTarget", "cpu_clock"]
+__all__ = ["AsyncScheduler", "DeadlineQueue", "ThreadScheduler", "TimerTarget", "Watcher", "cpu_clock"]
 
 
 def _cpu_clock() -> Callable[[], float]:
@@ -116,6 +116,14 @@ class TimerTarget(Protocol):
         ...
 
 
+class Watcher(Protocol):
+    """What :meth:`AsyncScheduler.watch` calls back: a connection driver watching its heartbeat's Pong."""
+
+    def on_watch(self, now: float, token: object) -> None:
+        """The watch of `token` is due at `now`: act if what it watched for has not happened."""
+        ...
+
+
 MAX_SLACK = 0.25  # seconds a timer may fire late, at most (for deadlines >= 16 s away)
 _SLACK_WAIT = 64 * MAX_SLACK  # waits from this long on get the whole slack
 _HALF_SLACK = MAX_SLACK / 2
@@ -156,6 +164,9 @@ class AsyncScheduler:
         self._queue = DeadlineQueue()
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
+        # Watches (see watch): on the fire_time grid, the watchers and tokens due at each time in a list.
+        self._watches: dict[float, list[tuple[Watcher, object]]] = {}
+        self._watch_times: list[float] = []  # heap of the times in _watches
         # Stop driving a target: forget its deadline (a stale wake-up finds nothing due).
         self.cancel: Callable[[TimerTarget], None] = self._queue.discard
 
@@ -179,6 +190,22 @@ class AsyncScheduler:
         if when < self._armed_at:
             self._arm(when)
 
+    def watch(self, watcher: Watcher, when: float, token: object) -> None:
+        """Call ``watcher.on_watch(now, token)`` at `when` (late by at most :func:`fire_time`'s slack); never
+        cancelled. For a deadline that almost always turns out unneeded, a heartbeat Pong's timeout (the Pong
+        comes first): a target's own timer would move there at the Ping and back at the Pong, twice per heartbeat
+        of every idle connection, where a watch is an entry in the list of its grid time, and one call that finds
+        nothing to do. The entry keeps `watcher` referenced until then (a closed connection's driver: up to
+        heartbeat_timeout longer); its ``on_watch`` knows that the connection ended."""
+        when = fire_time(when, _monotonic())
+        slot = self._watches.get(when)
+        if slot is None:
+            slot = self._watches[when] = []
+            _heappush(self._watch_times, when)
+            if when < self._armed_at:
+                self._arm(when)
+        slot.append((watcher, token))
+
     def _arm(self, when: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
@@ -192,16 +219,28 @@ class AsyncScheduler:
         self._handle = None
         self._armed_at = math.inf
         now = time.monotonic()
+        times = self._watch_times
+        while times and times[0] <= now:  # (first: an overdue Pong's target then fires with the others below)
+            for watcher, token in self._watches.pop(heapq.heappop(times)):
+                try:
+                    watcher.on_watch(now, token)
+                except Exception:
+                    _failed()
         for target in self._queue.pop_due(now):
             try:
                 nxt = target.on_timer(now)  # type: ignore[attr-defined]
             except Exception:  # a broken target must not stop the timers of all others
-                import logging
-
-                logging.getLogger("lowlat_mw").exception("timer callback failed")
+                _failed()
                 continue
             self._queue.set(target, fire_time(nxt, now) if nxt != math.inf else nxt)
-        self._arm(self._queue.next_deadline())
+        when = self._queue.next_deadline()
+        self._arm(min(when, times[0]) if times else when)
+
+
+def _failed() -> None:
+    import logging
+
+    logging.getLogger("lowlat_mw").exception("timer callback failed")
 
 
 class ThreadScheduler:

@@ -534,15 +534,17 @@ class ServerProtocol(Protocol):
         return self.finish_stream(stream_id, now, error=ev.Error(stream_id=stream_id, code=code, message=message))
 
     # ------------------------------------------------------------------ time and teardown
-    def next_deadline(self) -> float:
-        """When :meth:`tick` next has something to do (inf when closed)."""
+    def next_deadline(self, answered: bool = False) -> float:
+        """When :meth:`tick` next has something to do (inf when closed); `answered`: as if the Ping out were
+        answered now (for a driver that watches that Pong's timeout apart, see ``AsyncScheduler.watch``)."""
         state = self.state
         if state is ConnState.CLOSED:
             return math.inf
         if state is not ConnState.OPEN:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
         hb = self.heartbeat  # min(Heartbeat.deadline(), IdleReaper.deadline(running), the lifetime), written out
-        when = hb.last_ping_at + hb.timeout if hb.awaiting is not None and not hb.alive_since_ping else hb.next_ping_at
+        when = hb.last_ping_at + hb.timeout if hb.awaiting is not None and not hb.alive_since_ping and not answered \
+            else hb.next_ping_at
         session = self.session
         if session is None or not session.active:
             reaper = self.reaper

@@ -603,11 +603,20 @@ each token's write system call is half of either server's time; lowlat-mw's Pyth
 Delta's numbering, replay buffer and frame, touching another connection's objects each time, is about
 2 µs more than the bare endpoint's). Measured per request apart (these servers, 1,000 connections each
 sending one 1-token request at once, 8 interleaved rounds): about 140 µs of lowlat-mw's server CPU per
-request against the bare endpoint's 73 µs, of which lowlat-mw's Python, in process without sockets, is
-about 20 µs; the rest is the event loop and the system calls, and lowlat-mw has one more message per
-request to read (the client's `Ack` of the End, which the bare endpoint does not get; a quick reply's
-Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta waited for the End, see
-docs/architecture.md). And on this shared machine one burst's p99 moves a
+request against the bare endpoint's 73 µs. Where it goes, profiled on the real servers (Python 3.12's perf
+support, `perf record` with DWARF stacks, 3,000 such requests each, every sample charged to the innermost
+Python function with the C it calls; the profiler makes both slower, 173 and 67 µs per request): the
+write system calls take 34 µs of lowlat-mw's (a Delta and an End, two writes; the bare endpoint's one
+write: 21 µs), the event loop's own work 13 µs (bare: 7.5), and lowlat-mw's Python 126 µs against the
+bare endpoint's 38. Of that Python, reading and decoding the Request and the client's `Ack` of the End
+(a message the bare endpoint does not get) is 21% of the request, starting the stream (rate and size
+checks, the session's stream, the model's task and first step) 21%, the End (its stage timings encoded
+through the protobuf library, the metrics, the session's bookkeeping) 18%, the Delta 5%, the event
+objects 4%. So the gap is lowlat-mw's own Python, spread over its features, not the system calls. (An
+earlier estimate, about 20 µs in process, came from a harness with 50 connections: over 1,000 and more
+connections the same harness gives 55-80 µs per request, the objects of each connection no longer in
+the caches. A quick reply's Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta
+waited for the End, see docs/architecture.md.) And on this shared machine one burst's p99 moves a
 lot from round to round: in interleaved runs of these two servers the same session saw per-round ratios
 from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x. The garbage collector was the other
 part: a running stream holds about 20 objects the collector tracks (the bare endpoint's about 5); with the

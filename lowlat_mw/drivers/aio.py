@@ -474,7 +474,7 @@ class ModelRunner:
                                 await self._paused(timer)
                 finally:
                     await agen.aclose()
-            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
                 ending = ("cancelled",)  # (the model caught its cancellation and returned: a Cancel's End all the same)
             else:
                 ending = ("stop",)
@@ -1294,7 +1294,7 @@ class ConnectionDriver:
                 # connection's own timer checks _send_since. Its next deadline is normally the
                 # heartbeat's; if none is due before this send's, arm one, so a stuck send is
                 # caught between 1x and 1.5x slow_consumer_timeout after it began.
-                self._sender = asyncio.current_task()
+                self._sender = asyncio.current_task(self.loop)
                 self._send_since = since = self.monotonic()
                 timeout = self.settings.slow_consumer_timeout
                 if self._scheduled > since + 1.5 * timeout:

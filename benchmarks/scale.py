@@ -613,9 +613,9 @@ bare endpoint's 38. Of that Python, reading and decoding the Request and the cli
 checks, the session's stream, the model's task and first step) 21%, the End (its stage timings encoded
 through the protobuf library, the metrics, the session's bookkeeping) 18%, the Delta 5%, the event
 objects 4%. So the gap is lowlat-mw's own Python, spread over its features, not the system calls. (An
-earlier estimate, about 20 µs in process, came from a harness with 50 connections: over 1,000 and more
-connections the same harness gives 55-80 µs per request, the objects of each connection no longer in
-the caches. A quick reply's Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta
+earlier estimate, about 20 µs in process, was the best round of a harness without sockets: its medians
+are 50-80 µs per request over 50 connections and 55-100 µs over 1,000, rounds varying widely on this
+machine. A quick reply's Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta
 waited for the End, see docs/architecture.md.) And on this shared machine one burst's p99 moves a
 lot from round to round: in interleaved runs of these two servers the same session saw per-round ratios
 from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x. The garbage collector was the other

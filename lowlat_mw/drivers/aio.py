@@ -789,8 +789,9 @@ class ConnectionDriver:
             self._spawn(self._failed())
 
     def _pong(self, proto: ServerProtocol) -> None:
-        """The heartbeat's Pong, known by identity (:meth:`feed`): its RTT measured and the timer moved to the next
-        Ping, without decoding it or the general path's action list (once per heartbeat of every idle connection)."""
+        """The heartbeat's Pong, known by identity (:meth:`feed`): its RTT measured, without decoding it or the general
+        path's action list (once per heartbeat of every idle connection). The timer is already where the Pong puts
+        it (on_timer, `_answered`), unless something moved it since: only then is the deadline computed again."""
         moved = proto.deadline_moved  # (something else moved it, and its reschedule is still to come)
         rtt = proto.pong_arrived(self.monotonic())
         if self.metrics is not None:

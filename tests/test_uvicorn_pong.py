@@ -79,6 +79,34 @@ async def test_the_awaited_pong_inside_a_fragmented_message_is_a_protocol_error_
         writer.close()
 
 
+async def test_the_shortcut_is_off_while_the_parser_holds_a_fragment_and_back_once_the_message_is_whole() -> None:
+    """Whether websockets' parser is between two messages is kept on the transport (``idle``) and settled after each
+    read the parser took: a Pong sent in two fragments, in two reads, is parsed (off in between), and the next
+    Pong, one whole frame in one read, takes the shortcut again."""
+    async with asyncio.timeout(2 * WAIT), Server() as server:
+        conn, _ = await server.connect()
+        writer = conn.writer
+        [direct] = server.offered
+        assert direct.idle
+        first = await ping(conn)
+        pong = CODEC.encode(ev.Pong(id=first.id))
+        writer.write(client_frame(pong[:1], fin=False) + client_frame(b"sync", opcode=0x9))  # a fragment, a WS ping
+        assert await conn.frame() == (0xA, b"sync")  # the server has read the fragment
+        assert not direct.idle and direct.expect is not None
+        writer.write(client_frame(pong[1:], opcode=0x0))  # the rest: a whole Pong, through the parser
+        while server.samples("lowlat_heartbeat_rtt_seconds") < 1:
+            await asyncio.sleep(0.01)
+        assert direct.idle
+
+        second = await ping(conn)
+        assert direct.expect is not None and direct.expect.message == CODEC.encode(ev.Pong(id=second.id))
+        writer.write(client_frame(direct.expect.message))
+        while server.samples("lowlat_heartbeat_rtt_seconds") < 2:
+            await asyncio.sleep(0.01)
+        assert direct.expect is None  # taken by the shortcut
+        writer.close()
+
+
 async def test_the_awaited_pong_reaches_the_machine_without_its_decoder_and_is_counted_and_measured(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver knows the awaited Pong by identity (the transport hands it the very object it was told to

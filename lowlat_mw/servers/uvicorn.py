@@ -199,16 +199,23 @@ class _DrainOnShutdown:
 class _Direct:
     """The connection's transport as a :class:`~lowlat_mw.drivers.direct.DirectTransport` (uvicorn's own
     WebSocket protocol object keeps the handshake, the close, pings and the frame parsing); on
-    :class:`WebSocketProtocol` also a :class:`~lowlat_mw.drivers.direct.DirectReads`."""
+    :class:`WebSocketProtocol` also a :class:`~lowlat_mw.drivers.direct.DirectReads`, and the state of its direct
+    reads: read on every socket read, so kept here, in slots, not on uvicorn's protocol object (its instance
+    dictionary has too many keys for the interpreter's fast attribute access: each read there is a dictionary
+    lookup, several per read of a heartbeat's Pong)."""
 
-    __slots__ = ("_protocol", "_transport", "closing", "expect", "is_writable", "pause_reading", "resume_reading",
-                 "wait_writable", "write")
+    __slots__ = ("_protocol", "_transport", "burst", "closing", "expect", "idle", "is_writable", "limit",
+                 "pause_reading", "receiver", "resume_reading", "wait_writable", "write")
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
         self._transport = transport = protocol.transport
         self.closing = bool(protocol.close_sent)  # kept current by the protocol (_OffersDirect)
         self.expect: Expected | None = None  # (read by WebSocketProtocol.data_received)
+        self.receiver: Callable[[bytes | str, int], None] | None = None  # direct reads (the driver's feed)
+        self.idle = False  # reading directly: a receiver, no close sent, websockets' parser idle (parser_idle)
+        self.burst = 0  # messages delivered from the current socket read
+        self.limit: int | None = None  # the largest message websockets' parser takes in one frame (message_limit)
         self.write = transport.write
         self.is_writable = protocol.writable.is_set  # uvicorn's pause_writing / resume_writing set it
         self.wait_writable = protocol.writable.wait
@@ -220,10 +227,11 @@ class _Direct:
 
     def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
         protocol = self._protocol
-        if protocol is None or not hasattr(protocol, "_lowlat_receiver") or not protocol.queue.empty():
+        if protocol is None or not isinstance(protocol, WebSocketProtocol) or not protocol.queue.empty():
             return False  # (wsproto: not offered) / messages already queued must be read through ASGI first
-        protocol._lowlat_limit = message_limit(protocol.conn)  # (websockets' limits are fixed per connection)
-        protocol._lowlat_receiver = receiver
+        self.limit = message_limit(protocol.conn)  # (websockets' limits are fixed per connection)
+        self.receiver = receiver
+        self.idle = not self.closing and parser_idle(protocol.conn)
         return True
 
 
@@ -245,6 +253,7 @@ class _OffersDirect:
         direct = self._lowlat_direct
         if value and direct is not None:
             direct.closing = True
+            direct.idle = False
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)  # type: ignore[misc]
@@ -258,12 +267,13 @@ class _OffersDirect:
         direct = self._lowlat_direct
         if direct is not None:
             direct.closing = True
+            direct.idle = False
             # Unlink the connection's objects (this protocol <-> its _Direct, the driver's bound `feed`), so that
             # reference counting frees them when the connection ends instead of a garbage-collector pass much
             # later: a server with many short connections otherwise holds thousands of dead ones.
             direct._protocol = None
+            direct.receiver = None
             self._lowlat_direct = None
-            self._lowlat_receiver = None
         super().connection_lost(exc)  # type: ignore[misc]
 
 
@@ -279,47 +289,42 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
     (``--ws-max-size``), unchanged.
     """
 
-    _lowlat_receiver: Callable[[bytes | str, int], None] | None = None  # direct reads (the driver's feed)
-    _lowlat_burst = 0  # messages delivered from the current socket read
-    _lowlat_limit: int | None = None  # the largest message websockets' parser takes in one frame (message_limit)
     _lowlat_lingering = False  # failed (close frame sent): reading and dropping until the peer or LINGER ends it
 
     def data_received(self, data: bytes) -> None:
         direct = self._lowlat_direct
-        if direct is not None:
+        if direct is not None and direct.idle:  # direct reads: whole one-frame messages straight to the driver
             expect = direct.expect  # the heartbeat's Pong, awaited: known by its bytes, not parsed
             if expect is not None and len(data) == expect.size and data[0] == expect.b0 and data[1] == expect.b1 \
                     and apply_mask(data[6:], data[2:6]) == expect.payload:
                 direct.expect = None
-                receiver = self._lowlat_receiver
-                if receiver is not None and not self._lowlat_lingering and not self._lowlat_close_sent \
-                        and parser_idle(self.conn):
-                    self._lowlat_burst = 1
-                    receiver(expect.message, 1)
-                    return
-        if self._lowlat_lingering:
-            return
-        self._lowlat_burst = 0
-        receiver = self._lowlat_receiver
-        if receiver is not None:  # whole one-frame messages straight to the driver; the rest to websockets
-            taken = self._lowlat_read(data, receiver)
+                direct.burst = 1
+                direct.receiver(expect.message, 1)  # type: ignore[misc]  # (idle: a receiver is set)
+                return
+            direct.burst = 0
+            taken = self._lowlat_read(data, direct)
+            if taken == len(data):
+                return
             if taken:
-                if taken == len(data):
-                    return
                 data = data[taken:]
+        elif self._lowlat_lingering:
+            return
+        elif direct is not None:
+            direct.burst = 0
         _in_slices(data, super().data_received,
                    lambda: self.conn.parser_exc is not None or self.transport.is_closing())
+        direct = self._lowlat_direct  # (the rest went to websockets' parser: is it still between two messages?)
+        if direct is not None and direct.receiver is not None:
+            direct.idle = not direct.closing and parser_idle(self.conn)
 
-    def _lowlat_read(self, data: bytes, receiver: Callable[[bytes | str, int], None]) -> int:
+    def _lowlat_read(self, data: bytes, direct: _Direct) -> int:
         """Hand the driver the messages at the start of `data` that are one whole frame each
         (:func:`~lowlat_mw.drivers.direct.next_message`), while websockets' parser waits between two
-        messages with nothing buffered; returns the bytes taken. What it leaves (a control frame, a
+        messages with nothing buffered (`direct.idle`); returns the bytes taken. What it leaves (a control frame, a
         fragment, a partial frame, anything wrong) goes to websockets' parser, which meets it as it would
         have: at a frame boundary, in order."""
-        conn = self.conn
-        if self._lowlat_close_sent or not parser_idle(conn):  # (close_sent, the property's attribute)
-            return 0
-        limit = self._lowlat_limit
+        receiver = direct.receiver
+        limit = direct.limit
         pos = 0
         end = len(data)
         while True:
@@ -327,10 +332,9 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
             if found is None:
                 return pos
             message, pos = found
-            self._lowlat_burst = burst = self._lowlat_burst + 1
-            receiver(message, burst)
-            if pos == end or self._lowlat_receiver is not receiver or self._lowlat_close_sent \
-                    or self.transport.is_closing():
+            direct.burst = burst = direct.burst + 1
+            receiver(message, burst)  # type: ignore[misc]
+            if pos == end or not direct.idle or direct.receiver is not receiver or self.transport.is_closing():
                 return pos  # (the rest, if any: websockets', as if it had parsed it)
 
     def handle_parser_exception(self) -> None:
@@ -380,12 +384,13 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
                 return
         else:
             message = data if type(data) is bytes else bytes(data)
-        receiver = self._lowlat_receiver
+        direct = self._lowlat_direct
+        receiver = direct.receiver if direct is not None else None
         if receiver is None:
             self.queue.put_nowait({"type": "websocket.receive", "text": message} if type(message) is str
                                   else {"type": "websocket.receive", "bytes": message})
             return
-        self._lowlat_burst = burst = self._lowlat_burst + 1
+        direct.burst = burst = direct.burst + 1  # type: ignore[union-attr]
         receiver(message, burst)
 
 

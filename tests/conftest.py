@@ -127,6 +127,25 @@ def start_uvicorn(
     return running
 
 
+_LOGGERS = ("lowlat_mw", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+@pytest.fixture(autouse=True)
+def _logging_left_as_found() -> Iterator[None]:
+    """Put back what a test changed of the loggers uvicorn configures. Its ``Config`` sets them up for the whole
+    process (``lowlat-mw serve``'s log config puts the lowlat_mw logger at INFO, with a handler): a later test then
+    ran with INFO records it did not ask for, and pytest keeps each test's records, with what they refer to, until
+    the test ends (test_churn_memory counted them as leaked connections)."""
+    import logging
+
+    saved = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in map(logging.getLogger, _LOGGERS)]
+    yield
+    for lg, level, handlers, propagate, disabled in saved:
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
+
+
 @pytest.fixture
 def unused_port() -> Iterator[int]:
     """A loopback port that is bound but not listening for the whole test: connecting is refused."""

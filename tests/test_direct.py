@@ -590,6 +590,43 @@ def test_next_message_reads_what_websockets_reads_or_leaves_it(opcode: int, fin:
     assert (got is not None) == common
 
 
+def _open_pair() -> tuple[Any, Any]:
+    """websockets' sans-I/O server and client protocols, handshake done (both OPEN)."""
+    from websockets.client import ClientProtocol
+    from websockets.server import ServerProtocol
+    from websockets.uri import parse_uri
+
+    client, server = ClientProtocol(parse_uri("ws://localhost/")), ServerProtocol()
+    client.send_request(client.connect())
+    server.receive_data(b"".join(client.data_to_send()))
+    [request] = server.events_received()
+    server.send_response(server.accept(request))
+    client.receive_data(b"".join(server.data_to_send()))
+    assert client.events_received()  # (the handshake's response)
+    return server, client
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_the_parser_is_idle_only_at_a_frame_boundary_not_after_a_header_whose_payload_is_to_come(side: str) -> None:
+    """websockets takes a frame's header and mask out of its buffer as it reads them: after a read that ends right
+    after a header its buffer is empty, and its parser waits for the payload. Then the next read is that payload,
+    not frames of their own (a payload that looks like a whole frame must not be read as one)."""
+    from lowlat_mw.drivers.direct import parser_idle
+
+    conn = _open_pair()[0 if side == "server" else 1]
+    masked = side == "server"  # (a server reads masked frames, a client unmasked ones)
+    head = bytes((0x82, (0x80 if masked else 0) | 5)) + (b"\0\0\0\0" if masked else b"")
+    assert parser_idle(conn)
+    conn.receive_data(head)
+    assert not conn.reader.buffer and not parser_idle(conn)  # (the buffer alone said idle here)
+    conn.receive_data(b"hello")
+    assert [f.data for f in conn.events_received()] == [b"hello"] and parser_idle(conn)
+    conn.receive_data(head[:1])
+    assert not parser_idle(conn)  # (half a header: buffered)
+    conn.receive_data(head[1:] + b"hello")
+    assert [f.data for f in conn.events_received()] == [b"hello"] and parser_idle(conn)
+
+
 def test_next_message_reads_a_run_of_frames_from_an_offset() -> None:
     a, b = _wire(2, b"one", fin=True, rsv=0, mask=None, long16=False), _wire(1, "два".encode(), fin=True, rsv=0,
                                                                               mask=None, long16=True)

@@ -116,8 +116,12 @@ def frame_header(data: bytes, text: bool) -> bytes:
 
 try:  # websockets (its state constant, its C helper) is there wherever the client or uvicorn's websockets protocol is
     from websockets.protocol import OPEN as _WS_OPEN
+    from websockets.streams import StreamReader
+    # What websockets' parser waits in between two frames (its innermost generator's code); a version without it
+    # leaves this None: the parser never counts as idle, and every read goes to it.
+    _AT_FRAME_BOUNDARY = getattr(getattr(StreamReader, "at_eof", None), "__code__", None)
 except ImportError:  # pragma: no cover - depends on what is installed
-    _WS_OPEN = None
+    _WS_OPEN = _AT_FRAME_BOUNDARY = None
 try:
     from websockets.speedups import apply_mask as _apply_mask
 except ImportError:  # pragma: no cover - depends on what is installed
@@ -180,10 +184,21 @@ def next_message(data: bytes, pos: int, masked: bool, limit: int | None) -> tupl
 
 def parser_idle(conn: Any) -> bool:
     """Whether websockets' sans-I/O protocol `conn` waits between two messages with nothing buffered: open,
-    no fragmented message in progress, no extension. Only then may :func:`next_message` read the frames that
-    follow, in its place."""
-    return (conn.state is _WS_OPEN and conn.current_size is None and not conn.reader.buffer
-            and not conn.extensions)
+    no fragmented message in progress, no extension, and its parser at a frame boundary. Only then may
+    :func:`next_message` read the frames that follow, in its place.
+
+    An empty buffer alone is not enough: websockets takes a frame's header (and mask) out of its buffer as it
+    reads them, so a socket read that ends right after a header leaves the buffer empty with the parser waiting
+    for that frame's payload (a client that writes header and payload apart). Its parser, a generator, then
+    waits inside ``Frame.parse``, not in ``StreamReader.at_eof`` where it waits between frames. None of this
+    needs a clock or I/O; it costs a few attribute reads, and our uvicorn protocol asks once per read it parsed."""
+    if not (conn.state is _WS_OPEN and conn.current_size is None and not conn.reader.buffer and not conn.extensions):
+        return False
+    waiting = conn.parser  # (the generator the parser waits in: the innermost of those it delegates to)
+    inner = getattr(waiting, "gi_yieldfrom", None)
+    while inner is not None:
+        waiting, inner = inner, getattr(inner, "gi_yieldfrom", None)
+    return getattr(waiting, "gi_code", None) is _AT_FRAME_BOUNDARY
 
 
 def message_limit(conn: Any) -> int | None:

@@ -42,8 +42,9 @@ def _sample(n: int, kib: float, cpu: float, pings: int) -> IdleSample:
                       timeline=[(2.0, cpu / 30 * 100), (4.0, cpu / 30 * 100)])
 
 
-def test_report_full_size_from_synthetic_measurements() -> None:
-    """The full-mode report (two levels, fast servers stopped before the larger one) with made-up numbers."""
+def _full_report(direct_pings: int = 10000) -> tuple[Any, int, int]:
+    """A full-mode report from made-up numbers: (report, small level, big level). `direct_pings`: the heartbeats
+    the big level's lowlat-direct window caught (its 10,000 connections at 30 s: about 10,000)."""
     size = SIZES["full"]
     configs = idle_configs(size)
     small, big = size.levels
@@ -53,7 +54,7 @@ def test_report_full_size_from_synthetic_measurements() -> None:
                 "lowlat-direct": _sample(small, 27.0, 0.2, 1000),
                 "lowlat-direct-fast": _sample(small, 27.0, 0.5, 6000)},
         big: {"bare": _sample(big, 24.0, 0.05, 0), "lowlat": _sample(big, 29.0, 0.5 + r, 10000),
-              "lowlat-direct": _sample(big, 27.0, 0.2, 10000)},
+              "lowlat-direct": _sample(big, 27.0, 0.2, direct_pings)},
     } for r in range(size.rounds)]
     bursts = {(m, s): [Burst(ttfd_ms=[float(i % 300) for i in range(size.streams)], deltas=size.streams * size.tokens,
                              errors=0, requests=size.streams, span=2.0, server_cpu=1.0)
@@ -61,15 +62,20 @@ def test_report_full_size_from_synthetic_measurements() -> None:
     traced = {"bare": {"open": 1000, "sites": {"uvicorn/protocols/x.py:1": [12_000_000, 10_000]}},
               "lowlat": {"open": 1000, "sites": {"uvicorn/protocols/x.py:1": [12_000_000, 10_000],
                                                  "lowlat_mw/aio.py:79": [848_000, 4000]}}}
-    result = report("full", size, configs, rounds, bursts, 0, traced, 20_000)
+    return report("full", size, configs, rounds, bursts, 0, traced, 20_000), small, big
 
+
+def test_report_full_size_from_synthetic_measurements() -> None:
+    """The full-mode report (two levels, fast servers stopped before the larger one) with made-up numbers."""
+    result, small, big = _full_report()
     assert f"idle {big} bare-ping" not in result.rows and f"idle {big} lowlat-fast" not in result.rows
     assert f"idle {big} lowlat-direct-fast" not in result.rows
     direct = result.rows[f"idle {big} lowlat-direct"]
     assert direct["uss_kib_extra"] == pytest.approx(3.0) and direct["cpu_pct_extra"] == pytest.approx(0.5)
     assert result.rows[f"idle {small} lowlat-direct-fast vs bare-ping"]["per_ping_ratio"] < 1
     assert "**Verdicts** (issue 15" in result.body
-    assert "(`lowlat-direct`): CPU **met** (measured +0.50 percentage points over bare); memory **met**" in result.body
+    assert ("(`lowlat-direct`): CPU **met** (+0.50 percentage points over bare in the window, 333 heartbeats/s; "
+            "15.0 µs per heartbeat at one per connection every 30 s: +0.50); memory **met**") in result.body
     assert "(`lowlat`): CPU **missed**" in result.body
     lo = result.rows[f"idle {big} lowlat"]
     assert lo["uss_kib_extra"] == pytest.approx(5.0)
@@ -85,6 +91,15 @@ def test_report_full_size_from_synthetic_measurements() -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
+
+def test_a_window_that_caught_fewer_heartbeats_is_judged_at_one_per_connection_per_interval() -> None:
+    """The window's CPU is low when it caught fewer heartbeats than one per connection (the grid fell that way): the
+    issue 15 verdict then takes the cost per heartbeat at one per connection every 30 s, the higher figure."""
+    result, _, big = _full_report(direct_pings=4000)
+    assert result.rows[f"idle {big} lowlat-direct"]["cpu_pct_extra"] == pytest.approx(0.5)  # (the window: under 1%)
+    assert ("(`lowlat-direct`): CPU **missed** (+0.50 percentage points over bare in the window, 133 heartbeats/s; "
+            "37.5 µs per heartbeat at one per connection every 30 s: +1.25)") in result.body
+
 def test_scale_suite_quick_writes_every_row(quick_bench: Any) -> None:
     result = quick_bench.results["scale"]
 

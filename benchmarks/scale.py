@@ -545,12 +545,13 @@ def _fast_verdicts(size: Size, rows: dict[str, dict[str, float]],
             continue
         row, vs = rows[f"stream paced {key}"], rows[f"stream paced {key} vs bare"]
         ttfd_ok = vs["ttfd_p99_ratio"] <= FAST_TTFD_RATIO and row["ttfd_p99_ms"] < TARGET_TTFD_MS
+        pooled = row["ttfd_p99_ms"] / bare["ttfd_p99_ms"] if bare["ttfd_p99_ms"] else math.nan  # (no bare sample: 0)
         out.append(f"- **{TARGET_STREAMS:,} clients x 100 tokens at {1 / PACE:g} tokens/s, TTFD p99 at most "
                    f"{FAST_TTFD_RATIO:g}x bare and under {TARGET_TTFD_MS:g} ms, zero errors, server CPU at most "
                    f"{FAST_CPU_RATIO:g}x** (`{key}`): TTFD {judged(ttfd_ok, at_size, what)} (p99 "
                    f"{row['ttfd_p99_ms']:.0f} ms, {vs['ttfd_p99_ratio']:.2f}x bare's {bare['ttfd_p99_ms']:.0f} ms, "
                    f"median of the rounds' ratios; over every request of every round "
-                   f"{row['ttfd_p99_ms'] / bare['ttfd_p99_ms']:.2f}x, which this verdict does not use: one slow round "
+                   f"{pooled:.2f}x, which this verdict does not use: one slow round "
                    f"of either server sets it); errors {judged(row['errors'] == 0, at_size, what)} "
                    f"({row['errors']:.0f}); CPU {judged(vs['cpu_per_delta_ratio'] <= FAST_CPU_RATIO, at_size, what)} "
                    f"({row['server_cpu_us_per_delta']:.1f} vs {bare['server_cpu_us_per_delta']:.1f} µs per delta, "

@@ -89,9 +89,6 @@ def test_report_full_size_from_synthetic_measurements() -> None:
     assert all(png.startswith(b"\x89PNG") for png in result.plots.values())
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
-
 def test_a_window_that_caught_fewer_heartbeats_is_judged_at_one_per_connection_per_interval() -> None:
     """The window's CPU is low when it caught fewer heartbeats than one per connection (the grid fell that way): the
     issue 15 verdict then takes the cost per heartbeat at one per connection every 30 s, the higher figure."""
@@ -100,6 +97,9 @@ def test_a_window_that_caught_fewer_heartbeats_is_judged_at_one_per_connection_p
     assert ("(`lowlat-direct`): CPU **missed** (+0.50 percentage points over bare in the window, 133 heartbeats/s; "
             "37.5 µs per heartbeat at one per connection every 30 s: +1.25)") in result.body
 
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)  # the first test to ask for quick_bench runs every suite
 def test_scale_suite_quick_writes_every_row(quick_bench: Any) -> None:
     result = quick_bench.results["scale"]
 

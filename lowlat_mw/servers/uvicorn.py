@@ -325,6 +325,7 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
         have: at a frame boundary, in order."""
         receiver = direct.receiver
         limit = direct.limit
+        transport = direct._transport  # (uvicorn's `self.transport`: a lookup in its instance dictionary)
         pos = 0
         end = len(data)
         while True:
@@ -334,7 +335,7 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
             message, pos = found
             direct.burst = burst = direct.burst + 1
             receiver(message, burst)  # type: ignore[misc]
-            if pos == end or not direct.idle or direct.receiver is not receiver or self.transport.is_closing():
+            if pos == end or not direct.idle or direct.receiver is not receiver or transport.is_closing():
                 return pos  # (the rest, if any: websockets', as if it had parsed it)
 
     def handle_parser_exception(self) -> None:

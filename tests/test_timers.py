@@ -319,8 +319,8 @@ async def test_async_scheduler_watches_fire_in_order_never_early_and_share_the_t
     t0 = time.monotonic()
     sched.schedule(answered, t0 + 30)
     sched.schedule(overdue, t0 + 30)  # (the next Ping: far away)
-    sched.watch(overdue, t0 + 0.02, "pong 2")
-    sched.watch(answered, t0 + 0.01, "pong 1")
+    sched.watch(overdue, t0 + 0.02, "pong 2", t0)
+    sched.watch(answered, t0 + 0.01, "pong 1", t0)
     assert _live_handles(loop, sched) == 1 and len(sched) == 2  # the watches hold no timer of their own
     await _wait(done)
     assert [token for token, _ in answered.watched] == ["pong 1"] and answered.watched[0][1] >= t0 + 0.01
@@ -331,14 +331,36 @@ async def test_async_scheduler_watches_fire_in_order_never_early_and_share_the_t
     sched.cancel(answered)
 
 
+async def test_watches_of_one_wake_up_share_a_list_and_a_fired_list_is_never_reused() -> None:
+    """The Pings of one wake-up watch the same timeout from the same `now`: one list, no second grid lookup. Once
+    that list fired, a watch of the same deadline from the same `now` gets a list of its own, and fires too."""
+    loop = asyncio.get_running_loop()
+    sched = AsyncScheduler(loop)
+    log: list[tuple[str, float]] = []
+    first = asyncio.Event()
+    a, b = Watching("a", log, sched, set()), Watching("b", log, sched, {"pong b"}, on_fire=first.set)
+    t0 = time.monotonic()
+    sched.watch(a, t0 + 0.01, "pong a", t0)
+    sched.watch(b, t0 + 0.01, "pong b", t0)
+    assert list(sched._watches.values()) == [[(a, "pong a"), (b, "pong b")]]
+    await _wait(first, 10.0)
+    assert a.watched == [("pong a", a.watched[0][1])] and a.watched[0][1] >= t0 + 0.01 and sched._watches == {}
+    done = asyncio.Event()
+    c = Watching("c", log, sched, {"stale now"}, on_fire=done.set)
+    sched.watch(c, t0 + 0.01, "stale now", t0)  # (a caller's stale `now`: already due, still called)
+    assert len(sched._watches) == 1
+    await _wait(done, 10.0)
+    assert [token for token, _ in c.watched] == ["stale now"] and sched._watches == {}
+
+
 async def test_async_scheduler_survives_a_broken_watcher(caplog: pytest.LogCaptureFixture) -> None:
     sched = AsyncScheduler(asyncio.get_running_loop())
     log: list[tuple[str, float]] = []
     done = asyncio.Event()
     ok = Watching("ok", log, sched, {"t"}, on_fire=done.set)
     t0 = time.monotonic()
-    sched.watch(Boom(), t0 + 0.002, "t")  # (no on_watch at all)
-    sched.watch(ok, t0 + 0.004, "t")
+    sched.watch(Boom(), t0 + 0.002, "t", t0)  # (no on_watch at all)
+    sched.watch(ok, t0 + 0.004, "t", t0)
     with caplog.at_level(logging.ERROR, logger="lowlat_mw"):
         await _wait(done)
     assert "timer callback failed" in caplog.text and [n for n, _ in log] == ["ok"]

@@ -1465,7 +1465,7 @@ class ConnectionDriver:
                         timeout = hb.last_ping_at + hb.timeout  # type: ignore[union-attr]
                         answered = self._next_deadline(True)
                         if timeout < answered:
-                            self.scheduler.watch(self, timeout, pong)
+                            self.scheduler.watch(self, timeout, pong, now)
                             self._scheduled = self._answered = answered
                             return answered
                         self._answered = math.nan  # (the timeout comes first: the timer goes there, below)

@@ -167,6 +167,8 @@ class AsyncScheduler:
         # Watches (see watch): on the fire_time grid, the watchers and tokens due at each time in a list.
         self._watches: dict[float, list[tuple[Watcher, object]]] = {}
         self._watch_times: list[float] = []  # heap of the times in _watches
+        # The last watch's deadline, `now` and list: the Pings of one wake-up share their Pong's timeout.
+        self._watch_memo: tuple[float, float, list[tuple[Watcher, object]]] | None = None
         # Stop driving a target: forget its deadline (a stale wake-up finds nothing due).
         self.cancel: Callable[[TimerTarget], None] = self._queue.discard
 
@@ -190,20 +192,25 @@ class AsyncScheduler:
         if when < self._armed_at:
             self._arm(when)
 
-    def watch(self, watcher: Watcher, when: float, token: object) -> None:
-        """Call ``watcher.on_watch(now, token)`` at `when` (late by at most :func:`fire_time`'s slack); never
-        cancelled. For a deadline that almost always turns out unneeded, a heartbeat Pong's timeout (the Pong
-        comes first): a target's own timer would move there at the Ping and back at the Pong, twice per heartbeat
-        of every idle connection, where a watch is an entry in the list of its grid time, and one call that finds
-        nothing to do. The entry keeps `watcher` referenced until then (a closed connection's driver: up to
-        heartbeat_timeout longer); its ``on_watch`` knows that the connection ended."""
-        when = fire_time(when, _monotonic())
-        slot = self._watches.get(when)
+    def watch(self, watcher: Watcher, when: float, token: object, now: float) -> None:
+        """Call ``watcher.on_watch(now, token)`` at `when` (late by at most :func:`fire_time`'s slack from `now`,
+        the caller's clock reading); never cancelled. For a deadline that almost always turns out unneeded, a
+        heartbeat Pong's timeout (the Pong comes first): a target's own timer would move there at the Ping and back
+        at the Pong, twice per heartbeat of every idle connection, where a watch is an entry in the list of its grid
+        time, and one call that finds nothing to do. The entry keeps `watcher` referenced until then (a closed
+        connection's driver: up to heartbeat_timeout longer); its ``on_watch`` knows that the connection ended."""
+        memo = self._watch_memo
+        if memo is not None and memo[0] == when and memo[1] == now:  # (the same wake-up's Pings: same timeout)
+            memo[2].append((watcher, token))
+            return
+        at = fire_time(when, now)
+        slot = self._watches.get(at)
         if slot is None:
-            slot = self._watches[when] = []
-            _heappush(self._watch_times, when)
-            if when < self._armed_at:
-                self._arm(when)
+            slot = self._watches[at] = []
+            _heappush(self._watch_times, at)
+            if at < self._armed_at:
+                self._arm(at)
+        self._watch_memo = (when, now, slot)
         slot.append((watcher, token))
 
     def _arm(self, when: float) -> None:
@@ -220,20 +227,27 @@ class AsyncScheduler:
         self._armed_at = math.inf
         now = time.monotonic()
         times = self._watch_times
+        if times and times[0] <= now:
+            self._watch_memo = None  # (its list may be one of those popped here)
         while times and times[0] <= now:  # (first: an overdue Pong's target then fires with the others below)
             for watcher, token in self._watches.pop(heapq.heappop(times)):
                 try:
                     watcher.on_watch(now, token)
                 except Exception:
                     _failed()
-        for target in self._queue.pop_due(now):
+        queue = self._queue
+        last, at = math.nan, math.nan  # (the idle connections of one wake-up mostly return one next deadline)
+        for target in queue.pop_due(now):
             try:
                 nxt = target.on_timer(now)  # type: ignore[attr-defined]
             except Exception:  # a broken target must not stop the timers of all others
                 _failed()
                 continue
-            self._queue.set(target, fire_time(nxt, now) if nxt != math.inf else nxt)
-        when = self._queue.next_deadline()
+            if nxt != last:
+                last = nxt
+                at = fire_time(nxt, now) if nxt != _INF else nxt
+            queue.set(target, at)
+        when = queue.next_deadline()
         self._arm(min(when, times[0]) if times else when)
 
 

@@ -25,6 +25,7 @@ import logging
 import math
 import time
 import weakref
+from bisect import bisect_left
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import Executor
@@ -794,8 +795,11 @@ class ConnectionDriver:
         it (on_timer, `_answered`), unless something moved it since: only then is the deadline computed again."""
         moved = proto.deadline_moved  # (something else moved it, and its reschedule is still to come)
         rtt = proto.pong_arrived(self.monotonic())
-        if self.metrics is not None:
-            self.metrics.observe("heartbeat_rtt_seconds", rtt)
+        metrics = self.metrics
+        if metrics is not None:
+            h = metrics.heartbeat_rtt or metrics.rtt_hist()
+            h.counts[bisect_left(h.bounds, rtt)] += 1  # (_Hist.observe, written out)
+            h.sum += rtt
         if self._scheduled == self._answered and not moved:  # (where on_timer put it for this Pong: nothing to do)
             proto.deadline_moved = False
         else:
@@ -1463,7 +1467,8 @@ class ConnectionDriver:
                         # will put this timer, is watched apart, and the timer goes there now: the Pong moves nothing.
                         hb = proto.heartbeat
                         timeout = hb.last_ping_at + hb.timeout  # type: ignore[union-attr]
-                        answered = self._next_deadline(True)
+                        proto.deadline_moved = False  # (_next_deadline(True), written out: no send is under way)
+                        answered = proto.next_deadline(True)
                         if timeout < answered:
                             self.scheduler.watch(self, timeout, pong, now)
                             self._scheduled = self._answered = answered

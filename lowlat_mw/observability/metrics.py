@@ -191,6 +191,7 @@ class Metrics:
         self._frames_lock = threading.Lock()
         self._inc_lock = threading.Lock()
         self._stages_of: dict[str, tuple[_Hist, ...]] = {}  # each label's stage histograms, in STAGES order
+        self.heartbeat_rtt: _Hist | None = None  # bound by :meth:`rtt_hist`
         if registry is not None:
             registry.register(_Collector(self))
 
@@ -237,6 +238,12 @@ class Metrics:
         if found is None:
             found = series[labels] = _Hist(_SPEC_BY_NAME[name].buckets)
         return found
+
+    def rtt_hist(self) -> _Hist:
+        """The heartbeat RTT histogram, bound to `heartbeat_rtt` on first use (its one sample per heartbeat of every
+        idle connection then costs no lookup)."""
+        h = self.heartbeat_rtt = self.hist("heartbeat_rtt_seconds")
+        return h
 
     def observe(self, name: str, value: float, *labels: str) -> None:
         """Observe `value` in histogram `name` (:meth:`hist` and ``_Hist.observe``, written out: a heartbeat's RTT

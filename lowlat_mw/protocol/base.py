@@ -287,8 +287,7 @@ class Protocol:
         received = self.stats.received
         received[0] += 1
         received[1] += len(pong)  # type: ignore[arg-type]  # (ASCII either way: a Pong's JSON, or bytes)
-        hb = self.heartbeat
-        assert hb is not None and hb.awaiting is not None  # (pong_frame is set only while a Ping is out)
+        hb: Any = self.heartbeat  # (set, and awaiting this Pong: pong_frame is set only while a Ping is out)
         self.deadline_moved = True
         hb.alive_since_ping = True
         hb.rtt = rtt = now - hb.last_ping_at

@@ -598,12 +598,19 @@ heartbeat, medians, 8 rounds of 10 lower). Then the direct reads' state moved fr
 to the transport object's slots: the former has too many attributes for the interpreter's fast attribute access, and
 a profile (Python 3.12's perf support, 10,000 connections, default heartbeat) charged `data_received` 11% of the
 server's user CPU, mostly generic dictionary lookups (3,000 connections, 12 s heartbeat, six interleaved rounds:
-41.3 -> 39.9 µs per heartbeat, medians, within the spread). This run: {per_hb_direct}. Tried and dropped: the hot
-modules compiled unchanged with Cython (no gain, 43 vs 35 µs user per heartbeat: compiled code calls CPython's generic
-attribute and method lookups, which Python 3.11's specializing interpreter caches; a gain needs typed extension
-classes, a second implementation of the protocol core). Meeting 1% needs a few µs less per heartbeat, or fewer
-heartbeats on
-idle connections (a change of the product's 30 s idle heartbeat, docs/protocol.md 9.1): not done.
+41.3 -> 39.9 µs per heartbeat, medians, within the spread). Then three more: the timer wheel works out a wake-up's
+grid time once for all the connections it pings (their next Ping and their Pong's timeout are the same times:
+`fire_time` was 10% of a heartbeat's instructions), the RTT histogram is bound once, and uvicorn's protocol keeps
+its link to the direct-read state in a slot, not its instance dictionary (a profile still charged `data_received`
+9.5% of user CPU, 38% of that generic attribute lookups). In process (cachegrind, 500 connections; the first two):
+38,998 -> 33,360 instructions per heartbeat; a real server (3,000 connections, 12 s heartbeat, six interleaved
+rounds side by side): 0.94x the CPU per heartbeat, the median of the per-round ratios (0.87x-1.00x). This run:
+{per_hb_direct}. Tried and dropped: the hot modules compiled unchanged with Cython (no gain, 43 vs 35 µs user per
+heartbeat: compiled code calls CPython's generic attribute and method lookups, which Python 3.11's specializing
+interpreter caches; a gain needs typed extension classes, a second implementation of the protocol core); mypyc on
+`protocol/heartbeat.py` and `drivers/timers.py` (-2.7% instructions; the rest of a heartbeat runs in modules that
+do not type-check yet). The margin under 1% is small, a few percent, within this measure's run-to-run spread: the
+seven runs before these cuts measured 30-36 µs.
 
 *Streams, {1 / PACE:g} tokens/s:* {size.streams:,} streams of {size.paced_tokens} tokens want
 {size.streams / PACE:,.0f} deltas/s; the bare endpoint spent {paced['bare']['server_cpu_us_per_delta']:.1f} µs of

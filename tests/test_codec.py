@@ -677,6 +677,35 @@ def test_decode_fast_reads_requests_with_flat_params_as_the_library_does(stream_
         assert fast is None or fast == library
 
 
+def test_repeated_params_are_read_once_and_every_request_gets_a_dict_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's requests mostly carry the same params: their bytes are read once (a bounded table), and each
+    Request still gets a dict of its own that its model may change."""
+    from lowlat_mw.protocol import codec
+
+    reads: list[bytes] = []
+    flat_struct = codec._flat_struct
+    monkeypatch.setattr(codec, "_flat_struct", lambda buf: reads.append(buf) or flat_struct(buf))
+    monkeypatch.setattr(codec, "_PARAMS_SEEN", {})
+    params = {"temperature": 0.5, "max_tokens": 64, "stop": "\n", "stream": True}
+    payload = to_protobuf(ev.Request(stream_id=1, text="x", params=params)).SerializeToString()
+    first = decode_fast(payload)
+    assert isinstance(first, ev.Request) and first.params == params
+    first.params["max_tokens"] = 1  # (the model changes its own)
+    first.params.pop("stop")
+    second = decode_fast(payload)
+    assert isinstance(second, ev.Request) and second.params == params and second.params is not first.params
+    assert len(reads) == 1
+    for n in range(codec._PARAMS_SEEN_MAX + 10):  # params that differ per request: the table stays bounded
+        other = to_protobuf(ev.Request(stream_id=1, text="x", params={"seed": n})).SerializeToString()
+        assert decode_fast(other).params == {"seed": n}  # type: ignore[union-attr]
+    assert len(codec._PARAMS_SEEN) <= codec._PARAMS_SEEN_MAX
+    big = {"prompt_prefix": "y" * codec._PARAMS_SEEN_SIZE}  # too big to keep: read every time
+    payload = to_protobuf(ev.Request(stream_id=1, text="x", params=big)).SerializeToString()
+    assert decode_fast(payload).params == big and decode_fast(payload).params == big  # type: ignore[union-attr]
+    assert reads.count(reads[-1]) == 2
+
+
 def test_decode_fast_small_leaves_requests_with_nested_params_or_data_and_bad_ids_to_protobuf() -> None:
     for req in (ev.Request(stream_id=1, text="x", params={"a": {"b": 1}}), ev.Request(stream_id=1, data=b"x"),
                 ev.Request(stream_id=1)):

@@ -95,8 +95,9 @@ async def test_a_closed_connection_is_freed_by_reference_counting(ws: str) -> No
     cycle keeps them for a later collection (under churn, thousands of dead connections and their buffers)."""
     kinds = (shims.HttpToolsProtocol, shims.WebSocketProtocol, shims.WSProtoProtocol, shims._Direct, ConnectionDriver)
     # Such objects of earlier tests that something still holds are not this test's: held here, so that their ids stay
-    # theirs. (tests/test_direct.py's fake connections stay in the timers of their finished loop's scheduler, which
-    # AsyncScheduler.by_loop keeps, and which keeps its loop through its timer handle.)
+    # theirs. (tests/test_direct.py's fake connections stayed in the timers of their finished loop's scheduler until
+    # AsyncScheduler.current dropped the schedulers of closed loops; whatever an earlier test still holds is not
+    # this test's to count.)
     gc.collect()
     earlier = [o for o in gc.get_objects() if isinstance(o, kinds)]
     theirs = {id(o) for o in earlier}

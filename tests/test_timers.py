@@ -366,6 +366,39 @@ async def test_async_scheduler_survives_a_broken_watcher(caplog: pytest.LogCaptu
     assert "timer callback failed" in caplog.text and [n for n, _ in log] == ["ok"]
 
 
+def test_the_scheduler_of_a_finished_loop_and_what_it_holds_go_when_another_loop_starts() -> None:
+    """A scheduler refers to its loop (its timer handle does), so its weak key in ``by_loop`` never died by itself:
+    every finished loop stayed, with every target still in its queue. A new loop's scheduler drops them."""
+    import gc
+    import weakref
+
+    class Held:
+        def on_timer(self, now: float) -> float:
+            return now + 3600
+
+    refs: list[weakref.ref[object]] = []
+
+    async def leave_a_timer() -> None:
+        sched = AsyncScheduler.current()
+        held = Held()
+        sched.schedule(held, time.monotonic() + 3600)  # (never due: still queued when the loop ends)
+        refs.extend((weakref.ref(asyncio.get_running_loop()), weakref.ref(sched), weakref.ref(held)))
+
+    for _ in range(3):
+        asyncio.run(leave_a_timer())
+    left: list[asyncio.AbstractEventLoop] = []
+
+    async def another() -> None:
+        AsyncScheduler.current()
+        left.extend(AsyncScheduler.by_loop)
+        left.append(asyncio.get_running_loop())
+
+    asyncio.run(another())
+    gc.collect()
+    assert [r() for r in refs] == [None] * 9  # loops, schedulers and their targets
+    assert len(left) == 2 and left[0] is left[1]  # (only the running loop's scheduler was left)
+
+
 def test_fire_time_is_never_early_and_late_by_at_most_a_64th_of_the_wait() -> None:
     now = 1000.0
     for wait in (0.0, 0.01, 0.064, 0.1, 0.5, 1.0, 9.99, 10.0, 30.0, 120.0, 600.0):

@@ -15,9 +15,17 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["AsyncScheduler", "DeadlineQueue", "ThreadScheduler", "TimerTarget", "Watcher", "cpu_clock"]
+
+
+def _forget_closed(table: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]) -> None:
+    """Drop the entries of closed event loops from a per-loop table. A value that refers to its loop (a scheduler
+    through its timer handle) keeps its weak key alive, so the table alone would keep every finished loop, and
+    what its value holds (every connection still in its timers), for the life of the process."""
+    for loop in [loop for loop in table if loop.is_closed()]:
+        table.pop(loop, None)
 
 
 def _cpu_clock() -> Callable[[], float]:
@@ -178,6 +186,7 @@ class AsyncScheduler:
         loop = asyncio.get_running_loop()
         sched = cls.by_loop.get(loop)
         if sched is None:
+            _forget_closed(cls.by_loop)  # (a new loop: the schedulers of finished ones go)
             sched = cls.by_loop[loop] = cls(loop)
         return sched
 

@@ -640,9 +640,17 @@ objects 4%. So the gap is lowlat-mw's own Python, spread over its features, not 
 earlier estimate, about 20 µs in process, was the best round of a harness without sockets: its medians
 are 50-80 µs per request over 50 connections and 55-100 µs over 1,000, rounds varying widely on this
 machine. A quick reply's Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta
-waited for the End, see docs/architecture.md.) And on this shared machine one burst's p99 moves a
-lot from round to round: in interleaved runs of these two servers the same session saw per-round ratios
-from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x. The garbage collector was the other
+waited for the End, see docs/architecture.md.)
+And on this shared machine one burst's p99 moves a lot from round to round: in interleaved runs of these two
+servers the same session saw per-round ratios from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x.
+Part of that is the order within a round (bursts 0.05 s apart): with two servers, six rounds, the burst that ran
+second was slower whichever server it was (bare's p99 25-46 ms first, 52-56 ms second; lowlat-mw's 42-56 ms
+first, 57-77 ms second), so its ratio depends on who went first: 0.8x-1.0x when lowlat-mw did, 1.2x-3.1x when
+the bare endpoint did. With 1.5 s between bursts the order effect went, both servers were slower (cold caches
+after an idle pause), and the ratios were 1.1x-1.6x. The shape differs too: lowlat-mw's first deltas come sooner
+(its p5-p20 below the bare endpoint's: the model's first step runs in the read), then its TTFD climbs at about
+70 µs per request through the burst against the bare endpoint's 45-50 µs: what a request and the tokens of the
+streams already started cost it. The garbage collector was the other
 part: a running stream holds about 20 objects the collector tracks (the bare endpoint's about 5); with the
 interpreter's thresholds they reach the oldest generation within milliseconds, and a full collection then
 stalls the process for 50-100 ms of wall time, which lands in the p99 of the round it falls in (rounds at 119-191 ms

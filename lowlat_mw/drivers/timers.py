@@ -24,7 +24,11 @@ def _forget_closed(table: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, A
     """Drop the entries of closed event loops from a per-loop table. A value that refers to its loop (a scheduler
     through its timer handle) keeps its weak key alive, so the table alone would keep every finished loop, and
     what its value holds (every connection still in its timers), for the life of the process."""
-    for loop in [loop for loop in table if loop.is_closed()]:
+    try:
+        closed = [loop for loop in table if loop.is_closed()]
+    except RuntimeError:  # another thread's loop added its entry meanwhile: left for the next new loop
+        return
+    for loop in closed:
         table.pop(loop, None)
 
 
@@ -236,10 +240,10 @@ class AsyncScheduler:
         self._armed_at = math.inf
         now = time.monotonic()
         times = self._watch_times
-        if times and times[0] <= now:
-            self._watch_memo = None  # (its list may be one of those popped here)
         while times and times[0] <= now:  # (first: an overdue Pong's target then fires with the others below)
-            for watcher, token in self._watches.pop(heapq.heappop(times)):
+            fired = self._watches.pop(heapq.heappop(times))
+            self._watch_memo = None  # (it may be this list: a watch made by a watcher, due at once, came up here)
+            for watcher, token in fired:
                 try:
                     watcher.on_watch(now, token)
                 except Exception:

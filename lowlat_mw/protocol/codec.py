@@ -110,15 +110,9 @@ def encode_delta_frame(stream_id: int, seq: int, chunk: str | bytes) -> bytes:
     else:
         body, tag = bytes(chunk), b"\x22"
     n = len(body)
-    if seq < 0x80:
-        number = small[seq] if seq else b""
-    elif seq < 0x4000:  # (encode_varint's two bytes, written out: most Deltas of a long stream)
-        number = (seq & 0x7F | 0x80 | seq >> 7 << 8).to_bytes(2, "little")
-    else:
-        number = encode_varint(seq)
     inner = (
         (b"\x08" + (small[stream_id] if stream_id < 0x80 else encode_varint(stream_id)) if stream_id else b"")
-        + (b"\x10" + number if seq else b"")
+        + (b"\x10" + (small[seq] if seq < 0x80 else encode_varint(seq)) if seq else b"")
         + tag + (small[n] if n < 0x80 else encode_varint(n)) + body
     )
     m = len(inner)

@@ -23,7 +23,7 @@ ADAPTERS = ROOT / "adapters"
 
 # Each layer may import its own and the layers below it (docs/architecture.md, "Layers").
 LAYERS = {
-    "lowlat_mw._version": 0, "lowlat_mw.errors": 0, "lowlat_mw.settings": 0, "lowlat_mw.proto": 0,
+    "lowlat_mw._version": 0, "lowlat_mw.errors": 0, "lowlat_mw.settings": 0, "lowlat_mw.proto": 0, "lowlat_mw._fast": 0,
     "lowlat_mw.protocol": 1, "lowlat_mw.protocol.context": 1,
     "lowlat_mw.observability": 2,
     "lowlat_mw.model": 3, "lowlat_mw.security": 3, "lowlat_mw.static_files": 3, "lowlat_mw.endpoint": 3,

@@ -713,3 +713,37 @@ def test_decode_fast_small_leaves_requests_with_nested_params_or_data_and_bad_id
     assert decode_fast(b"\x1a\x04\x08\x00\x1a\x00") is None  # stream id 0: the library's bad_request
     with pytest.raises(RemoteProtocolError):
         PROTO.decode(b"\x10\x1a\x04\x08\x00\x1a\x00", limit=LIMIT)
+
+
+def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and_stays_frozen() -> None:
+    """_fast.maker (the hot paths' constructor of Request and ModelRequest) sets every field as __init__ does:
+    the given ones, each other one its default or a new object of its default factory."""
+    import dataclasses
+
+    from lowlat_mw._fast import maker
+    from lowlat_mw.model import ModelRequest, SessionInfo
+
+    info = SessionInfo(session_id="s", client=("127.0.0.1", 1))
+    cases = [(ev.Request, ("stream_id", "model", "text", "params"), (7, "m", "hi", {"a": 1}), {}),
+             (ModelRequest, ("stream_id", "model", "text", "data", "messages", "params", "session"),
+              (3, "", None, b"x", None, {"b": 2}, info), {})]
+    for cls, names, values, _ in cases:
+        make = maker(cls, *names)
+        made, built = make(*values), cls(**dict(zip(names, values, strict=True)))
+        assert type(made) is cls
+        for f in dataclasses.fields(cls):
+            assert getattr(made, f.name) == getattr(built, f.name), f.name
+            if f.default_factory is not dataclasses.MISSING and f.name not in names:  # a new one per object
+                assert getattr(make(*values), f.name) is not getattr(made, f.name), f.name
+        assert made == built
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.stream_id = 9  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field"):
+        maker(ev.Request, "stream_id", "prompt")
+    with pytest.raises(TypeError, match="no default"):
+        maker(ev.Request, "text")  # stream_id has none
+    fast = decode_fast(to_protobuf(ev.Request(stream_id=5, model="m", text="t", params={"k": 1})).SerializeToString())
+    assert fast == ev.Request(stream_id=5, model="m", text="t", params={"k": 1})
+    big = to_protobuf(ev.Request(stream_id=1, text="t")).SerializeToString()
+    big = big.replace(b"\x08\x01", b"\x08\x80\x80\x80\x80\x10")  # stream id 2**32
+    assert decode_fast(big[:1] + bytes([len(big) - 2]) + big[2:]) is None  # an id past 32 bits: the library's

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Mutable
 from concurrent.futures import Executor
 from typing import Any
 
+from .._fast import maker
 from ..cache import CHUNK_OVERHEAD, is_deterministic, merged, request_key
 from ..endpoint import Endpoint, new_session_ids
 from ..errors import CloseCode, ErrorCode, close_code_reconnects
@@ -121,6 +122,7 @@ RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared st
 
 _TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
 _NO_RESULT = object()  # (ModelRunner._run: the model was not awaited for a result)
+_make_model_request = maker(ModelRequest, "stream_id", "model", "text", "data", "messages", "params", "session")
 
 
 def _kept(chunk: Any) -> Any:
@@ -415,8 +417,7 @@ class ModelRunner:
                                     messages=req.messages, params=req.params, session=self.info,
                                     context=given[0] if given else {}, history=given[1] if given else ())
             else:
-                mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
-                                    messages=req.messages, params=req.params, session=self.info)
+                mreq = _make_model_request(sid, req.model, req.text, req.data, req.messages, req.params, self.info)
             inputs = mreq.inputs  # (v1.3: what the client sends while it runs)
             early = self.inputs.get(sid)
             if early is not None:  # (sent while the result cache was asked: kept for it)
@@ -831,7 +832,8 @@ class ConnectionDriver:
         once, streams to start or cancel, measurements); else do nothing and return False. Once the Welcome
         is out, the first call logs the open connection and times the handshake."""
         direct = self.direct
-        if len(actions) == 1 and self._welcomed:  # (one frame or one measurement: a heartbeat's Ping, its RTT)
+        if len(actions) == 1 and self._welcomed:  # (one frame or one measurement: a heartbeat's Ping, its RTT; one
+            # stream to start: a Request)
             action = actions[0]
             kind = type(action)
             if kind is Measured:
@@ -843,6 +845,9 @@ class ConnectionDriver:
                     return False
                 if not self._closing:
                     self._hold([action.data])
+                return True
+            if kind is StartStream and self.runner is not None:  # (a Request: the loops below, for one action)
+                self.runner.start(action.request, self._arrived if self.timed else None)
                 return True
         writable = direct is not None and not self._writing and direct.is_writable()
         for action in actions:

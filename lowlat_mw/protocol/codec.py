@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
+from .._fast import maker
 from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from ..proto import lowlat_v1_pb2 as pb
 from ..settings import SUBPROTOCOL_PROTO
@@ -174,6 +175,9 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             raise ValueError(value)
 
 
+_make_request = maker(ev.Request, "stream_id", "model", "text", "params")
+
+
 def decode_fast(payload: bytes) -> ev.Event | None:
     """The message in `payload` (an Envelope's bytes) read without the protobuf library, for the three a
     peer sends per stream: a Delta laid out exactly as :func:`encode_delta_frame` writes it (every token a
@@ -268,10 +272,13 @@ def decode_fast(payload: bytes) -> ev.Event | None:
             params = params.copy()  # (the model gets a dict of its own: it may change it)
         else:
             params = {}
-        return ev.Request(stream_id=f.get(1, 0), model=f[2].decode() if 2 in f else "", text=f[3].decode(),
-                          params=params)
-    except (IndexError, ValueError, LocalProtocolError):  # bad UTF-8 is a ValueError; an invalid id: the
-        return None  # library's path names it in a bad_request
+        sid = f.get(1, 0)
+        if sid == 0:  # an invalid id (_varint refuses more than 32 bits): the library's path names it in a
+            return None  # bad_request
+        # (built without Request.__init__: the id is checked above, and text is its one input)
+        return _make_request(sid, f[2].decode() if 2 in f else "", f[3].decode(), params)
+    except (IndexError, ValueError, LocalProtocolError):  # bad UTF-8 is a ValueError; an Ack's or Ping's invalid
+        return None  # ids: the library's path names them in a bad_request
 
 
 # Flat params read lately, by their bytes: a client's requests mostly repeat them (temperature, max_tokens...), and

@@ -697,3 +697,20 @@ def test_json_ack_with_a_bad_field_is_invalid_payload() -> None:
     c, _ = opened(SUBPROTOCOL_JSON)
     out = c.send_raw('{"type":"ack","stream_id":"one","seq":1}')
     assert isinstance(out[0], ev.Error) and out[0].code is ErrorCode.INVALID_PAYLOAD
+
+
+@pytest.mark.parametrize("subprotocol", BOTH)
+def test_chunks_sent_on_a_connection_count_their_utf8_bytes_in_the_buffer(subprotocol: str) -> None:
+    """A Delta's send path sizes ASCII, non-ASCII and binary chunks for the replay buffer and the stream's
+    output as Session.record does: UTF-8 bytes, plus DELTA_OVERHEAD each."""
+    c, _ = opened(subprotocol, flow_window=1 << 20)
+    [start] = c.send(ev.Request(stream_id=1, text="go"))
+    assert isinstance(start, StartStream)
+    pieces: list[str | bytes] = ["Hel", "lo ", "é", "日本", b"\x00\xff", bytearray(b"abc"), "😀"]
+    for piece in pieces:
+        c.chunk(1, piece)
+    session = c.conn.session
+    as_sent = [bytes(p) if isinstance(p, bytearray) else p for p in pieces]
+    assert session.streams[1].out_bytes == sum(cost(p) - DELTA_OVERHEAD for p in as_sent) == 3 + 3 + 2 + 6 + 2 + 3 + 4
+    assert session.buffered == sum(cost(p) for p in as_sent) == buffer_cost(session)
+    assert list(session.streams[1].pieces) == as_sent and session.streams[1].seq == len(pieces)

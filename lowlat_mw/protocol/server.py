@@ -464,10 +464,13 @@ class ServerProtocol(Protocol):
         st = session.streams.get(stream_id)
         if st is None or st.terminal is not None:
             return []
-        if type(chunk) is not str or not chunk.isascii():  # plain ASCII text (most tokens) needs no check
+        if type(chunk) is str and chunk.isascii():  # plain ASCII text (most tokens) needs no check
+            n = len(chunk)  # (its size in bytes)
+        else:
             chunk = normalize_chunk(chunk)
             if type(chunk) is ev.ToolCall:  # (v1.3) one Delta of its own, never split or merged
                 return self._tool_call(stream_id, chunk, now)
+            n = encoded_len(chunk)
         self.reaper.last_activity = now  # (IdleReaper.touch, inlined: once per Delta)
         limit = self.max_frame_size
         sent = self.stats.sent
@@ -481,7 +484,7 @@ class ServerProtocol(Protocol):
                 data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, compressor)
                 size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
             if size <= limit or len(chunk) <= 1:
-                session.record(stream_id, chunk, now)
+                session.record_in(st, stream_id, chunk, n, now)
                 base = 3 * codec_id
                 sent[base] += 1
                 sent[base + 1] += raw

@@ -200,10 +200,15 @@ class Session:
         st = self.streams.get(stream_id)
         if st is None or st.terminal is not None:
             return None
+        n = len(piece) if type(piece) is not str or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
+        return self.record_in(st, stream_id, piece, n, now)
+
+    def record_in(self, st: StreamState, stream_id: int, piece: str | bytes, n: int, now: float) -> int:
+        """:meth:`record` for a caller that holds `st`, running, and knows `piece`'s size in bytes `n` (a
+        Delta's send path: no second lookup of the stream or of the piece's size)."""
         if st.first_chunk_at is None:
             st.first_chunk_at = now
         seq = st.seq = st.seq + 1
-        n = len(piece) if type(piece) is not str or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
         st.out_bytes += n
         cost = n + DELTA_OVERHEAD
         if not st.pieces:

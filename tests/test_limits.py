@@ -340,6 +340,35 @@ def test_request_over_max_request_size_fails_only_that_stream(subprotocol: str, 
 
 
 
+@pytest.mark.parametrize("subprotocol", BOTH)
+def test_params_sent_again_and_again_are_measured_as_the_first_time(subprotocol: str) -> None:
+    """The Protobuf decoder keeps the size of params it has read (codec.params_size): a Request that repeats
+    them is held to max_request_size exactly as the first one was, at the limit and one byte over."""
+    limit = 100
+    c = opened(Settings(max_request_size=limit, max_streams=64), subprotocol)
+    at_limit = {"k": "v" * (limit - 1 - len('{"k": ""}')), "n": None}  # with the model name: the limit exactly
+    at_limit["k"] = at_limit["k"][:len(at_limit["k"]) - len(', "n": null')]
+    over = {**at_limit, "k": at_limit["k"] + "v"}
+    for sid in range(1, 13, 2):
+        assert isinstance(c.request(sid, model="m", params=at_limit)[0], StartStream)
+        out = c.request(sid + 1, model="m", params=over)
+        assert (out[0].stream_id, out[0].code) == (sid + 1, ErrorCode.MESSAGE_TOO_BIG), out
+
+
+def test_a_kept_params_size_is_used_once_and_only_for_the_dict_it_was_kept_for() -> None:
+    from lowlat_mw.protocol.codec import decode_fast, params_size, to_protobuf
+
+    params = {"temperature": 0.5, "stop": "\n"}
+    frame = to_protobuf(ev.Request(stream_id=1, text="x", params=params)).SerializeToString()
+    decode_fast(frame)  # (kept from now on)
+    req = decode_fast(frame)
+    assert isinstance(req, ev.Request)
+    assert params_size(dict(req.params)) == len(json.dumps(params))  # an equal dict: measured
+    assert params_size(req.params) == len(json.dumps(params))  # the kept size
+    req.params["stop"] = "a much longer stop sequence"  # (a model may change its params)
+    assert params_size(req.params) == len(json.dumps(req.params))  # used once: measured anew
+
+
 _JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**400), max_value=10**400),
                          st.floats(allow_nan=True, allow_infinity=True), st.text())
 _PARAMS = st.dictionaries(st.text(), st.recursive(_JSON_LEAVES, lambda inner: st.one_of(

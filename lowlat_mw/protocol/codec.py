@@ -19,7 +19,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
@@ -187,6 +187,7 @@ def decode_fast(payload: bytes) -> ev.Event | None:
     else (other messages, other layouts, bad UTF-8, invalid ids): the library decides those.
     tests/test_codec.py checks it against the library.
     (One function, written out: it runs for every message.)"""
+    global _last_params
     try:
         tag = payload[0]
         m = payload[1]
@@ -260,16 +261,19 @@ def decode_fast(payload: bytes) -> ev.Event | None:
             return None
         if 6 in f:
             raw = f[6]
-            params = _PARAMS_SEEN.get(raw)  # (a client sends the same params with request after request)
-            if params is None:
+            seen = _PARAMS_SEEN.get(raw)  # (a client sends the same params with request after request)
+            if seen is None:
                 params = _flat_struct(raw)
                 if params is None:
                     return None
                 if len(raw) <= _PARAMS_SEEN_SIZE:
                     if len(_PARAMS_SEEN) >= _PARAMS_SEEN_MAX:
                         _PARAMS_SEEN.clear()
-                    _PARAMS_SEEN[raw] = params
-            params = params.copy()  # (the model gets a dict of its own: it may change it)
+                    _PARAMS_SEEN[raw] = (params, len(_PARAMS_JSON(params)))
+                params = params.copy()  # (the model gets a dict of its own: it may change it)
+            else:
+                params = seen[0].copy()
+                _last_params = (params, seen[1])  # (its size, for the max_request_size check that comes next)
         else:
             params = {}
         sid = f.get(1, 0)
@@ -281,10 +285,41 @@ def decode_fast(payload: bytes) -> ev.Event | None:
         return None  # ids: the library's path names them in a bad_request
 
 
+def _params_json() -> Callable[[Any], str]:
+    """json.dumps(params, default=str), its C encoder made once: params come from a decoder, a tree, so
+    the circular-reference check (a dict per call, made by JSONEncoder.iterencode) is left out."""
+    from json.encoder import c_make_encoder, encode_basestring_ascii
+
+    if c_make_encoder is None:  # pragma: no cover - an interpreter without the _json accelerator
+        return json.JSONEncoder(default=str).encode
+    encode = c_make_encoder(None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    join = "".join
+    return lambda params: join(encode(params, 0))
+
+
+_PARAMS_JSON = _params_json()
+
+_NO_PARAMS: tuple[Any, int] = (None, 0)
+_last_params = _NO_PARAMS  # the params dict decode_fast made last from a kept encoding, and its size
+
+
+def params_size(params: Mapping[str, Any]) -> int:
+    """Bytes of `params` as JSON (``json.dumps(params, default=str)``), what max_request_size counts them as.
+    For the dict :func:`decode_fast` just made from a kept encoding (the next thing a server asks) the size
+    kept with it, once: no JSON per request. (The memo holds that dict, so no other object can have its
+    identity; it is forgotten when used, so a dict changed later is measured anew.)"""
+    global _last_params
+    last = _last_params
+    if params is last[0]:
+        _last_params = _NO_PARAMS
+        return last[1]  # type: ignore[no-any-return]
+    return len(_PARAMS_JSON(params))
+
+
 # Flat params read lately, by their bytes: a client's requests mostly repeat them (temperature, max_tokens...), and
 # reading them byte by byte was 18% of a Request's Python up to its first Delta. Flat values are immutable, and
 # every Request gets a copy. Bounded: emptied when full (params that differ per request just pass through).
-_PARAMS_SEEN: dict[bytes, dict[str, Any]] = {}
+_PARAMS_SEEN: dict[bytes, tuple[dict[str, Any], int]] = {}  # bytes -> (params, JSON size)
 _PARAMS_SEEN_MAX = 256
 _PARAMS_SEEN_SIZE = 512  # bytes of params worth keeping (256 x 512 B at most)
 

@@ -12,7 +12,6 @@ table in :mod:`~lowlat_mw.protocol.state`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from ..errors import CloseCode, ErrorCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_JSON, Settings
 from . import events as ev
 from .base import CloseConnection, Measured, Protocol, SendFrame
-from .codec import PROTO_CODEC, encode_delta_frame
+from .codec import PROTO_CODEC, encode_delta_frame, params_size
 from .compression import available_codecs
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
@@ -616,19 +615,6 @@ STREAM_MESSAGES = 2  # control-budget tokens a Request brings: its stream's Ack{
 
 
 
-def _params_json() -> Callable[[Any], str]:
-    """json.dumps(params, default=str), its C encoder made once: params come from a decoder, a tree, so
-    the circular-reference check (a dict per call, made by JSONEncoder.iterencode) is left out."""
-    from json.encoder import c_make_encoder, encode_basestring_ascii
-
-    if c_make_encoder is None:  # pragma: no cover - an interpreter without the _json accelerator
-        return json.JSONEncoder(default=str).encode
-    encode = c_make_encoder(None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True)
-    join = "".join
-    return lambda params: join(encode(params, 0))
-
-
-_PARAMS_JSON = _params_json()
 
 
 def input_size(inp: ev.Input) -> int:
@@ -651,5 +637,5 @@ def request_size(req: ev.Request) -> int:
     if req.messages:
         size += sum(len(m.role) + len(m.content.encode("utf-8", "surrogatepass")) for m in req.messages)
     if req.params:
-        size += len(_PARAMS_JSON(req.params))
+        size += params_size(req.params)
     return size

@@ -447,24 +447,37 @@ async def test_a_fed_request_is_answered_before_the_read_returns() -> None:
     await conn.driver.disconnected(1000)
 
 
-async def test_connections_writing_in_one_loop_turn_share_one_end_of_turn_callback() -> None:
-    """Each connection writes its first frame of a turn at once and holds the rest; one callback (not one
-    per connection) writes out every connection's held frames when the turn ends."""
-    conns = [ReadConn(tokens) for _ in range(3)]
+async def test_a_burst_of_requests_in_one_turn_gets_every_first_delta_out_before_any_model_goes_on() -> None:
+    """Fair scheduling: Requests read in one loop turn each get their first Delta written at once, in the read.
+    The first stream's model runs on (a lone Request still ends in its first step); every later one takes its
+    next step in the next turn, after the other first Deltas. One end-of-turn callback per turn serves every
+    connection's held frames (not one per connection)."""
+    resumed: list[int] = []
+
+    async def model(req: Any) -> Any:
+        yield "t0 "
+        resumed.append(req.stream_id)  # the model's next step
+        yield "t1 "
+        yield "t2 "
+
+    conns = [ReadConn(model) for _ in range(3)]
     for conn in conns:
         conn.read(ev.Hello())
     await end_of_turn()
     turns = Turns.of(asyncio.get_running_loop())
     before = turns.turn
-    for conn in conns:  # one turn: each stream runs to its End in its eager first step
-        conn.read(ev.Request(stream_id=1, text="x"))
+    for sid, conn in enumerate(conns, 1):  # one turn: three Requests
+        conn.read(ev.Request(stream_id=sid, text="x"))
     assert [conn.kinds().count("write") for conn in conns] == [2, 2, 2]  # the Welcome, then the first Delta
-    assert turns.scheduled and turns.held == [conn.driver for conn in conns]
-    await end_of_turn()
-    assert turns.turn == before + 1 and not turns.held
+    assert resumed == [1]  # only the turn's first stream went on; the others wait for the next turn
+    assert turns.scheduled and turns.held == [conns[0].driver] and turns.started == 3
+    await wait_for(lambda: all(any(isinstance(e, ev.End) for e in conn.events()) for conn in conns))
+    assert resumed == [1, 2, 3]
+    assert turns.turn == before + 2 and not turns.held and turns.started == 0  # two turns, one callback each
+    assert conns[0].kinds().count("write") == 3  # its other Deltas and the End: one write at the turn's end
     for conn in conns:
-        assert conn.kinds().count("write") == 3  # the other Deltas and the End: one write
         assert [type(e) for e in conn.events()] == [ev.Welcome, ev.Delta, ev.Delta, ev.Delta, ev.End]
+        assert "".join(e.text for e in conn.events() if type(e) is ev.Delta) == "t0 t1 t2 "
         await conn.driver.disconnected(1000)
 
 

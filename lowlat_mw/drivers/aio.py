@@ -464,6 +464,7 @@ class ModelRunner:
                         await self._pump_merged(sid, agen, timer)
                     else:  # (_emit, written out: once per token)
                         shared = self.shared
+                        first = True
                         async for chunk in agen:
                             driver = self.driver
                             if driver is not None:
@@ -474,6 +475,13 @@ class ModelRunner:
                                 shared.touch(session)
                             if session.buffered >= session.pause_at:  # (Session.blocked)
                                 await self._paused(timer)
+                            if first:  # Fair scheduling (docs/architecture.md): its first Delta is out; if another
+                                first = False  # stream's went out in this loop turn too (a burst of Requests), the
+                                turns = driver._turns if driver is not None else None  # model's next step waits for
+                                if turns is not None:  # the next turn, after the other Requests read in this one
+                                    turns.started += 1
+                                    if turns.started > 1:
+                                        await asyncio.sleep(0)
                 finally:
                     await agen.aclose()
             if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]

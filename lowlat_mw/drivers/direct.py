@@ -220,13 +220,16 @@ class Turns:
     those handles were a third of the objects the garbage collector saw per Delta.
     """
 
-    __slots__ = ("__weakref__", "held", "scheduled", "turn")
+    __slots__ = ("__weakref__", "held", "scheduled", "started", "turn")
     by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns] = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
         self.turn = 0
         self.scheduled = False
         self.held: list[Any] = []  # connections holding frames (each has a ``_write_held()``)
+        # Streams whose first Delta went out in this turn: from the second on, a stream's model takes its next step
+        # in the next turn, so a burst of Requests read in one turn gets all its first Deltas out first.
+        self.started = 0
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> Turns:
@@ -240,6 +243,7 @@ class Turns:
         """The turn's end (scheduled with ``call_soon`` by its first write, which sets `scheduled`)."""
         self.scheduled = False
         self.turn += 1
+        self.started = 0
         held = self.held
         if held:
             self.held = []

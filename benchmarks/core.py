@@ -18,6 +18,7 @@ import contextlib
 import datetime as _dt
 import importlib
 import importlib.util
+import itertools
 import math
 import os
 import platform
@@ -139,6 +140,14 @@ def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
     if len(num) != len(den):
         raise ValueError("paired samples must come from the same rounds")
     return [a / b for a, b in zip(num, den, strict=True)]
+
+
+def permuted(items: Sequence[str], r: int) -> list[str]:
+    """Round r's order of `items`: the permutations in turn, so over len(items)! rounds every item runs in every
+    place and right after every other item equally often (a rotation always puts the same item before another:
+    what one item leaves behind, its aftermath, always falls on the same next one)."""
+    orders = list(itertools.permutations(items))
+    return list(orders[r % len(orders)]) if orders else []
 
 
 def rotated(items: Sequence[str], shift: int) -> list[str]:

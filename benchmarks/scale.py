@@ -44,7 +44,7 @@ from lowlat_mw.servers.cli import SERVE_GC_THRESHOLD
 
 from ._scale_procs import Fleet
 from ._scale_server import raise_nofile
-from .core import SuiteResult, log, machine_facts, markdown_table, median, quantiles, rotated, suite
+from .core import SuiteResult, log, machine_facts, markdown_table, median, permuted, quantiles, rotated, suite
 
 NAME = "scale"
 HEADING = "Scale: idle connections and concurrent streams"
@@ -298,18 +298,20 @@ async def _streaming(fleet: Fleet, size: Size) -> tuple[dict[tuple[str, str], li
         res = await fleet.open(name, size.streams, concurrency=size.concurrency, timeout=size.timeout)
         if res["failed"]:
             log(f"   {res['failed']} streaming connections to {key} failed: {res['errors']}")
+    waited: list[float] = []
     for r in range(size.stream_rounds):
         for model, spec in MODELS.items():
-            for key in rotated(list(STREAM_SERVERS), r):
+            for key in permuted(list(STREAM_SERVERS), r):
+                waited.append(await fleet.quiet())  # (what the burst before left behind is done)
                 burst = await _burst(fleet, f"stream {key}", f"stream {key}", size, spec)
                 burst.errors += size.streams - burst.requests  # connections that failed to open or were lost
                 if burst.errors:
                     burst.samples = (await fleet.stats(f"stream {key}"))["errors"]
                     log(f"   {model}/{key}: {burst.errors} errors: {burst.samples[:3]}")
                 bursts[(model, key)].append(burst)
-                await asyncio.sleep(0.05)
         log(f"   streaming round {r + 1}/{size.stream_rounds}: " + ", ".join(
-            f"{m}/{s} p99 {quantiles(b[-1].ttfd_ms or [0.0], [0.99])[0]:.0f} ms" for (m, s), b in bursts.items()))
+            f"{m}/{s} p99 {quantiles(b[-1].ttfd_ms or [0.0], [0.99])[0]:.0f} ms" for (m, s), b in bursts.items())
+            + f"; waited for quiet {min(waited) * 1000:.0f}-{max(waited) * 1000:.0f} ms before a burst")
     return bursts, warm_errors
 
 

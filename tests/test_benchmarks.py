@@ -88,3 +88,21 @@ def test_command_line_lists_suites() -> None:
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "--suite", "nope"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_permuted_orders_put_every_server_right_after_every_other_equally_often() -> None:
+    """The scale suite's streaming rounds: over 3! rounds each server runs in each place, and right after each
+    other server, equally often (a rotation always put the same server after the same other one)."""
+    import itertools
+    from collections import Counter
+
+    from benchmarks.core import permuted
+
+    keys = ["bare", "lowlat", "lowlat-direct"]
+    orders = [permuted(keys, r) for r in range(6)]
+    assert all(sorted(order) == sorted(keys) for order in orders) and permuted(keys, 6) == orders[0]
+    assert Counter((i, k) for order in orders for i, k in enumerate(order)) == Counter(
+        {(i, k): 2 for i in range(3) for k in keys})
+    after = Counter(pair for order in orders for pair in itertools.pairwise(order))
+    assert set(after.values()) == {2} and len(after) == 6  # every ordered pair, twice
+    assert permuted([], 3) == []

@@ -620,10 +620,21 @@ server CPU per delta, lowlat-mw {paced['lowlat']['server_cpu_us_per_delta']:.1f}
 {paced['lowlat-direct']['server_cpu_us_per_delta']:.1f} µs on its own protocol ({direct_vs['cpu_per_delta_ratio']:.2f}x,
 per-request work included), so on this 2-CPU machine, shared with the client processes, every server
 is saturated and a burst takes longer than the model's {size.paced_tokens * PACE:g} s. TTFD p99 is then set
-by how long the server takes to go through the burst of requests while the streams already started
-send their next tokens: a request costs lowlat-mw more than the bare endpoint, which decodes nothing
-and sends pre-encoded frames (profiled: in process, with no socket, this suite's Request to its first
-Delta is about 52 µs on lowlat-mw's protocol: its params decoded through the protobuf library, the
+by how long the server takes to go through the burst of requests. Timed inside both servers (a timeline of
+each burst, six rounds): the loop reads the whole burst in one turn, and neither server sends any stream's
+second Delta during it (asyncio runs what a read brought before the timers that came due meanwhile), so the
+last request waits for the work of every request before it. Under that load lowlat-mw spent 35-53 µs of wall
+time per request from starting the stream to its first Delta's write (the write system call alone 16-25 µs)
+and 17-27 µs reading and decoding it; the bare endpoint 26-47 µs from its `receive` to its first `send` and
+20-42 µs reading. In process, with no socket, lowlat-mw's Request to its first Delta is now 2,597 opcodes
+(3,363 at the start of the session before; cachegrind, a request's life: 385,813 -> 346,985 instructions):
+repeated params are read once and carry their JSON size (max_request_size counted them by a `json.dumps`
+per request), the Request and its ModelRequest are built without the frozen dataclasses' `__init__`, and a
+stream whose first Delta is not the first of its loop turn takes its model's next step in the next turn, so
+the paced model's timer is no longer set inside the burst's turn (docs/architecture.md, "Fair scheduling").
+Measured in earlier sessions, before those cuts, a request cost lowlat-mw more than the bare endpoint,
+which decodes nothing and sends pre-encoded frames (profiled: in process, with no socket, this suite's
+Request to its first Delta was about 52 µs on lowlat-mw's protocol: its params decoded through the protobuf library, the
 stream's state, timer and metrics, its task and eager first step), and each token a little more (py-spy:
 each token's write system call is half of either server's time; lowlat-mw's Python per token, the
 Delta's numbering, replay buffer and frame, touching another connection's objects each time, is about
@@ -644,15 +655,19 @@ are 50-80 µs per request over 50 connections and 55-100 µs over 1,000, rounds 
 machine. A quick reply's Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta
 waited for the End, see docs/architecture.md.)
 And on this shared machine one burst's p99 moves a lot from round to round: in interleaved runs of these two
-servers the same session saw per-round ratios from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x.
-Part of that is the order within a round (bursts 0.05 s apart): with two servers, six rounds, the burst that ran
+servers an earlier session saw per-round ratios from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x.
+This suite's rounds rotated one order of the servers, so lowlat-direct's burst always came right after the ASGI
+lowlat server's (the slowest) and bare's right after lowlat-direct's, 0.05 s apart; now each round takes the next
+permutation (over 3! rounds every server runs after every other equally often) and each burst waits until the
+servers and clients use under 10% of a core for 50 ms (in the run that brought it, 51-130 ms: little is left
+behind). Part of the spread was the order within a round: with two servers, six rounds, the burst that ran
 second was slower whichever server it was (bare's p99 25-46 ms first, 52-56 ms second; lowlat-mw's 42-56 ms
 first, 57-77 ms second), so its ratio depends on who went first: 0.8x-1.0x when lowlat-mw did, 1.2x-3.1x when
 the bare endpoint did. With 1.5 s between bursts the order effect went, both servers were slower (cold caches
 after an idle pause), and the ratios were 1.1x-1.6x. The shape differs too: lowlat-mw's first deltas come sooner
 (its p5-p20 below the bare endpoint's: the model's first step runs in the read), then its TTFD climbs at about
-70 µs per request through the burst against the bare endpoint's 45-50 µs: what a request and the tokens of the
-streams already started cost it. The garbage collector was the other
+70 µs per request through the burst against the bare endpoint's 45-50 µs: what a request cost it (the
+timeline above: not the tokens of the streams already started). The garbage collector was the other
 part: a running stream holds about 20 objects the collector tracks (the bare endpoint's about 5); with the
 interpreter's thresholds they reach the oldest generation within milliseconds, and a full collection then
 stalls the process for 50-100 ms of wall time, which lands in the p99 of the round it falls in (rounds at 119-191 ms

@@ -298,8 +298,8 @@ async def _streaming(fleet: Fleet, size: Size) -> tuple[dict[tuple[str, str], li
         res = await fleet.open(name, size.streams, concurrency=size.concurrency, timeout=size.timeout)
         if res["failed"]:
             log(f"   {res['failed']} streaming connections to {key} failed: {res['errors']}")
-    waited: list[float] = []
     for r in range(size.stream_rounds):
+        waited: list[float] = []
         for model, spec in MODELS.items():
             for key in permuted(list(STREAM_SERVERS), r):
                 waited.append(await fleet.quiet())  # (what the burst before left behind is done)
@@ -854,7 +854,9 @@ lowlat-mw's (`lowlat_mw.servers.uvicorn:WebSocketProtocol`, what `lowlat-mw serv
 and writes; with serve's garbage-collector settings, `gc_freeze` on and `gc_threshold`
 {SERVE_GC_THRESHOLD}). Each server is warmed up ({size.warm} connections stream once
 per model), then gets {size.streams:,} client connections (spread over the client processes); in each
-of {size.stream_rounds} rounds, for each model and each server (order rotated per round), every client
+of {size.stream_rounds} rounds, for each model and each server (round r takes the r-th permutation of the
+servers, so over 3! rounds each runs after every other equally often; 8 rounds run the first two orders twice;
+each burst waits for a quiet machine: servers and clients under 10% of a core for 50 ms), every client
 sends one request at once and reads its reply. TTFD runs from each request's send to its first Delta
 as the client process sees it, so it includes the client processes' own queueing on the shared CPUs;
 p50/p99/max are over every request of every round; deltas/s = a burst's deltas / (first request

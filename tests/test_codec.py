@@ -742,6 +742,8 @@ def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and
         maker(ev.Request, "stream_id", "prompt")
     with pytest.raises(TypeError, match="no default"):
         maker(ev.Request, "text")  # stream_id has none
+    with pytest.raises(TypeError, match="not a slotted"):
+        maker(dataclasses.make_dataclass("Loose", [("a", int)], frozen=True), "a")
     fast = decode_fast(to_protobuf(ev.Request(stream_id=5, model="m", text="t", params={"k": 1})).SerializeToString())
     assert fast == ev.Request(stream_id=5, model="m", text="t", params={"k": 1})
     big = to_protobuf(ev.Request(stream_id=1, text="t")).SerializeToString()

@@ -481,6 +481,36 @@ async def test_a_burst_of_requests_in_one_turn_gets_every_first_delta_out_before
         await conn.driver.disconnected(1000)
 
 
+async def test_a_first_delta_that_wrote_nothing_is_not_counted_so_a_later_lone_request_still_runs_on() -> None:
+    """Turns.started counts first Deltas only in a turn that wrote (its end resets the count): a stream whose
+    first Delta met a closing transport, in a turn with no other write, leaves no count behind, and a lone
+    Request in a later turn still ends in its first step."""
+    gate = asyncio.Event()
+
+    async def waits(req: Any) -> Any:
+        await gate.wait()
+        yield "late"
+
+    late, lone = ReadConn(waits), ReadConn(echo)
+    for conn in (late, lone):
+        conn.read(ev.Hello())
+    await end_of_turn()
+    late.read(ev.Request(stream_id=1, text="x"))
+    await end_of_turn()
+    turns = Turns.of(asyncio.get_running_loop())
+    late.direct.closing = True  # (the connection is going: nothing more is written to it)
+    gate.set()
+    await wait_for(lambda: not late.driver.runner.tasks)
+    assert turns.started == 0
+    lone.read(ev.Request(stream_id=1, text="alone"))
+    assert [type(e) for e in lone.events()][:2] == [ev.Welcome, ev.Delta]
+    assert not lone.driver.runner.tasks  # it ended in its first step: no task left behind
+    await end_of_turn()
+    assert [type(e) for e in lone.events()] == [ev.Welcome, ev.Delta, ev.End]
+    for conn in (late, lone):
+        await conn.driver.disconnected(1000)
+
+
 async def test_a_message_that_waits_holds_the_ones_after_it_in_order_with_reading_paused() -> None:
     """The authenticate hook runs in a thread: the Request read with the Hello waits for it, then runs."""
     conn = ReadConn(echo, authenticate="driver_support:allow_all")

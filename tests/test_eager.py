@@ -256,3 +256,23 @@ async def test_an_async_function_model_that_raises_ends_with_model_error():
     await peer.receive(ev.Request(stream_id=1, text="x"))
     await _until_it_ends(peer, ev.Error)
     assert peer.events[-1].code.name == "MODEL_ERROR"
+
+
+async def test_a_first_step_that_ends_in_a_bare_yield_resumes_in_the_next_turn_as_a_task_would():
+    """``await asyncio.sleep(0)`` in the first step: the coroutine goes on in the loop's very next turn (the task's
+    first turn), not a turn later, and as a task made by create_task would."""
+    loop = asyncio.get_running_loop()
+    log: list[str] = []
+
+    async def step_aside(name: str) -> None:
+        await asyncio.sleep(0)
+        log.append(name)
+        await asyncio.sleep(0)
+        log.append(f"{name} again")
+
+    task, finished = eager.start(loop, step_aside("eager"))
+    assert not finished and log == []
+    loop.call_soon(log.append, "turn 1")  # (a callback of the next turn, after the task's step)
+    loop.call_soon(loop.call_soon, log.append, "turn 2")
+    await task
+    assert log == ["eager", "turn 1", "eager again", "turn 2"]

@@ -21,6 +21,7 @@ from lowlat_mw.drivers.aio import run_authenticator
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.model import SessionInfo
 from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol import server as server_module
 from lowlat_mw.protocol.limits import ConnectionLimiter, TokenBucket
 from lowlat_mw.protocol.server import (
     Authenticate,
@@ -341,18 +342,33 @@ def test_request_over_max_request_size_fails_only_that_stream(subprotocol: str, 
 
 
 @pytest.mark.parametrize("subprotocol", BOTH)
-def test_params_sent_again_and_again_are_measured_as_the_first_time(subprotocol: str) -> None:
+def test_params_sent_again_and_again_are_measured_as_the_first_time(subprotocol: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The Protobuf decoder keeps the size of params it has read (codec.params_size): a Request that repeats
     them is held to max_request_size exactly as the first one was, at the limit and one byte over."""
+    from lowlat_mw.protocol import codec
+
+    kept: list[int] = []
+    params_size = codec.params_size
+
+    def counted(params: Any) -> int:
+        kept.append(params is codec._last_params[0])
+        return params_size(params)
+
+    monkeypatch.setattr(server_module, "params_size", counted)
     limit = 100
     c = opened(Settings(max_request_size=limit, max_streams=64), subprotocol)
-    at_limit = {"k": "v" * (limit - 1 - len('{"k": ""}')), "n": None}  # with the model name: the limit exactly
-    at_limit["k"] = at_limit["k"][:len(at_limit["k"]) - len(', "n": null')]
+    at_limit = {"k": "v" * (limit - 2 - len('{"k": ""}')), "n": None}  # with the model name and the text: the
+    at_limit["k"] = at_limit["k"][:len(at_limit["k"]) - len(', "n": null')]  # limit exactly
     over = {**at_limit, "k": at_limit["k"] + "v"}
     for sid in range(1, 13, 2):
-        assert isinstance(c.request(sid, model="m", params=at_limit)[0], StartStream)
-        out = c.request(sid + 1, model="m", params=over)
+        assert isinstance(c.request(sid, model="m", text="x", params=at_limit)[0], StartStream)
+        out = c.request(sid + 1, model="m", text="x", params=over)
         assert (out[0].stream_id, out[0].code) == (sid + 1, ErrorCode.MESSAGE_TOO_BIG), out
+    if subprotocol == SUBPROTOCOL_PROTO:  # (the JSON codec keeps nothing)
+        assert kept == [True] * 12  # every size came from the decoder's memo
+    else:
+        assert kept and not any(kept)
 
 
 def test_a_kept_params_size_is_used_once_and_only_for_the_dict_it_was_kept_for() -> None:

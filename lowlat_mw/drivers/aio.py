@@ -475,10 +475,14 @@ class ModelRunner:
                                 shared.touch(session)
                             if session.buffered >= session.pause_at:  # (Session.blocked)
                                 await self._paused(timer)
-                            if first:  # Fair scheduling (docs/architecture.md): its first Delta is out; if another
-                                first = False  # stream's went out in this loop turn too (a burst of Requests), the
-                                turns = driver._turns if driver is not None else None  # model's next step waits for
-                                if turns is not None:  # the next turn, after the other Requests read in this one
+                            if first:
+                                # Fair scheduling (docs/architecture.md): the first Delta is out. If another stream's
+                                # went out in this loop turn too (a burst of Requests), the model's next step waits
+                                # for the next turn, after the other Requests read in this one. (Counted only in a
+                                # turn that wrote: its end-of-turn callback resets the count.)
+                                first = False
+                                turns = driver._turns if driver is not None else None
+                                if turns is not None and turns.scheduled:
                                     turns.started += 1
                                     if turns.started > 1:
                                         await asyncio.sleep(0)

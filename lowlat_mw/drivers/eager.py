@@ -105,10 +105,13 @@ class _Rest(_Steps):
             error = None  # (no cycle, as in throw)
 
     def send(self, value: Any) -> Any:
-        return self._pick_up()
+        return self.__next__()
 
     def __next__(self) -> Any:
-        return self._pick_up()
+        pending = self._pick_up()
+        if pending is None:  # a bare yield (``asyncio.sleep(0)``): this first turn is the one it waited for
+            return self.coro.send(None)
+        return pending
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
         """Cancelled (or thrown into) before its first turn (a coroutine that already ended: _pick_up raises how)."""

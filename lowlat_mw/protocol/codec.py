@@ -269,8 +269,9 @@ def decode_fast(payload: bytes) -> ev.Event | None:
                 if len(raw) <= _PARAMS_SEEN_SIZE:
                     if len(_PARAMS_SEEN) >= _PARAMS_SEEN_MAX:
                         _PARAMS_SEEN.clear()
-                    _PARAMS_SEEN[raw] = (params, len(_PARAMS_JSON(params)))
-                params = params.copy()  # (the model gets a dict of its own: it may change it)
+                    seen = _PARAMS_SEEN[raw] = (params, len(_PARAMS_JSON(params)))
+                    params = params.copy()  # (the model gets a dict of its own: it may change it)
+                    _last_params = (params, seen[1])
             else:
                 params = seen[0].copy()
                 _last_params = (params, seen[1])  # (its size, for the max_request_size check that comes next)

@@ -724,10 +724,10 @@ def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and
     from lowlat_mw.model import ModelRequest, SessionInfo
 
     info = SessionInfo(session_id="s", client=("127.0.0.1", 1))
-    cases = [(ev.Request, ("stream_id", "model", "text", "params"), (7, "m", "hi", {"a": 1}), {}),
+    cases = [(ev.Request, ("stream_id", "model", "text", "params"), (7, "m", "hi", {"a": 1})),
              (ModelRequest, ("stream_id", "model", "text", "data", "messages", "params", "session"),
-              (3, "", None, b"x", None, {"b": 2}, info), {})]
-    for cls, names, values, _ in cases:
+              (3, "", None, b"x", None, {"b": 2}, info))]
+    for cls, names, values in cases:
         make = maker(cls, *names)
         made, built = make(*values), cls(**dict(zip(names, values, strict=True)))
         assert type(made) is cls

@@ -348,7 +348,7 @@ def test_params_sent_again_and_again_are_measured_as_the_first_time(subprotocol:
     them is held to max_request_size exactly as the first one was, at the limit and one byte over."""
     from lowlat_mw.protocol import codec
 
-    kept: list[int] = []
+    kept: list[bool] = []
     params_size = codec.params_size
 
     def counted(params: Any) -> int:

@@ -270,11 +270,9 @@ def decode_fast(payload: bytes) -> ev.Event | None:
                     if len(_PARAMS_SEEN) >= _PARAMS_SEEN_MAX:
                         _PARAMS_SEEN.clear()
                     seen = _PARAMS_SEEN[raw] = (params, len(_PARAMS_JSON(params)))
-                    params = params.copy()  # (the model gets a dict of its own: it may change it)
-                    _last_params = (params, seen[1])
-            else:
-                params = seen[0].copy()
-                _last_params = (params, seen[1])  # (its size, for the max_request_size check that comes next)
+            if seen is not None:  # kept: the model gets a dict of its own (it may change it), and its size goes
+                params = seen[0].copy()  # to the max_request_size check that comes next
+                _last_params = (params, seen[1])
         else:
             params = {}
         sid = f.get(1, 0)

@@ -614,9 +614,6 @@ _INSTALLED = available_codecs()  # fixed at import
 STREAM_MESSAGES = 2  # control-budget tokens a Request brings: its stream's Ack{done} and a Cancel
 
 
-
-
-
 def input_size(inp: ev.Input) -> int:
     """Bytes of an Input's item (v1.3), for max_request_size."""
     item = inp.item

@@ -200,8 +200,7 @@ class Session:
         st = self.streams.get(stream_id)
         if st is None or st.terminal is not None:
             return None
-        n = len(piece) if type(piece) is not str or piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
-        return self.record_in(st, stream_id, piece, n, now)
+        return self.record_in(st, stream_id, piece, encoded_len(piece), now)
 
     def record_in(self, st: StreamState, stream_id: int, piece: str | bytes, n: int, now: float) -> int:
         """:meth:`record` for a caller that holds `st`, running, and knows `piece`'s size in bytes `n` (a
@@ -557,7 +556,9 @@ def normalize_chunk(chunk: object) -> str | bytes | ev.ToolCall:
 
 def encoded_len(piece: str | bytes | ev.ToolCall) -> int:
     """Bytes of `piece` in a frame (UTF-8 for text; a tool call: its size as a buffer counts it)."""
-    return len(piece.encode("utf-8", "surrogatepass")) if isinstance(piece, str) else len(piece)
+    if isinstance(piece, str):
+        return len(piece) if piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
+    return len(piece)
 
 
 def split_chunk(chunk: str | bytes, limit: int) -> list[str | bytes]:

@@ -24,7 +24,7 @@ import ssl as ssl_module
 import time
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -177,8 +177,10 @@ class Stream:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def __aiter__(self) -> Stream:
-        return self
+    def __aiter__(self) -> _Chunks:
+        """The chunks, for ``async for``: leaving the loop early (break, an exception, the iterator dropped, its
+        ``aclose()``) cancels the stream. (``anext(stream)`` reads one chunk without that.)"""
+        return _Chunks(self)
 
     async def __anext__(self) -> str | bytes | ev.ToolCall:
         while True:
@@ -239,10 +241,13 @@ class Stream:
         """The stream as typed events: each :class:`~lowlat_mw.Delta` (``seq``, ``text`` or ``data``), then the
         :class:`~lowlat_mw.End` (``finish_reason``, ``usage``, ``timings_ms``); errors raise as when iterating
         the chunks. ``async for event in client.stream("hi").events(): ...``"""
-        while (item := await self._next()) is not None:
-            yield item
-            if type(item) is ev.End:
-                return
+        try:
+            while (item := await self._next()) is not None:
+                yield item
+                if type(item) is ev.End:
+                    return
+        finally:
+            self._abandon_soon()  # (left early: cancelled; a finalizer may run this, in any thread)
 
     async def _next(self) -> ev.Delta | ev.End | None:
         """The next Delta, else the End (once; None after it), or raise the error that ended the stream."""
@@ -297,13 +302,45 @@ class Stream:
 
     async def aclose(self) -> None:
         """Stop consuming: cancels the stream on the server if it is still running."""
-        if self._sent and not self._done:
-            self._done = True
-            self._client._drop(self)
-            try:
-                await self._client._send(self._client.protocol.cancel(self.stream_id))
-            except ClientError:
-                pass
+        if self._stop_reading():
+            await self._send_cancel()
+
+    def _abandon(self) -> None:
+        """The caller left the stream before its end: as :meth:`aclose`, but never waits (the Cancel goes out from a
+        task of the client's loop, which this runs on)."""
+        if self._stop_reading():
+            _keep_running(self._client._io_tasks, self._send_cancel())
+
+    def _abandon_soon(self) -> None:
+        """:meth:`_abandon` from any thread or finalizer: on the client's loop, unless nothing is left to cancel or
+        the loop is closed (then so is the connection)."""
+        reader = self._client._reader  # (a stream was sent on a connection: this task reads it, or read the last)
+        if self._done or not self._sent or self._client._streams.get(self.stream_id) is not self or reader is None:
+            return
+        loop = reader.get_loop()
+        try:
+            if _running_loop() is loop:
+                self._abandon()
+            else:
+                loop.call_soon_threadsafe(self._abandon)
+        except RuntimeError:
+            pass  # the loop closed meanwhile
+
+    def _stop_reading(self) -> bool:
+        """The stream is over for the caller; True if the server may still run it (a Cancel is due)."""
+        if not self._sent or self._done:
+            return False
+        self._done = True
+        client = self._client
+        running = client._streams.get(self.stream_id) is self  # (its End or Error did not arrive yet)
+        client._drop(self)
+        return running
+
+    async def _send_cancel(self) -> None:
+        try:
+            await self._client._send(self._client.protocol.cancel(self.stream_id))
+        except ClientError:
+            pass  # no connection: the resume leaves the stream out, which cancels it
 
     async def text(self) -> str:
         """Consume the whole stream and return the text (a tool call nobody answers: ClientError, and the stream
@@ -314,6 +351,35 @@ class Stream:
             await self.aclose()
             raise
         return "".join(parts)
+
+
+class _Chunks:
+    """A stream's chunks for one ``async for``: the loop left early (this iterator dropped, or closed) cancels it."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    def __anext__(self) -> Coroutine[Any, Any, str | bytes | ev.ToolCall]:
+        return self.stream.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop reading: cancels the stream if it still runs."""
+        await self.stream.aclose()
+
+    def __del__(self) -> None:
+        self.stream._abandon_soon()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _text_of(chunk: str | bytes | ev.ToolCall) -> str:

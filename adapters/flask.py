@@ -107,7 +107,7 @@ class LowLat:
         address = env.get("REMOTE_ADDR") or None
         answer = endpoint.admit(offered, env.get("HTTP_ORIGIN"), env.get("HTTP_HOST"), address)
         if type(answer) is Refuse and answer.status is not None:
-            return Response("forbidden\n", status=answer.status)
+            return Response(f"{answer.message}\n", status=answer.status, mimetype="text/plain")
         try:
             ws = self._server(env, answer.subprotocol)
         except BaseException:

@@ -58,9 +58,9 @@ class Accept:
 
 @dataclass(frozen=True, slots=True)
 class Refuse:
-    """Refused. With `status` (403): answer the handshake with that HTTP status, without accepting.
-    Otherwise accept with `subprotocol`, then close with `close_code` and `message` (4002 draining,
-    1013 past the limits: clients retry)."""
+    """Refused. With `status` (403): answer the handshake with that HTTP status, without accepting, and `message` as
+    its text where the server can send one (clients show it: which check refused). Otherwise accept with
+    `subprotocol`, then close with `close_code` and `message` (4002 draining, 1013 past the limits: clients retry)."""
 
     reason: str  # the handshakes_refused label: forbidden, draining, limit
     status: int | None = None
@@ -168,11 +168,14 @@ class Endpoint:
         if not ok:
             CLIENT_LOGS.log(log, logging.INFO, client, "refused WebSocket from %s: no supported subprotocol in %s",
                             client, list(subprotocols))
-            return self._refused(Refuse("forbidden", status=403))
+            served = ", ".join(settings.subprotocols)
+            return self._refused(Refuse("forbidden", status=403, message=f"lowlat-mw: no subprotocol offered that this "
+                                        f"endpoint serves ({served})"))
         if origin is not None and not origin_allowed(origin, host, settings.allowed_origins):
             CLIENT_LOGS.log(log, logging.WARNING, client, "refused cross-origin WebSocket from %s (client %s)", origin,
                             client)
-            return self._refused(Refuse("forbidden", status=403))
+            return self._refused(Refuse("forbidden", status=403, message="lowlat-mw: cross-origin WebSocket refused: "
+                                        "the page's Origin is not in the server's allowed_origins"))
         if self.draining:
             return self._refused(Refuse("draining", close_code=CloseCode.DRAINING, message="server draining",
                                         subprotocol=subprotocol))

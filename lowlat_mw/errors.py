@@ -11,7 +11,8 @@ Exception tree::
         ├── StreamError          the server ended a stream with an Error frame
         │   └── ResumeFailed     a dropped stream could not be resumed
         ├── ConnectionClosed     the connection closed with a final code (no reconnect)
-        └── ReconnectFailed      every reconnect attempt failed
+        │   └── HandshakeRefused the handshake was answered with an HTTP status (403, 404...): says why
+        └── ReconnectFailed      every reconnect attempt failed (or the first connection was refused)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "CloseCode",
     "ConnectionClosed",
     "ErrorCode",
+    "HandshakeRefused",
     "LocalProtocolError",
     "LowLatError",
     "ProtocolError",
@@ -212,5 +214,30 @@ class ConnectionClosed(ClientError):
         self.reason = reason
 
 
+class HandshakeRefused(ConnectionClosed):
+    """The server, or a proxy in front of it, answered the WebSocket handshake with HTTP `status` instead of accepting
+    it. `reason` is the text it sent (lowlat-mw names the check that refused: the Origin, the subprotocol), or else
+    what the status most likely means at `path` (:func:`refusal_hint`). Final: the client does not retry."""
+
+    def __init__(self, status: int, reason: str = "", *, path: str = "/") -> None:
+        super().__init__(None, reason)
+        self.status = status
+        self.path = path
+        self.args = (f"handshake refused with HTTP {status}: {reason or refusal_hint(status, path)}",)
+
+
+def refusal_hint(status: int, path: str) -> str:
+    """What HTTP `status` answering a WebSocket handshake for `path` most likely means, when the answer says nothing
+    (lowlat.js's ``refusalHint`` says the same)."""
+    if status == 404:
+        return f"no WebSocket endpoint at {path}: check the URL's path (the endpoint's `path` setting, /ws by default)"
+    if status == 403:
+        return (f"no reason given: no WebSocket route at {path} (Starlette and FastAPI refuse an unknown path with "
+                "403), an Origin the server does not allow (allowed_origins), or no subprotocol it serves")
+    if status in (401, 407):
+        return "authentication required, by the app or a proxy in front of the endpoint"
+    return "the server, or a proxy in front of it, does not take WebSocket handshakes at this URL"
+
+
 class ReconnectFailed(ClientError):
-    """The client gave up reconnecting after its retries."""
+    """The client gave up connecting: every attempt failed, or the first connection was refused (nothing listens)."""

@@ -14,6 +14,7 @@ import pytest
 from lowlat_mw.client import AsyncClient, SyncClient
 from lowlat_mw.client.aio import Document
 from lowlat_mw.client.sync import SyncDocument, SyncStream
+from lowlat_mw.errors import ConnectionClosed, HandshakeRefused, refusal_hint
 from lowlat_mw.protocol.context import ClientDocument
 
 URL = "ws://127.0.0.1:9/ws"  # never connected to
@@ -75,3 +76,15 @@ def test_sync_client_state_is_the_async_clients() -> None:
             client.welcome = None  # type: ignore[misc]  # (read-only there too)
     finally:
         client.close()
+
+
+# ----------------------------------------------------------------------------- what the client errors say
+def test_a_refused_handshake_says_its_status_and_the_servers_reason_else_a_hint() -> None:
+    origin = HandshakeRefused(403, "lowlat-mw: cross-origin WebSocket refused: ...", path="/ws")
+    assert isinstance(origin, ConnectionClosed) and origin.status == 403 and origin.code is None
+    assert str(origin) == "handshake refused with HTTP 403: lowlat-mw: cross-origin WebSocket refused: ..."
+    hint = refusal_hint(403, "/wrong")
+    assert str(HandshakeRefused(403, path="/wrong")) == f"handshake refused with HTTP 403: {hint}"
+    assert "no WebSocket route at /wrong" in refusal_hint(403, "/wrong")
+    assert refusal_hint(404, "/wrong").startswith("no WebSocket endpoint at /wrong: check the URL's path")
+    assert len({refusal_hint(status, "/x") for status in (401, 403, 404, 500)}) == 4

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -40,6 +41,7 @@ from ..errors import (
     ClientError,
     ConnectionClosed,
     ErrorCode,
+    HandshakeRefused,
     ReconnectFailed,
     ResumeFailed,
     StreamError,
@@ -761,7 +763,7 @@ class AsyncClient:
                 if status in (502, 503, 504):
                     error = exc
                 else:
-                    raise ConnectionClosed(None, f"handshake refused with HTTP {status}") from exc
+                    raise _refusal(exc.response, self.url) from exc
             if attempt >= self.backoff.retries:
                 raise ReconnectFailed(
                     f"could not connect to {self.url} after {attempt + 1} attempts: {error!r}"
@@ -1237,6 +1239,16 @@ class AsyncClient:
                 if attempt or self._closed_final is not None:
                     stream._done = True
                     raise
+
+
+def _refusal(response: Any, url: str) -> HandshakeRefused:
+    """The error of a handshake answered with an HTTP status: the answer's text where it is short plain text (what
+    lowlat-mw sends: which check refused), else a hint for the status."""
+    body = bytes(response.body or b"")
+    text = ""
+    if response.headers.get("Content-Type", "").startswith("text/plain") and len(body) <= 500:
+        text = body.decode(errors="replace").strip()
+    return HandshakeRefused(response.status_code, text, path=urlsplit(url).path or "/")
 
 
 class _NoWarmup(ClientError):

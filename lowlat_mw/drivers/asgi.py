@@ -197,7 +197,7 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
     address = str(client[0]) if client else None
     answer = endpoint.admit(scope.get("subprotocols") or (), headers.get("origin"), headers.get("host"), address)
     if type(answer) is Refuse and answer.status is not None:
-        await send({"type": "websocket.close", "code": 1008})  # before accept: servers answer HTTP 403
+        await refuse_handshake(scope, send, answer.status, answer.message)
         return None
     await send({"type": "websocket.accept", "subprotocol": answer.subprotocol})
     if type(answer) is Refuse:
@@ -216,6 +216,18 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
         endpoint.release(address)
         raise
     return driver
+
+
+async def refuse_handshake(scope: Scope, send: Send, status: int, message: str) -> None:
+    """Answer a WebSocket handshake with HTTP `status` and `message` as its text, so that a client can tell why, where
+    the server offers the ASGI "websocket.http.response" extension (uvicorn does); elsewhere the server answers 403
+    with no text (a close before accepting)."""
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+        await send({"type": "websocket.http.response.body", "body": f"{message}\n".encode()})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
 
 
 def _serving() -> bool:

@@ -61,7 +61,7 @@ def build_app(model: Any = None, **options: Any) -> Any:
     """
     from .. import static_files as static
     from ..demo import demo_model
-    from ..drivers.asgi import LowLatASGI
+    from ..drivers.asgi import LowLatASGI, refuse_handshake
 
     settings = Settings.load(options)
     links = ""
@@ -75,7 +75,8 @@ def build_app(model: Any = None, **options: Any) -> Any:
 
     async def home(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1000})  # not our path: the server answers 403
+            await refuse_handshake(scope, send, 404, f"lowlat-mw: no WebSocket endpoint at {scope['path']}: "
+                                   f"this server's is {settings.path}")  # (not our path)
             return
         if scope["type"] != "http":
             return

@@ -8,6 +8,8 @@ import pytest
 from conformance_support import JSON, PROTO, codec_of, hello, raw_connect
 from websockets.exceptions import InvalidStatus
 
+from lowlat_mw.client import Backoff, connect
+from lowlat_mw.errors import HandshakeRefused, refusal_hint
 from lowlat_mw.protocol import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -83,3 +85,23 @@ async def test_same_host_origin_is_accepted(server, mode):
         await hello(ws)
         frames = await _stream_raw(ws)
         assert isinstance(codec_of(ws).decode(frames[-1], limit=1 << 20, allowed=()), ev.End)
+
+
+# Servers that cannot send a text with their 403: daphne (no ASGI "websocket.http.response" extension). There the
+# client's error has the hint for a bare 403 instead.
+NO_REFUSAL_TEXT = frozenset({"django"})
+
+
+async def test_the_client_says_which_check_refused_the_handshake(server):
+    """A new user saw the same client error for a wrong Origin and a wrong path (issue 38, item 17): the server's 403
+    now says it was the Origin check, and the client shows it (not retried)."""
+    client = connect(server.url, backoff=Backoff(base=0.01, retries=3), headers={"Origin": "http://evil.example"})
+    async with asyncio.timeout(30):
+        with pytest.raises(HandshakeRefused) as info:
+            await client.open()
+    assert info.value.status == 403 and client.connections == 0
+    if server.framework in NO_REFUSAL_TEXT:
+        assert str(info.value) == f"handshake refused with HTTP 403: {refusal_hint(403, '/ws')}"
+    else:
+        assert str(info.value) == ("handshake refused with HTTP 403: lowlat-mw: cross-origin WebSocket refused: the "
+                                   "page's Origin is not in the server's allowed_origins")

@@ -6,13 +6,14 @@ and, for methods, the same parameters. A public name added to one side only fail
 
 from __future__ import annotations
 
+import errno
 import inspect
 from typing import Any
 
 import pytest
 
 from lowlat_mw.client import AsyncClient, SyncClient
-from lowlat_mw.client.aio import Document
+from lowlat_mw.client.aio import Document, _nothing_listens
 from lowlat_mw.client.sync import SyncDocument, SyncStream
 from lowlat_mw.errors import ConnectionClosed, HandshakeRefused, refusal_hint
 from lowlat_mw.protocol.context import ClientDocument
@@ -88,3 +89,17 @@ def test_a_refused_handshake_says_its_status_and_the_servers_reason_else_a_hint(
     assert "no WebSocket route at /wrong" in refusal_hint(403, "/wrong")
     assert refusal_hint(404, "/wrong").startswith("no WebSocket endpoint at /wrong: check the URL's path")
     assert len({refusal_hint(status, "/x") for status in (401, 403, 404, 500)}) == 4
+
+
+@pytest.mark.parametrize(("error", "refused"), [
+    (ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed ('127.0.0.1', 9)"), True),
+    # asyncio's one error for every address of a name such as localhost
+    (OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 9, 0, 0), "
+             "[Errno 111] Connect call failed ('127.0.0.1', 9)"), True),
+    (OSError("Multiple exceptions: [Errno 99] Cannot assign requested address, "
+             "[Errno 111] Connect call failed ('127.0.0.1', 9)"), False),
+    (TimeoutError(), False),
+    (OSError(errno.ENETUNREACH, "Network is unreachable"), False),  # (a link coming back: retried)
+])
+def test_nothing_listens_means_refused_at_every_address(error: BaseException, refused: bool) -> None:
+    assert _nothing_listens(error) is refused

@@ -15,11 +15,13 @@ default (``mode="json"`` for text frames). Streams cut by a drop that cannot be 
 from __future__ import annotations
 
 import asyncio
+import errno
 import inspect
 import itertools
 import json
 import logging
 import math
+import re
 import ssl as ssl_module
 import time
 import warnings
@@ -758,6 +760,9 @@ class AsyncClient:
             except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
                     websockets.exceptions.InvalidMessage) as exc:
                 error: Exception = exc
+                if not self.protocol.connections and _nothing_listens(exc):  # (a reconnect waits for a restart)
+                    raise ReconnectFailed(f"could not connect to {self.url}: connection refused (nothing listens "
+                                          "there: is the server running, on this port?)") from exc
             except websockets.exceptions.InvalidStatus as exc:
                 status = exc.response.status_code
                 if status in (502, 503, 504):
@@ -1239,6 +1244,19 @@ class AsyncClient:
                 if attempt or self._closed_final is not None:
                     stream._done = True
                     raise
+
+
+def _nothing_listens(exc: BaseException) -> bool:
+    """Whether a connection attempt was refused at every address (a closed port): a first connection fails at once,
+    no retry would find a server there. (asyncio joins the refusals of several addresses, as ``localhost`` has, into
+    one OSError naming each errno.)"""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    text = str(exc)
+    if type(exc) is not OSError or not text.startswith("Multiple exceptions"):
+        return False
+    codes = re.findall(r"\[Errno (\d+)\]", text)
+    return bool(codes) and all(int(code) == errno.ECONNREFUSED for code in codes)
 
 
 def _refusal(response: Any, url: str) -> HandshakeRefused:

@@ -9,14 +9,15 @@ status with that text or a hint naming the path, and a first connection that not
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from lowlat_mw.client import AsyncClient, connect
+from lowlat_mw.client import AsyncClient, connect, connect_sync
 from lowlat_mw.client.backoff import Backoff
-from lowlat_mw.errors import HandshakeRefused
+from lowlat_mw.errors import HandshakeRefused, ReconnectFailed
 from lowlat_mw.servers.cli import build_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -77,3 +78,38 @@ async def test_the_serve_command_answers_a_wrong_path_with_404(uvicorn_server: C
     assert (error.status, tries) == (404, 1)
     assert str(error) == ("handshake refused with HTTP 404: lowlat-mw: no WebSocket endpoint at /chat: "
                           "this server's is /ws")
+
+
+async def test_a_first_connection_that_nothing_listens_to_fails_at_once(unused_port: int) -> None:
+    url = f"ws://127.0.0.1:{unused_port}/ws"
+    client = Counting(url, backoff=RETRYING)
+    async with asyncio.timeout(20):
+        with pytest.raises(ReconnectFailed) as info:
+            await client.complete("anyone?")
+    assert client.attempts == 1  # (6 before: 12-23 s with the default backoff)
+    assert f"could not connect to {url}: connection refused (nothing listens there" in str(info.value)
+    assert isinstance(info.value.__cause__, ConnectionRefusedError)
+
+
+def test_the_sync_client_fails_at_once_too(unused_port: int) -> None:
+    started = time.monotonic()
+    with pytest.raises(ReconnectFailed, match="connection refused"):
+        with connect_sync(f"ws://127.0.0.1:{unused_port}/ws", backoff=Backoff(base=5.0, jitter=False)):
+            pass
+    assert time.monotonic() - started < 5.0  # the old first retry alone waited 5 s
+
+
+async def test_a_reconnect_after_a_drop_still_waits_with_backoff(uvicorn_server: Callable[..., Any],
+                                                                 starlette_app: Callable[..., Any]) -> None:
+    """Once connected, a closed port is a server restarting: reconnecting retries with the backoff (and fails after
+    the retries) instead of failing at once."""
+    srv = uvicorn_server(starlette_app(words))
+    client = Counting(srv.url, backoff=RETRYING)
+    async with asyncio.timeout(30):
+        assert await client.complete("one") == "one"
+        await asyncio.to_thread(srv.stop)
+        while client.connected:
+            await asyncio.sleep(0.01)
+        with pytest.raises(ReconnectFailed, match="after 6 attempts"):
+            await client.complete("two")
+    assert client.attempts == 1 + 6

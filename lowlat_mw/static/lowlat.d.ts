@@ -53,10 +53,25 @@ export declare class ConnectionClosedError extends LowLatError {
   meaning: string;
   reconnect: boolean;
 }
-/** Every reconnect attempt failed. */
+/** The handshake was answered with HTTP `status` (where the WebSocket implementation tells it: Node's `ws` package;
+ * never a browser). `reason`: the answer's text (lowlat-mw names the check that refused), else the message has a hint.
+ * Not retried. */
+export declare class HandshakeRefusedError extends ConnectionClosedError {
+  constructor(status: number, path?: string, reason?: string, options?: { cause?: unknown });
+  status: number;
+  path: string;
+}
+/** What HTTP `status` answering a WebSocket handshake for `path` most likely means. */
+export declare function refusalHint(status: number, path: string): string;
+/** Every connection attempt failed (`cause`: the last failure), or the first connection was refused (nothing listens:
+ * where the runtime tells, as Node's `ws` does). */
 export declare class ReconnectFailedError extends LowLatError {
   constructor(url: string, attempts: number, cause?: unknown);
   attempts: number;
+}
+/** No WebSocket: the runtime has none (Node.js before 22) and no `WebSocket` option was given. Not retried. */
+export declare class NoWebSocketError extends LowLatError {
+  constructor();
 }
 
 export interface BackoffOptions {
@@ -337,7 +352,8 @@ export interface ClientOptions {
   /** v1.3: ask the server to keep this session's turns, so that a request can continue one (`continues`). */
   history?: boolean;
   clientName?: string;
-  /** The WebSocket class (e.g. the `ws` package's in Node before 22). Default globalThis.WebSocket. */
+  /** The WebSocket class (e.g. the `ws` package's in Node before 22, which also tells why a connection failed).
+   * Default globalThis.WebSocket (at connect time); with neither, connecting fails at once with a NoWebSocketError. */
   WebSocket?: unknown;
 }
 

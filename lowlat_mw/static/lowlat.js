@@ -113,16 +113,54 @@ export class ConnectionClosedError extends LowLatError {
   }
 }
 
-/** Every connection attempt failed. A browser cannot tell why a WebSocket handshake failed: the
- * server may be down, or it refused the handshake with HTTP 403 (an Origin it does not allow, or
- * no subprotocol it serves). */
+/** The server, or a proxy in front of it, answered the WebSocket handshake with HTTP `status` instead of accepting
+ * it: not retried. Only where the WebSocket implementation tells the status (the `ws` package does; a browser never
+ * does: there a refusal looks like a connection that failed). `reason` is the answer's text (lowlat-mw names the
+ * check that refused: the Origin, the subprotocol), else the message says what the status most likely means. */
+export class HandshakeRefusedError extends ConnectionClosedError {
+  constructor(status, path = "/", reason = "", options) {
+    super(null, reason, options);
+    this.name = "HandshakeRefusedError";
+    this.message = `handshake refused with HTTP ${status}: ${reason || refusalHint(status, path)}`;
+    this.status = status;
+    this.path = path;
+    this.reconnect = false;
+  }
+}
+
+/** What HTTP `status` answering a WebSocket handshake for `path` most likely means (the Python client's
+ * lowlat_mw.errors.refusal_hint says the same). */
+export function refusalHint(status, path) {
+  if (status === 404) return `no WebSocket endpoint at ${path}: check the URL's path (the endpoint's \`path\` setting, /ws by default)`;
+  if (status === 403) {
+    return `no reason given: no WebSocket route at ${path} (Starlette and FastAPI refuse an unknown path with 403), `
+      + "an Origin the server does not allow (allowed_origins), or no subprotocol it serves";
+  }
+  if (status === 401 || status === 407) return "authentication required, by the app or a proxy in front of the endpoint";
+  return "the server, or a proxy in front of it, does not take WebSocket handshakes at this URL";
+}
+
+/** The client gave up connecting: every attempt failed (`cause`: the last failure), or the first connection was
+ * refused (nothing listens there; where the runtime tells: Node's `ws` does, a browser does not). */
 export class ReconnectFailedError extends LowLatError {
   constructor(url, attempts, cause) {
-    super(`could not connect to ${url} after ${attempts} attempt${attempts === 1 ? "" : "s"}` +
-          " (server down, or the handshake was refused: a cross-origin page the server does not allow?)",
-          { cause });
+    let why = ` (server down, or the handshake was refused: an Origin the server does not allow, a wrong path?)`;
+    if (cause && cause.refused) why = ": connection refused (nothing listens there: is the server running, on this port?)";
+    else if (cause && cause.message && !(cause.code === 1006 && cause.reason === "connection failed")) {
+      why = `: ${cause.message}`; // (a browser says no more than 1006: its console shows a refused handshake's status)
+    }
+    super(`could not connect to ${url} after ${attempts} attempt${attempts === 1 ? "" : "s"}${why}`, { cause });
     this.name = "ReconnectFailedError";
     this.attempts = attempts;
+  }
+}
+
+/** The runtime has no WebSocket (Node.js before 22) and none was given as the `WebSocket` option. */
+export class NoWebSocketError extends LowLatError {
+  constructor() {
+    super('no WebSocket implementation: this runtime has none (Node.js before 22): pass one as the WebSocket option, '
+          + 'e.g. `import WebSocket from "ws"; await connect(url, { WebSocket })`');
+    this.name = "NoWebSocketError";
   }
 }
 
@@ -1006,6 +1044,22 @@ function resolveUrl(url, path) {
   return text.replace(/^http(s?):/, "ws$1:");
 }
 
+/** Why a connection attempt failed, from its close event and the error event before it, as far as the runtime
+ * tells: a browser says nothing; the `ws` package gives the answer to a refused handshake (`refusal`: its status,
+ * and its text if short plain text) and the socket's error (its `code`, e.g. ECONNREFUSED: then `refused` is set). */
+function attemptFailed(close, failure, refusal, url) {
+  const error = failure && failure.error instanceof Error ? failure.error : null;
+  const options = error ? { cause: error } : undefined;
+  if (refusal && ![502, 503, 504].includes(refusal.status)) {
+    const text = refusal.type.startsWith("text/plain") && refusal.body.length <= 500 ? refusal.body.trim() : "";
+    return new HandshakeRefusedError(refusal.status, new URL(url).pathname, text, options);
+  }
+  const message = refusal ? `HTTP ${refusal.status}` : String((error && error.message) || (failure && failure.message) || "");
+  const exc = new ConnectionClosedError(close.code, close.reason || message || "connection failed", options);
+  exc.refused = Boolean(error && error.code === "ECONNREFUSED");
+  return exc;
+}
+
 function frameSize(frame) {
   return typeof frame === "string" ? utf8Length(frame) : frame.byteLength;
 }
@@ -1338,6 +1392,7 @@ export class LowLatClient extends EventTarget {
     let attempt = 0;
     let error = null;
     try {
+      if (typeof (this.WebSocket || globalThis.WebSocket) !== "function") throw new NoWebSocketError();
       for (;;) {
         if (this._userClosed) throw new LowLatError("client is closed");
         this._setState(resume ? "reconnecting" : "connecting", { attempt });
@@ -1349,6 +1404,8 @@ export class LowLatClient extends EventTarget {
           error = exc;
           if (exc instanceof ConnectionClosedError && !exc.reconnect) throw exc;
           if (exc instanceof StreamError) throw exc;
+          // A first connection refused: nothing listens there (a reconnect waits for a restart with its backoff).
+          if (exc.refused && this.connections === 0) throw new ReconnectFailedError(this.url, attempt + 1, exc);
         }
         if (attempt >= this.backoff.retries) throw new ReconnectFailedError(this.url, attempt + 1, error);
         const delay = this.backoff.delay(attempt) * 1000;
@@ -1358,7 +1415,9 @@ export class LowLatClient extends EventTarget {
       }
     } catch (exc) {
       if (!this._userClosed) {
-        const final = exc instanceof ConnectionClosedError || exc instanceof StreamError;
+        // (a refused handshake is not for good: the server's configuration, or the URL, may change)
+        const final = (exc instanceof ConnectionClosedError && !(exc instanceof HandshakeRefusedError))
+          || exc instanceof StreamError;
         if (final) {
           this.finalError = exc instanceof ConnectionClosedError ? exc
             : new ConnectionClosedError(1008, exc.message, { cause: exc });
@@ -1378,7 +1437,8 @@ export class LowLatClient extends EventTarget {
     return new Promise((resolve, reject) => {
       let ws;
       try {
-        ws = new this.WebSocket(this.url, this.codec.binary ? [SUBPROTOCOL_PROTO] : [SUBPROTOCOL_JSON]);
+        const WebSocketImpl = this.WebSocket || globalThis.WebSocket;
+        ws = new WebSocketImpl(this.url, this.codec.binary ? [SUBPROTOCOL_PROTO] : [SUBPROTOCOL_JSON]);
       } catch (exc) {
         reject(exc);
         return;
@@ -1394,8 +1454,23 @@ export class LowLatClient extends EventTarget {
         reject(exc);
       };
       const timer = setTimeout(() => fail(new LowLatError("timed out opening the connection")), this.openTimeout);
-      ws.onerror = () => {}; // the close event that follows says what happened
-      ws.onclose = (event) => fail(new ConnectionClosedError(event.code, event.reason || "connection failed"));
+      let failure = null;
+      let refusal = null;
+      ws.onerror = (event) => { failure = event; }; // the close event follows; this may say more (not in a browser)
+      ws.onclose = (event) => fail(attemptFailed(event, failure, refusal, this.url));
+      if (typeof ws.on === "function") { // the `ws` package (Node): what a refused handshake's answer says
+        ws.on("unexpected-response", (request, response) => {
+          let body = "";
+          response.setEncoding("utf8");
+          response.on("data", (text) => { if (body.length <= 500) body += text; });
+          const done = () => {
+            refusal = { status: response.statusCode, type: String(response.headers["content-type"] || ""), body };
+            ws.terminate(); // (then its error and close events, as without this listener)
+          };
+          response.on("end", done);
+          response.on("error", done);
+        });
+      }
       ws.onopen = () => {
         const chosen = ws.protocol || SUBPROTOCOL_JSON;
         if (chosen !== this.codec.subprotocol) {

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lz4.frame
 import pytest
 import zstandard
+from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
 from conformance_support import (
     JSON,
     PROTO,
@@ -28,7 +31,9 @@ from conformance_support import (
 )
 from websockets.exceptions import ConnectionClosed
 
+from lowlat_mw.client import connect
 from lowlat_mw.errors import ErrorCode, canonical_close_code
+from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import ProtoCodec
@@ -268,3 +273,77 @@ async def test_a_burst_of_ten_thousand_control_messages_is_cut_at_the_budget(ser
     measure(f"control flood {kind} {server.framework}",
             f"{FLOOD} {kind}s: {answered} answered, then Error rate_limited and close {out.close_code} ({took:.2f} s)")
     await assert_streams(server.url, "proto")
+
+
+# ================================================================================ the log budget per address
+BUDGET_CONNECTIONS = 100  # connections from 127.0.0.1, each sending one bad frame
+BUDGETED = re.compile(r"error sent on connection \S+, stream 0: invalid_payload")
+HELD_BACK = re.compile(r"\((\d+) more from (\S+) held back at DEBUG\)")
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def logged_server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iterator[ServerProcess]:
+    """A conformance server of every kind that shows lowlat-mw's INFO lines in its log."""
+    fw = request.param
+    env = base_env(conformance_dir, {"CONFORMANCE_LOG_LEVEL": "INFO"})
+    srv = start_ready(f"logged-{fw}", fw, lambda p: server_argv(fw, p, env=env), env, conformance_dir / "logs")
+    yield srv
+    died = srv.proc.poll()
+    srv.stop()
+    if died is not None:
+        pytest.fail(f"{srv.name} died during the tests (code {died})\n{srv.output()}")
+
+
+async def _garbage(url: str) -> int | None:
+    """Open, Hello, send one frame that is not a protobuf Envelope: the close code seen (1007)."""
+    async with raw_connect(url, [PROTO]) as ws:
+        await hello(ws)
+        await ws.send(CASES["garbage"].frame())
+        out = await read_until_closed(ws, timeout=20)
+    assert [(e.stream_id, e.code) for e in out.errors] == [(0, ErrorCode.INVALID_PAYLOAD)], out.events
+    return out.close_code
+
+
+async def test_a_hundred_connections_from_one_address_write_at_most_the_budget(logged_server):
+    """docs/security.md "Logs": the lines a client's bad input causes are budgeted per client address, not per
+    connection. 100 connections from 127.0.0.1, one bad frame each: at most CLIENT_LOGS.burst lines reach the log in
+    a window (the rest go to DEBUG), and the next line after the window says how many were held back."""
+    srv = logged_server
+    sizes = _log_size(srv)
+    gate = asyncio.Semaphore(20)
+
+    async def one() -> int | None:
+        async with gate:
+            return await _garbage(srv.url)
+
+    started = time.monotonic()
+    codes = await asyncio.gather(*(one() for _ in range(BUDGET_CONNECTIONS)))
+    took = time.monotonic() - started
+    assert {canonical_close_code(c) for c in codes} == {1007}, sorted(set(codes), key=str)
+    # The budget's next window, without waiting for it: then one more bad frame, whose line says how many were held.
+    async with connect(srv.url) as client:
+        assert await client.complete("", model="next_log_window") == "moved"
+    assert canonical_close_code(await _garbage(srv.url)) == 1007
+    lines = await _wait_for_lines(srv, sizes, BUDGETED, at_least=1 + min(CLIENT_LOGS.burst, BUDGET_CONNECTIONS))
+    budgeted = [line for line in lines if BUDGETED.search(line)]
+    *storm, last = budgeted
+    # One window holds the storm unless it took a minute or more (then each window lets its burst through).
+    windows = 1 + int(took // CLIENT_LOGS.window)
+    assert len(storm) <= CLIENT_LOGS.burst * windows, f"{len(storm)} lines, the first:\n" + "\n".join(storm[:20])
+    summary = HELD_BACK.search(last)  # (it rides on the first line let through in the next window)
+    assert summary and summary[2] == "127.0.0.1", "\n".join(budgeted)
+    held = sum(int(m[1]) for m in map(HELD_BACK.search, budgeted) if m)
+    assert len(storm) + held == BUDGET_CONNECTIONS, "\n".join(budgeted)  # every line let through or counted
+    assert not [line for line in lines if "traceback" in line.lower()], "\n".join(lines)
+    measure(f"log budget {srv.framework}", f"{BUDGET_CONNECTIONS} connections with a bad frame from one address: "
+            f"{len(storm)} lines ({took:.1f} s), then '{summary[0]}'")
+
+
+async def _wait_for_lines(srv: Any, sizes: tuple[int, int], pattern: re.Pattern[str], at_least: int) -> list[str]:
+    """The server's log lines since `sizes`, once `at_least` of them match `pattern` (bounded: 20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        lines = _log_since(srv, sizes)
+        if sum(1 for line in lines if pattern.search(line)) >= at_least or time.monotonic() > deadline:
+            return lines
+        await asyncio.sleep(0.1)

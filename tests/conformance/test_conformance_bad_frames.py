@@ -7,8 +7,11 @@ open and still serves a Request), and that a well-behaved client on the same ser
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import re
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from conformance_support import (
     raw_connect,
     read_until_closed,
 )
+from test_conformance_transport import frame
 from websockets.exceptions import ConnectionClosed
 
 from lowlat_mw.client import connect
@@ -36,7 +40,7 @@ from lowlat_mw.errors import ErrorCode, canonical_close_code
 from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import ProtoCodec
+from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -347,3 +351,62 @@ async def _wait_for_lines(srv: Any, sizes: tuple[int, int], pattern: re.Pattern[
         if sum(1 for line in lines if pattern.search(line)) >= at_least or time.monotonic() > deadline:
             return lines
         await asyncio.sleep(0.1)
+
+
+# ================================================================================ a raw client (asyncio)
+def _upgrade(port: int, subprotocol: str, key: str) -> bytes:
+    """A client's WebSocket upgrade request for /ws."""
+    return (f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {subprotocol}\r\n"
+            "\r\n").encode()
+
+
+def _message(data: bytes | str) -> bytes:
+    """One masked client frame holding `data` (text for a str)."""
+    return frame(1, data.encode()) if isinstance(data, str) else frame(2, data)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> int:
+    """One server frame (unmasked): its opcode."""
+    b0, b1 = await reader.readexactly(2)
+    n = b1 & 0x7F
+    if n == 126:
+        n = struct.unpack("!H", await reader.readexactly(2))[0]
+    elif n == 127:
+        n = struct.unpack("!Q", await reader.readexactly(8))[0]
+    await reader.readexactly(n)
+    return b0 & 0x0F
+
+
+# ================================================================================ two closes meeting
+@pytest.mark.parametrize("then", ["close", "ping"])
+async def test_invalid_utf8_and_a_control_frame_in_one_read_log_no_traceback(logged_server, then):
+    """Text that is not UTF-8 and then, in the same write, the client's close or a Ping: the server parses them
+    from one read. Under uvicorn (websockets-sansio) the peer's close was answered before the text was looked at,
+    and the text's 1007 close then raised InvalidState; or the text's 1007 close and FIN went out first, and the
+    Ping's Pong raised "Cannot call write() after write_eof()". Each was "Fatal error on transport" with a
+    traceback, per connection. Now the connection ends on the first close, with nothing logged about the other."""
+    srv = logged_server
+    sizes = _log_size(srv)
+    control = frame(8, struct.pack("!H", 1000)) if then == "close" else frame(9, b"fz")
+    for _ in range(20):
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        try:
+            async with asyncio.timeout(15):
+                writer.write(_upgrade(srv.port, JSON, base64.b64encode(os.urandom(16)).decode()))
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+                writer.write(_message(JsonCodec().encode(ev.Hello(client="utf8-then-control"))))
+                await _read_frame(reader)  # the Welcome
+                writer.write(frame(1, b'{"type":"ping","id":1,"x":"\xff\xfe"}') + control)
+                while await reader.read(65536):  # the server's close, then EOF
+                    pass
+        except ConnectionResetError:
+            pass  # (a server that closes at once may reset: only its log matters here)
+        finally:
+            writer.close()
+    await assert_streams(srv.url, "json")
+    await asyncio.sleep(0.5)  # (the server's last lines reach its log files)
+    lines = _log_since(srv, sizes)
+    tracebacks = [i for i, line in enumerate(lines) if "traceback" in line.lower()]
+    assert not tracebacks, "\n".join(lines[max(0, tracebacks[0] - 3):][:40])
+

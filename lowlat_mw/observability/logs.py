@@ -29,9 +29,9 @@ class LogBudget:
     def __init__(self, burst: int = 10, window: float = 60.0, *, total: int = 100, max_keys: int = 4096,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.burst, self.window, self.total, self.max_keys, self.clock = burst, window, total, max_keys, clock
-        # address -> [window start, lines let through, lines held back not yet told]; None: every address
+        # address (None: a server that gives none) -> [window start, lines let through, lines held back not yet told]
         self._keys: dict[str | None, list[float]] = {}
-        self._all: list[float] = [-float("inf"), 0, 0]
+        self._all: list[float] = [-float("inf"), 0, 0]  # the same, for every address together
         self._lock = threading.Lock()
 
     def reset(self) -> None:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Any
 
 from flask import Flask, Response, current_app, request, session
 from simple_websocket import ConnectionClosed, Server
+from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, TextMessage
+from wsproto.frame_protocol import CloseReason
 
 from lowlat_mw import static_files as static
 from lowlat_mw.asyncapi import asyncapi_json
@@ -30,6 +33,8 @@ from lowlat_mw.model import ModelSpec
 from lowlat_mw.servers.serving import too_big_message, transport_limit
 
 __all__ = ["LowLat"]
+
+_MAY_CLOSE = frozenset({ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING})  # wsproto sends a close only then
 
 
 class LowLat:
@@ -115,10 +120,7 @@ class LowLat:
                 endpoint.release(address)
             raise
         if type(answer) is Refuse:
-            try:
-                ws.close(answer.close_code, answer.message)
-            except ConnectionClosed:
-                pass
+            ws.close(answer.close_code, answer.message)
             _finish(ws)
             return _websocket_response(ws)
         return self._run(ws, endpoint, env, answer.subprotocol, address)
@@ -140,10 +142,7 @@ class LowLat:
              address: str | None) -> Response:
         def close(code: int, reason: str) -> None:
             ws.lowlat_closing = True
-            try:
-                ws.close(code, reason)
-            except ConnectionClosed:
-                pass
+            ws.close(code, reason)
             ws.event.set()  # wake receive() so the reading loop sees the close at once
 
         try:
@@ -187,31 +186,50 @@ def _login_user() -> Any:
 class _Server(Server):
     """simple-websocket's server end, sending ``Error{0, message_too_big}`` before the 1009 close its reader
     thread answers a message over ``max_message_size`` with (docs/protocol.md 10.3); lowlat-mw's own
-    closes (`lowlat_closing`) go out as they are."""
+    closes (`lowlat_closing`) go out as they are.
+
+    Its close is idempotent and thread-safe: the driver's close (a send-pool thread), the connection's
+    thread ending (:func:`_finish`) and simple-websocket's reader thread answering the peer's close can
+    all close at once. Every wsproto event is sent under one lock, and a close once one went out (or came
+    in and was answered) sends nothing; simple-websocket's own ``close`` raised wsproto's
+    ``LocalProtocolError`` for the second one, or ``OSError`` once the reader thread had closed the socket.
+    """
 
     lowlat_closing = False
 
     def handshake(self) -> None:
         super().handshake()  # (before the reader thread starts: no message can be refused before the hook)
-        send = self.ws.send
+        send, lock = self.ws.send, threading.Lock()
 
-        def send_error_first(event: Any) -> bytes:
-            if isinstance(event, CloseConnection) and event.code == 1009 and not self.lowlat_closing:
-                message = too_big_message(self.subprotocol)
-                data = send(TextMessage(data=message) if isinstance(message, str) else BytesMessage(data=message))
-                return data + send(event)  # type: ignore[no-any-return]
-            return send(event)  # type: ignore[no-any-return]
+        def send_once(event: Any) -> bytes:
+            with lock:  # (wsproto checks its state and moves it in one send: one thread at a time)
+                if isinstance(event, CloseConnection):
+                    if self.ws.state not in _MAY_CLOSE:
+                        return b""  # a close went out already: the one owner of the close is whoever sent it
+                    if event.code == 1009 and not self.lowlat_closing:
+                        message = too_big_message(self.subprotocol)
+                        data = send(TextMessage(data=message) if isinstance(message, str)
+                                    else BytesMessage(data=message))
+                        return data + send(event)  # type: ignore[no-any-return]
+                return send(event)  # type: ignore[no-any-return]
 
-        self.ws.send = send_error_first  # type: ignore[method-assign]
+        self.ws.send = send_once  # type: ignore[method-assign]
+
+    def close(self, reason: int | None = None, message: str | None = None) -> None:
+        """Close with `reason` (default 1000), once, from any thread: later calls do nothing."""
+        data = self.ws.send(CloseConnection(reason or CloseReason.NORMAL_CLOSURE, message))
+        if data:
+            try:
+                self.sock.send(data)
+            except OSError:  # the peer is gone, or the reader thread closed the socket meanwhile
+                pass
+        self.connected = False
 
 
-def _finish(ws: Server) -> None:
-    """Close our side and make sure simple-websocket's reader thread ends (even for a dead peer)."""
-    if ws.connected:
-        try:
-            ws.close()
-        except ConnectionClosed:
-            pass
+def _finish(ws: _Server) -> None:
+    """Close our side (unless it is closed) and make sure simple-websocket's reader thread ends (even for a dead
+    peer)."""
+    ws.close()
     ws.thread.join(timeout=2.0)
     if ws.thread.is_alive():
         try:

@@ -146,6 +146,15 @@ def _logging_left_as_found() -> Iterator[None]:
         lg.propagate, lg.disabled = propagate, disabled
 
 
+@pytest.fixture(autouse=True)
+def _fresh_client_log_budget() -> None:
+    """Each test starts with a fresh client log budget: CLIENT_LOGS is process-wide and keyed by the client's address,
+    and every in-process client is 127.0.0.1, so one test's bad frames would send the next test's lines to DEBUG."""
+    from lowlat_mw.observability.logs import CLIENT_LOGS
+
+    CLIENT_LOGS.reset()
+
+
 @pytest.fixture
 def unused_port() -> Iterator[int]:
     """A loopback port that is bound but not listening for the whole test: connecting is refused."""

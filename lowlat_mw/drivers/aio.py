@@ -82,7 +82,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 # that Pong as the transport awaits it). Bounded: every connection numbers its Pings 1, 2, 3..., so a few serve all.
 _PINGS: dict[bytes | str, tuple[bytes, bytes | str | None, Expected | None]] = {}
 _PINGS_MAX = 8192
-_ERRORS_LOGGED_AT_INFO = 10  # per connection; later Error frames are logged at DEBUG
 
 # Close codes after which the session is kept for resume (the client will reconnect).
 _RESUMABLE = frozenset({None, 1001, 1005, 1006, 1011, 1012, 1013, 1014,
@@ -669,7 +668,7 @@ class ConnectionDriver:
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_answered", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
-                 "_errors_logged", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
+                 "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
                  "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
                  "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member",
                  "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
@@ -720,7 +719,6 @@ class ConnectionDriver:
         self._close_sent = False
         self._gone = False
         self._welcomed = False
-        self._errors_logged = 0
         self._superseded = False  # a resume moved this connection's session to another connection
         self.member = False  # in push's index of users and groups (push.HUB.add): it leaves it when it closes
         self._push_backlog = 0  # bytes of pushes waiting for the connection's output (PUSH_BACKLOG bounds them)
@@ -1094,7 +1092,7 @@ class ConnectionDriver:
         if principal is not None:
             self.info = dataclasses.replace(self.info, principal=principal)
         else:
-            CLIENT_LOGS.log(log, logging.WARNING, self.info.client, "refused client %s: %s", self.info.client, reason,
+            CLIENT_LOGS.log(log, logging.WARNING, self.address, "refused client %s: %s", self.info.client, reason,
                             extra={"session_id": self.protocol.session_id, "client": self.info.client})
         await self._act(self.protocol.authenticated(principal, self.monotonic(), reason))
 
@@ -1344,7 +1342,9 @@ class ConnectionDriver:
             self._stuck_task = None
             if task.uncancel() > 0:  # also cancelled for another reason
                 raise
-            log.warning("send blocked for %.0f s: closing slow consumer", self.settings.slow_consumer_timeout)
+            CLIENT_LOGS.log(log, logging.WARNING, self.address, "send blocked for %g s: closing slow consumer %s",
+                            self.settings.slow_consumer_timeout, self.info.client,
+                            extra={"session_id": self.protocol.session_id, "client": self.info.client})
             self.protocol.close(CloseCode.SLOW_CONSUMER, "send blocked")
             await self._close_socket(CloseCode.SLOW_CONSUMER, "send blocked", locked=False)
             await self.disconnected()
@@ -1551,16 +1551,13 @@ class ConnectionDriver:
 
     # ------------------------------------------------------------------ logs and metrics
     def _sent_error(self, error: ev.Error) -> None:
-        """Count an Error sent to the client, and log it (model failures are logged where they happen,
-        with the traceback). The first few per connection at INFO, the rest at DEBUG: a client cannot
-        flood the log."""
+        """Count an Error sent to the client, and log it at INFO within its address's budget (CLIENT_LOGS: a client
+        cannot flood the log). Model failures are logged where they happen, with the traceback."""
         if self.metrics is not None:
             self.metrics.inc("errors", error.code.wire_name)
         if error.code is ErrorCode.MODEL_ERROR:
             return
-        self._errors_logged += 1
-        level = logging.INFO if self._errors_logged <= _ERRORS_LOGGED_AT_INFO else logging.DEBUG
-        CLIENT_LOGS.log(log, level, self.info.client, "error sent on connection %s, stream %s: %s: %s",
+        CLIENT_LOGS.log(log, logging.INFO, self.address, "error sent on connection %s, stream %s: %s: %s",
                         self.protocol.session_id, error.stream_id, error.code.wire_name, error.message,
                         extra={"session_id": self.protocol.session_id, "stream_id": error.stream_id,
                                "error_code": error.code.wire_name, "client": self.info.client})

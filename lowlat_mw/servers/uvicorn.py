@@ -33,6 +33,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
+from websockets.protocol import State as _WebSocketState
 
 from lowlat_mw.drivers.aio import drain_all, drain_on_shutdown
 from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
@@ -365,6 +366,14 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
             transport.write_eof()
         self.loop.call_later(LINGER, transport.close)
 
+    def handle_ping(self) -> None:
+        """websockets queued the Pong: written, unless the connection failed earlier in the same read (nothing
+        goes after the close frame and its FIN: the write raised "Cannot call write() after write_eof()")."""
+        if self._lowlat_lingering:
+            self.conn.data_to_send()  # (dropped)
+            return
+        super().handle_ping()
+
     def handle_cont(self, event: Any) -> None:
         add_fragment(self.frames, event.data)
         if event.fin:
@@ -383,6 +392,10 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
             try:
                 message: bytes | str = data.decode()
             except UnicodeDecodeError:
+                if self.conn.state is not _WebSocketState.OPEN:
+                    # A close is under way: the peer's, parsed from the same read (websockets answered it), ends
+                    # the connection. A second close would raise InvalidState out of data_received (a traceback).
+                    return
                 client = self.client[0] if self.client else None
                 CLIENT_LOGS.log(self.logger, logging.INFO, client,
                                 "invalid UTF-8 in a text frame from %s: closing with 1007", client)

@@ -342,3 +342,31 @@ def context_echo(req):
 
 
 MODELS.update({"context_echo": context_echo})
+
+
+# ---------------------------------------------------------------- client log budget
+# For test_conformance_bad_frames.py: CONFORMANCE_LOG_LEVEL=INFO shows lowlat-mw's INFO lines on stderr (once: its
+# own handler, not the server's), as an operator following docs/observability.md would; the model
+# "next_log_window" moves the client log budget's clock past its window, so the next budgeted line carries the
+# count of lines held back, without a test waiting a minute.
+if os.environ.get("CONFORMANCE_LOG_LEVEL"):
+    import logging
+
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    _lowlat_log = logging.getLogger("lowlat_mw")
+    _lowlat_log.addHandler(_handler)
+    _lowlat_log.setLevel(os.environ["CONFORMANCE_LOG_LEVEL"])
+    _lowlat_log.propagate = False
+
+
+def next_log_window(req):
+    from lowlat_mw.observability.logs import CLIENT_LOGS
+
+    skip = CLIENT_LOGS.window
+    clock = CLIENT_LOGS.clock
+    CLIENT_LOGS.clock = lambda: clock() + skip
+    return "moved"
+
+
+MODELS.update({"next_log_window": next_log_window})

@@ -6,10 +6,14 @@ import asyncio
 import logging
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 
+from lowlat_mw.errors import CloseCode
 from lowlat_mw.observability.logs import CLIENT_LOGS
+from lowlat_mw.protocol import events as ev
 
-from ._support import JSON, hello, raw_connect
+from ._delivery_support import serve
+from ._support import JSON, LIMIT, codec_of, hello, raw_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -19,7 +23,6 @@ async def echo(req):
 
 
 async def test_error_frames_are_logged_with_ids_then_demoted_to_debug(uvicorn_server, starlette_app, caplog) -> None:
-    CLIENT_LOGS.reset()  # (the per-address budget is process-wide: other tests' lines from 127.0.0.1 count)
     srv = uvicorn_server(starlette_app(echo, metrics=False))
     caplog.set_level(logging.DEBUG, logger="lowlat_mw")
     async with raw_connect(srv.url, subprotocols=[JSON]) as ws:
@@ -32,3 +35,43 @@ async def test_error_frames_are_logged_with_ids_then_demoted_to_debug(uvicorn_se
     assert len(records) == 15
     assert [r.levelno for r in records] == [logging.INFO] * 10 + [logging.DEBUG] * 5
     assert all(r.session_id == welcome.session_id and r.stream_id == 0 for r in records)
+
+
+async def test_the_connections_of_one_address_share_its_budget(uvicorn_server, starlette_app, caplog) -> None:
+    """The budget is keyed by the client's address, not by the connection (its port): 15 connections from
+    127.0.0.1 with one bad message each log 10 lines at INFO and the rest at DEBUG (docs/security.md "Logs")."""
+    srv = uvicorn_server(starlette_app(echo, metrics=False))
+    caplog.set_level(logging.DEBUG, logger="lowlat_mw")
+    for _ in range(15):
+        async with raw_connect(srv.url, subprotocols=[JSON]) as ws:
+            await hello(ws)
+            await ws.send('{"type":"no_such_message"}')
+            async with asyncio.timeout(5):
+                assert "unsupported_message" in await ws.recv()
+    records = [r for r in caplog.records if getattr(r, "error_code", None) == "unsupported_message"]
+    assert len({r.session_id for r in records}) == 15
+    assert [r.levelno for r in records] == [logging.INFO] * CLIENT_LOGS.burst + [logging.DEBUG] * 5
+
+
+async def test_a_slow_consumer_closed_is_logged_within_its_address_budget(uvicorn_server, caplog) -> None:
+    """The "closing slow consumer" WARNING is a line a client causes (it stops reading): past its address's
+    budget it goes to DEBUG like the others."""
+    logger = logging.getLogger("test.error_logs")
+    for _ in range(CLIENT_LOGS.burst):  # the budget of 127.0.0.1 spent
+        CLIENT_LOGS.log(logger, logging.INFO, "127.0.0.1", "spent")
+    served = serve(uvicorn_server, slow_consumer_timeout=0.5, resume_window=0.5)
+    caplog.set_level(logging.DEBUG, logger="lowlat_mw")
+    async with asyncio.timeout(20), raw_connect(f"ws://127.0.0.1:{served.port}/ws", max_queue=4) as ws:
+        codec = codec_of(ws)
+        await ws.send(codec.encode(ev.Hello(client="raw-no-acks", flow_window=0)))
+        assert isinstance(codec.decode(await ws.recv(), limit=LIMIT, allowed=()), ev.Welcome)
+        await ws.send(codec.encode(ev.Request(stream_id=1, model="count", text="x",
+                                              params={"n": 100_000, "size": 4096})))
+        while not [r for r in caplog.records if "slow consumer" in r.getMessage()]:  # (the test's timeout bounds it)
+            await asyncio.sleep(0.05)
+        with pytest.raises(ConnectionClosed):
+            async for _ in ws:  # the queued Deltas, then the close
+                pass
+    assert ws.close_code == CloseCode.SLOW_CONSUMER
+    [record] = [r for r in caplog.records if "slow consumer" in r.getMessage()]
+    assert record.levelno == logging.DEBUG and record.client[0] == "127.0.0.1"

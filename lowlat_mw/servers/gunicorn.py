@@ -40,6 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from gunicorn.errors import AppImportError
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 
 from lowlat_mw.drivers.threads import drain_all_sync
@@ -80,7 +81,10 @@ class ThreadWorker(_ThreadWorker):
         super().init_process()
 
     def load_wsgi(self) -> None:
-        super().load_wsgi()
+        try:
+            super().load_wsgi()
+        except SettingsError as exc:  # its message once, as gunicorn reports an app that does not load (not a
+            raise AppImportError(str(exc)) from exc  # traceback, then the message again)
         ext = getattr(self.wsgi, "extensions", {}).get("lowlat_mw")
         settings = getattr(ext, "settings", None)
         try:

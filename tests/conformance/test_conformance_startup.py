@@ -67,6 +67,7 @@ def test_unknown_setting_fails_startup(launch, conformance_dir, framework, sourc
     assert code != 0, output
     assert f"'{TYPO}'" in output, output
     assert "unknown setting" in output, output
+    assert output.count(f"unknown setting '{TYPO}'") == 1, output  # said once (issue 38: it was printed twice)
 
 
 # Four wrong values, as a new user wrote them (issue 38): a type mistake and three out of range; every one

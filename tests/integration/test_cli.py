@@ -326,6 +326,20 @@ def test_chat_keeps_the_conversation_after_a_failed_reply_and_needs_a_prompt(tmp
         assert result.returncode == 2 and "no prompt" in result.stderr, result.stderr
 
 
+def test_chat_takes_the_demo_pages_http_url_and_says_what_a_url_must_be(cli_server):
+    """Issue 38: `lowlat-mw chat http://...` (the address the demo page is at) printed a raw traceback."""
+    port, _, _ = cli_server
+    result = subprocess.run([*_cli(), "chat", f"http://127.0.0.1:{port}/ws", "hello"], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "You said: 'hello'" in result.stdout
+    result = subprocess.run([*_cli(), "chat", f"127.0.0.1:{port}/ws", "hello"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "is not a WebSocket URL: give ws:// or wss://" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize(("source", "what"), [
     ("from starlette.applications import Starlette\n\napp = Starlette()\n", "an ASGI application"),
     ("from flask import Flask\n\napp = Flask(__name__)\n", "a WSGI application"),

@@ -25,7 +25,7 @@ from ..errors import ClientError, SettingsError, StreamError
 from ..observability.metrics import Metrics
 from ..settings import ENV_PREFIX, Settings
 
-__all__ = ["StatsPrinter", "build_app", "check_server", "main", "source_checkout"]
+__all__ = ["StatsPrinter", "build_app", "main", "source_checkout"]
 
 _HOME_PAGE = """<!doctype html><meta charset=utf-8><title>lowlat-mw</title>
 <h1>lowlat-mw is serving</h1><p>WebSocket endpoint: <code>{path}</code>
@@ -35,7 +35,6 @@ DEFAULT_METRICS_PATH = "/metrics"
 DEFAULT_ASYNCAPI_PATH = "/asyncapi.json"
 DEFAULT_HEALTH_PATH = "/healthz"
 DEFAULT_CLIENT_PATH = "/lowlat"
-SERVE_INSTALL = "pip install 'lowlat-mw[serve]'"  # what `serve` needs beyond the package: uvicorn[standard]
 SERVE_GC_THRESHOLD = 50_000  # net allocations between young collections under `serve` (Settings.gc_threshold)
 WORKER_ENV = "LOWLAT_SERVE_WORKER"  # what `serve --workers` hands each worker process (see worker_app)
 
@@ -156,33 +155,8 @@ def _default_path(options: dict[str, Any], name: str, default: str, given: str |
             options[name] = default
 
 
-def check_server(settings: Settings, ws: str = "websockets-sansio") -> None:
-    """Import what ``serve`` runs (uvicorn, lowlat-mw's HTTP protocol over httptools, the `ws` protocol) before
-    anything is printed or served: a missing package is one line naming what to install, not a banner and then a
-    traceback. ImportError (naming the package and the pip command) or ValueError (a `ws` uvicorn cannot find)."""
-    try:
-        from uvicorn.config import WS_PROTOCOLS
-        from uvicorn.importer import ImportFromStringError, import_from_string
-    except ImportError as exc:
-        raise ImportError(f"`lowlat-mw serve` runs uvicorn, which is not installed ({exc}): {SERVE_INSTALL}") from None
-    from .serving import uvicorn_options
-
-    options = uvicorn_options(settings, ws)
-    for target in (options["http"], WS_PROTOCOLS.get(options["ws"], options["ws"])):
-        try:
-            import_from_string(target)
-        except ImportFromStringError as exc:
-            raise ValueError(f"--ws {ws!r}: {exc}") from None
-        except ImportError as exc:
-            missing = getattr(exc, "name", None)
-            if missing is None or missing.partition(".")[0] == "wsproto":  # (uvicorn[standard] has no wsproto)
-                raise ImportError(f"`lowlat-mw serve --ws {ws}`: {exc}") from None
-            raise ImportError(f"`lowlat-mw serve` needs {missing.partition('.')[0]}, which is not installed: "
-                              f"{SERVE_INSTALL}") from None
-
-
 def _serve(args: argparse.Namespace) -> int:
-    from .serving import log_config, run
+    from .serving import check_server, log_config, run
 
     if args.delay is not None:
         os.environ["LOWLAT_DEMO_DELAY"] = str(args.delay)

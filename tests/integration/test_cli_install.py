@@ -58,3 +58,13 @@ def test_serve_without_its_server_says_what_to_install_before_any_banner(missing
     assert "Traceback" not in result.stderr, result.stderr
     package, command = names
     assert package in result.stderr and command in result.stderr, result.stderr  # what is missing, how to install it
+
+
+def test_serving_run_without_its_server_says_what_to_install() -> None:
+    """The guides' `lowlat_mw.servers.serving.run(app, ...)` (your own process) checks the same, first."""
+    code = "from lowlat_mw.servers.serving import run\nrun(lambda scope, receive, send: None, port=9)\n"
+    result = subprocess.run(python_without({"httptools", "uvloop"}, code), cwd=REPO, env=_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode != 0
+    assert ("ImportError: lowlat-mw's server needs httptools, which is not installed: pip install 'lowlat-mw[serve]'"
+            in result.stderr), result.stderr

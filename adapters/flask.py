@@ -1,6 +1,7 @@
 """Flask adapter: an extension serving the lowlat-mw protocol on a WebSocket route.
 
     lowlat = LowLat(app, model=generate)            # or LowLat(model=...) + lowlat.init_app(app)
+    lowlat = LowLat(blueprint, model=generate)      # or on a Blueprint: its routes under the blueprint's url_prefix
     app.config["LOWLAT_MW"] = {"idle_timeout": 60}  # or app.config["LOWLAT_IDLE_TIMEOUT"] = 60
 
 Built on flask-sock's engine, simple-websocket (``simple_websocket.Server``), on any server
@@ -18,7 +19,7 @@ import socket
 import threading
 from typing import Any
 
-from flask import Flask, Response, current_app, request, session
+from flask import Blueprint, Flask, Response, current_app, request, session
 from simple_websocket import ConnectionClosed, Server
 from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, TextMessage
@@ -35,18 +36,20 @@ from lowlat_mw.servers.serving import too_big_message, transport_limit
 __all__ = ["LowLat"]
 
 _MAY_CLOSE = frozenset({ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING})  # wsproto sends a close only then
+_PATHS = ("path", "metrics_path", "asyncapi_path", "health_path", "client_path")  # settings that are URL paths
 
 
 class LowLat:
     """The Flask extension: ``LowLat(app, model=...)`` or ``init_app(app)`` later."""
 
-    def __init__(self, app: Flask | None = None, *, model: ModelSpec | None = None, registry: Any = None,
+    def __init__(self, app: Flask | Blueprint | None = None, *, model: ModelSpec | None = None, registry: Any = None,
                  **options: Any) -> None:
         """`registry`: prometheus_client CollectorRegistry for the metrics (default: the global one)."""
         self.model = model
         self.registry = registry
         self.options = options
         self.endpoint: Endpoint | None = None
+        self._public: Any = None  # the settings with the paths as served (under a blueprint's url_prefix)
         if app is not None:
             self.init_app(app)
 
@@ -55,30 +58,42 @@ class LowLat:
         """The settings in force (None before init_app)."""
         return self.endpoint.settings if self.endpoint is not None else None
 
-    def init_app(self, app: Flask, *, model: ModelSpec | None = None, **options: Any) -> None:
-        """Validate the settings now (a bad key fails at startup) and register the route."""
+    def init_app(self, app: Flask | Blueprint, *, model: ModelSpec | None = None, **options: Any) -> None:
+        """Validate the settings now (a bad key fails at startup) and register the route. On a Blueprint (as
+        flask-sock's ``route(bp=...)``) that happens when the blueprint is registered on an app: its routes go under
+        the blueprint's ``url_prefix``, its settings come from that app's config."""
         if model is not None:
             self.model = model
         self.options.update(options)
         if self.model is None:
             raise TypeError("LowLat needs model=<callable or 'module:callable'>")
+        if isinstance(app, Blueprint):
+            app.record_once(lambda state: self._mount(state.app, state.add_url_rule, state.url_prefix or ""))
+        elif isinstance(app, Flask):
+            self._mount(app, app.add_url_rule, "")
+        else:
+            raise TypeError(f"LowLat takes a Flask app or Blueprint, got {type(app).__name__}")
+
+    def _mount(self, app: Flask, add_url_rule: Any, prefix: str) -> None:
         settings = settings_from_config(app.config, self.options, where="app.config")
         self.endpoint = open_endpoint(self.model, settings, registry=self.registry)
+        self._public = settings.replace(**{name: prefix.rstrip("/") + value for name in _PATHS
+                                           if (value := getattr(settings, name))}) if prefix else settings
         app.extensions["lowlat_mw"] = self
-        app.add_url_rule(settings.path, "lowlat_mw", self._view, websocket=True)
+        add_url_rule(settings.path, "lowlat_mw", self._view, websocket=True)
         if settings.metrics_path:
-            app.add_url_rule(settings.metrics_path, "lowlat_mw_metrics", self._metrics_view)
+            add_url_rule(settings.metrics_path, "lowlat_mw_metrics", self._metrics_view)
         if settings.asyncapi_path:
-            app.add_url_rule(settings.asyncapi_path, "lowlat_mw_asyncapi", self._asyncapi_view)
+            add_url_rule(settings.asyncapi_path, "lowlat_mw_asyncapi", self._asyncapi_view)
         if settings.health_path:
-            app.add_url_rule(settings.health_path, "lowlat_mw_health", self._health_view)
+            add_url_rule(settings.health_path, "lowlat_mw_health", self._health_view)
         if settings.client_path:  # the browser client and demo page (docs/browser.md)
-            prefix = settings.client_path.rstrip("/")
-            app.add_url_rule(prefix + "/", "lowlat_mw_client_demo", self._client_view, methods=["GET", "HEAD"])
-            app.add_url_rule(prefix + "/<path:name>", "lowlat_mw_client", self._client_view, methods=["GET", "HEAD"])
+            client = settings.client_path.rstrip("/")
+            add_url_rule(client + "/", "lowlat_mw_client_demo", self._client_view, methods=["GET", "HEAD"])
+            add_url_rule(client + "/<path:name>", "lowlat_mw_client", self._client_view, methods=["GET", "HEAD"])
 
     def _client_view(self, name: str = "") -> Response:
-        found = static.lookup(f"{self.settings.client_path.rstrip('/')}/{name}", self.settings)
+        found = static.lookup(f"{self._public.client_path.rstrip('/')}/{name}", self._public)  # (URLs as served)
         # werkzeug leaves the body out of HEAD responses itself
         answer = static.respond(found, "GET", request.headers.get("If-None-Match"))
         return Response(answer.body, status=answer.status, headers=list(answer.headers))
@@ -91,7 +106,7 @@ class LowLat:
 
     def _asyncapi_view(self) -> Response:
         scheme = "wss" if request.scheme == "https" else "ws"
-        body = asyncapi_json(self.settings, f"{scheme}://{request.host}")
+        body = asyncapi_json(self._public, f"{scheme}://{request.host}")
         return Response(body, mimetype="application/json", headers={"Access-Control-Allow-Origin": "*"})
 
     def _metrics_view(self) -> Response:

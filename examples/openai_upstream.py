@@ -9,10 +9,10 @@ Run:  OPENAI_BASE_URL=http://127.0.0.1:8001/v1 OPENAI_API_KEY=sk-... OPENAI_MODE
           lowlat-mw serve examples.openai_upstream:generate --port 8000
 Then: lowlat-mw chat ws://127.0.0.1:8000/ws "hello"
 
-Needs httpx (``pip install "lowlat-mw[openai]"``). The request's ``model`` (or OPENAI_MODEL) names the upstream
-model; ``messages`` (or the prompt, as one user message) become the chat; the params in PASSED go upstream as they
-are (temperature, max_tokens...). An upstream error is this stream's model error (its message with the setting
-``expose_model_errors``).
+Needs httpx and the server (``pip install "lowlat-mw[openai]"``). The request's ``model`` (or OPENAI_MODEL) names
+the upstream model; ``messages`` (or the prompt, as one user message) become the chat; the params in PASSED go
+upstream as they are (temperature, max_tokens...). An upstream error is this stream's model error (its message with
+the setting ``expose_model_errors``).
 
 Tools the client runs (function calling; protocol v1.3): a request whose params carry OpenAI ``tools``
 definitions passes them upstream; when the upstream asks for tool calls, each goes to the client as a

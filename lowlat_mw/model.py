@@ -546,10 +546,10 @@ class Models:
         if isinstance(spec, Mapping):
             if not spec:
                 raise ValueError("the model mapping is empty")
-            self.by_name = {str(name): load_callable(fn) for name, fn in spec.items()}
+            self.by_name = {str(name): _one_request(load_callable(fn), fn) for name, fn in spec.items()}
             self.default = self.by_name.get("default") or next(iter(self.by_name.values()))
         else:
-            self.single = load_callable(spec)
+            self.single = _one_request(load_callable(spec), spec)
 
     def resolve(self, name: str) -> tuple[ModelFn | None, str, str]:
         """(callable, metrics label, kind) for model `name`, the kind (asyncgen, async, gen, sync) found once
@@ -584,6 +584,28 @@ class Models:
         if not name or self.single is not None:
             return "default"
         return "unknown"
+
+
+def _one_request(fn: ModelFn, spec: Any) -> ModelFn:
+    """`fn`, if it can be called with one argument (the request); else a TypeError when the app starts, not a
+    model error on every request. An ASGI or WSGI app passed as the model (``lowlat-mw serve myapp:app``) is named."""
+    try:
+        signature = inspect.signature(fn)
+        signature.bind(None)
+        return fn
+    except ValueError:  # no signature to read (some builtins): called as it is
+        return fn
+    except TypeError:
+        pass
+    required = [p.name for p in signature.parameters.values() if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    app = {("scope", "receive", "send"): "ASGI", ("environ", "start_response"): "WSGI"}.get(tuple(required))
+    what = f"an {app} application" if app == "ASGI" else f"a {app} application" if app else \
+        f"a callable of {len(required)} required arguments ({', '.join(required)})"
+    name = spec if isinstance(spec, str) else getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    hint = " An app that mounts lowlat-mw runs in its own server: see the framework's guide, \"Run\"." if app else ""
+    raise TypeError(f"model {name!r} is {what}, not a model callable: a model takes one argument, the request "
+                    f"(def generate(req): ...).{hint}")
 
 
 def _import_path(spec: str) -> Any:

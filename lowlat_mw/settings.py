@@ -176,70 +176,77 @@ class Settings:
     `lowlat-mw serve` uses 50000 (above what 2,000 running streams hold: no collection while they come and go)."""
 
     def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise settings_error(problems)
+
+    def _problems(self) -> list[str]:
+        """Every wrong value (and combination of values), so that all of them are reported at once."""
+        problems: list[str] = []
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
                      "idle_timeout", "handshake_timeout", "link_mbps", "resume_window",
                      "slow_consumer_timeout", "merge_max_delay"):
             if not getattr(self, name) > 0:
-                raise SettingsError(f"setting {name!r} must be > 0, got {getattr(self, name)!r}")
+                problems.append(f"setting {name!r} must be > 0, got {getattr(self, name)!r}")
         for name in ("heartbeat_interval", "idle_timeout", "resume_window"):
             if getattr(self, name) * 1000 > 0xFFFFFFFF:  # announced in Welcome as 32-bit milliseconds
-                raise SettingsError(f"setting {name!r} must be at most 4294967 seconds, got {getattr(self, name)!r}")
+                problems.append(f"setting {name!r} must be at most 4294967 seconds, got {getattr(self, name)!r}")
         if self.heartbeat_max_interval < self.heartbeat_interval:
-            raise SettingsError("setting 'heartbeat_max_interval' must be >= 'heartbeat_interval'")
+            problems.append("setting 'heartbeat_max_interval' must be >= 'heartbeat_interval'")
         for name in ("max_frame_size", "max_decompressed_size", "max_streams", "model_threads",
                      "resume_buffer_size", "flow_window", "max_unread_inputs"):
             value = getattr(self, name)
             if not 0 < value <= 0xFFFFFFFF:
-                raise SettingsError(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")
+                problems.append(f"setting {name!r} must be between 1 and 2**32-1, got {value!r}")
         if self.max_frame_size < 64:
-            raise SettingsError("setting 'max_frame_size' must be at least 64 bytes")
+            problems.append("setting 'max_frame_size' must be at least 64 bytes")
         for name in ("max_connections", "max_connections_per_client", "rate_limit", "control_rate_limit",
                      "max_session_lifetime", "drain_grace", "gc_threshold", "cache_size", "max_batch_wait",
                      "max_contexts", "max_context_bytes", "history_size"):
             if getattr(self, name) < 0:
-                raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
+                problems.append(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
         if self.max_batch_size < 1:
-            raise SettingsError(f"setting 'max_batch_size' must be >= 1, got {self.max_batch_size!r}")
+            problems.append(f"setting 'max_batch_size' must be >= 1, got {self.max_batch_size!r}")
         if 0 < self.cache_size < MIN_CACHE_SIZE:
-            raise SettingsError(f"setting 'cache_size' must be 0 (off) or at least {MIN_CACHE_SIZE} bytes, "
-                                f"got {self.cache_size!r}")
+            problems.append(f"setting 'cache_size' must be 0 (off) or at least {MIN_CACHE_SIZE} bytes, "
+                            f"got {self.cache_size!r}")
         if not self.cache_ttl > 0:
-            raise SettingsError(f"setting 'cache_ttl' must be > 0, got {self.cache_ttl!r}")
-        if self.rate_burst < 1 or self.max_request_size < 1 or self.control_rate_burst < 1:
-            raise SettingsError("settings 'rate_burst', 'control_rate_burst' and 'max_request_size' must be >= 1")
+            problems.append(f"setting 'cache_ttl' must be > 0, got {self.cache_ttl!r}")
+        for name in ("rate_burst", "control_rate_burst", "max_request_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"setting {name!r} must be >= 1, got {getattr(self, name)!r}")
         if self.compression_min_size < 0:
-            raise SettingsError("setting 'compression_min_size' must be >= 0")
+            problems.append("setting 'compression_min_size' must be >= 0")
         for codec in self.compression:
             if codec not in KNOWN_CODECS:
-                raise SettingsError(
-                    f"setting 'compression' has unknown codec {codec!r}; known: {', '.join(KNOWN_CODECS)}"
-                )
+                problems.append(f"setting 'compression' has unknown codec {codec!r}; known: {', '.join(KNOWN_CODECS)}")
         if not self.subprotocols:
-            raise SettingsError("setting 'subprotocols' must name at least one subprotocol")
+            problems.append("setting 'subprotocols' must name at least one subprotocol")
         for sp in self.subprotocols:
             if sp not in (SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON):
-                raise SettingsError(f"setting 'subprotocols' has unknown subprotocol {sp!r}")
+                problems.append(f"setting 'subprotocols' has unknown subprotocol {sp!r}")
         if self.shares_sessions and not self.session_store.startswith(
                 ("redis://", "rediss://", "unix://")):
-            raise SettingsError(f"setting 'session_store' must be \"memory\" or a Redis URL (redis://, rediss://, "
-                                f"unix://), got {self.session_store!r}")
+            problems.append(f"setting 'session_store' must be \"memory\" or a Redis URL (redis://, rediss://, "
+                            f"unix://), got {self.session_store!r}")
         if not self.path.startswith("/"):
-            raise SettingsError(f"setting 'path' must start with '/', got {self.path!r}")
+            problems.append(f"setting 'path' must start with '/', got {self.path!r}")
         if self.metrics_path and (not self.metrics_path.startswith("/") or self.metrics_path == self.path):
-            raise SettingsError(f"setting 'metrics_path' must start with '/' and differ from 'path', "
-                                f"got {self.metrics_path!r}")
+            problems.append(f"setting 'metrics_path' must start with '/' and differ from 'path', "
+                            f"got {self.metrics_path!r}")
         if self.health_path and (not self.health_path.startswith("/") or self.health_path in (
                 self.path, self.metrics_path, self.asyncapi_path)):
-            raise SettingsError(f"setting 'health_path' must start with '/' and differ from 'path', 'metrics_path' "
-                                f"and 'asyncapi_path', got {self.health_path!r}")
+            problems.append(f"setting 'health_path' must start with '/' and differ from 'path', 'metrics_path' "
+                            f"and 'asyncapi_path', got {self.health_path!r}")
         if self.asyncapi_path and (not self.asyncapi_path.startswith("/") or self.asyncapi_path in (
                 self.path, self.metrics_path)):
-            raise SettingsError(f"setting 'asyncapi_path' must start with '/' and differ from 'path' and "
-                                f"'metrics_path', got {self.asyncapi_path!r}")
+            problems.append(f"setting 'asyncapi_path' must start with '/' and differ from 'path' and "
+                            f"'metrics_path', got {self.asyncapi_path!r}")
         if self.client_path and (not self.client_path.startswith("/") or self.client_path.rstrip("/") in (
                 "", self.path, self.metrics_path)):
-            raise SettingsError(f"setting 'client_path' must start with '/', not be '/' and differ from 'path' and "
-                                f"'metrics_path', got {self.client_path!r}")
+            problems.append(f"setting 'client_path' must start with '/', not be '/' and differ from 'path' and "
+                            f"'metrics_path', got {self.client_path!r}")
+        return problems
 
     @property
     def shares_sessions(self) -> bool:
@@ -291,17 +298,33 @@ class Settings:
                 merged[key] = _coerce(key, value, hints[key])
             except SettingsError as exc:
                 problems.append(str(exc))
-        if problems:
-            raise settings_error(problems)
-        return cls(**merged)
+        return _build(lambda: cls(**merged), problems)
 
     def replace(self, **changes: Any) -> Settings:
-        """A copy with `changes` applied and validated."""
+        """A copy with `changes` applied and validated (every wrong one reported at once, as by :meth:`load`)."""
         hints = _hints()
-        for key in changes:
-            if key not in hints:
-                raise SettingsError(unknown_setting(key, "settings"))
-        return dataclasses.replace(self, **{k: _coerce(k, v, hints[k]) for k, v in changes.items()})
+        coerced: dict[str, Any] = {}
+        problems: list[str] = []
+        for key, value in changes.items():
+            try:
+                if key not in hints:
+                    raise SettingsError(unknown_setting(key, "settings"))
+                coerced[key] = _coerce(key, value, hints[key])
+            except SettingsError as exc:
+                problems.append(str(exc))
+        return _build(lambda: dataclasses.replace(self, **coerced), problems)
+
+
+def _build(make: Callable[[], Settings], problems: list[str]) -> Settings:
+    """`make()`, the settings from the values that have the right type, raising one SettingsError for `problems`
+    (wrong names and types) and whatever is wrong with those values too: every mistake in one start-up."""
+    try:
+        settings = make()
+    except SettingsError as exc:
+        problems = [*problems, *getattr(exc, "problems", [str(exc)])]
+    if problems:
+        raise settings_error(problems)
+    return settings
 
 
 def _hints() -> dict[str, Any]:

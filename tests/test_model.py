@@ -490,6 +490,23 @@ def test_models_from_path_and_errors() -> None:
         Models({"x": "no_such_module_xyz:f"})
 
 
+def test_a_callable_that_cannot_take_one_request_is_refused_when_the_app_starts() -> None:
+    """Issue 38: an ASGI app given as the model started, then failed every request with a model error."""
+
+    class AsgiApp:
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None: ...
+
+    def two(req: Any, extra: Any) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match=r"AsgiApp' is an ASGI application, not a model callable"):
+        Models(AsgiApp())
+    with pytest.raises(TypeError, match=r"two' is a callable of 2 required arguments \(req, extra\)"):
+        Models({"x": two})
+    assert Models(lambda req, n=1: "").single is not None  # optional parameters are fine
+    assert Models(functools.partial(two, extra=1)).single is not None
+
+
 def test_shared_executor_is_one_pool_per_size() -> None:
     assert shared_executor(3) is shared_executor(3)
     assert shared_executor(3) is not shared_executor(4)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import tarfile
 import tomllib
 from pathlib import Path
@@ -514,3 +515,31 @@ def test_the_package_patches_a_context_document_and_continues_a_stream(project: 
         assert seen == {"checks": [True] * 4, "recovered": True, "refusal": "context_mismatch", "fullSends": 2,
                         "synced": True, "isDoc": True, "revision": 3, "CONTEXT_REVISION": 3,
                         "firstText": "echo:hi", "continued": "[hi>echo:hi]", "unknown": "context_mismatch"}, mode
+
+
+def test_the_wheel_carries_the_npm_package(tmp_path: Path) -> None:
+    """Issue 38: the wheel shipped lowlat.js but not package.json or lowlat.d.ts, so the installed package's static
+    folder was no npm package (docs/browser.md: `npm pack` it from a checkout or an install). Built with pip from a
+    copy of the sources (an in-tree build would leave build/ and *.egg-info in the checkout)."""
+    import importlib.util
+    import zipfile
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("lowlat_mw", "adapters"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "node_modules",
+                                                                                       "*.tgz"))
+    # (with this environment's setuptools when it has one: no download)
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w",
+                          str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [wheel] = (tmp_path / "dist").glob("lowlat_mw-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"lowlat_mw/static/{p.name}" for p in STATIC.iterdir() if p.is_file() and p.suffix != ".tgz"}
+    assert shipped <= names, sorted(shipped - names)
+    package = json.loads(zipfile.ZipFile(wheel).read("lowlat_mw/static/package.json"))
+    assert {f"lowlat_mw/static/{f}" for f in package["files"]} <= names  # everything `npm pack` would put in
+

@@ -115,3 +115,32 @@ def test_settings_reference_has_no_blank_default_and_the_readme_table_no_issue_c
     assert rows and all(row.split("|")[3].strip() for row in rows), [r for r in rows if not r.split("|")[3].strip()]
     header_lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| ")]
     assert not any("issue" in line.lower() and "target" in line.lower() for line in header_lines)
+
+
+# What a README snippet may use without defining it: the reader's own objects, named in the text around it.
+README_READERS_OWN = {"client", "get_weather"}
+
+
+def test_readme_snippets_import_what_they_use() -> None:
+    """Issue 38: the typed-events snippet used `Delta` without importing it (a NameError for whoever copies it).
+    Each ```python block of the README is checked alone (ruff's undefined-name rule, F821)."""
+    import json
+    import re
+    import shutil
+    import textwrap
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("needs ruff (the test extra)")
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks
+    undefined = []
+    for i, block in enumerate(blocks):
+        source = "async def _snippet():\n" + textwrap.indent(block, "    ")  # (top-level await and async for)
+        out = subprocess.run([ruff, "check", "--isolated", "--select", "F821", "--output-format", "json",
+                              "--stdin-filename", f"readme_{i}.py", "-"], input=source, capture_output=True,
+                             text=True, timeout=60)
+        names = {re.search(r"`(\w+)`", e["message"]).group(1) for e in json.loads(out.stdout or "[]")}
+        undefined += [(i, name) for name in sorted(names - README_READERS_OWN)]
+    assert not undefined, undefined
+

@@ -307,6 +307,19 @@ def test_every_wrong_setting_is_reported_at_once() -> None:
     assert len(info.value.problems) == 3  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("build", ["load", "replace"])
+def test_every_wrong_value_is_reported_at_once(build: str) -> None:
+    """Issue 38: values out of range were reported one start-up at a time (after any wrong name or type)."""
+    values = {"heartbeat_interval": "soon", "idle_timeout": -1, "max_streams": 0, "path": "ws", "rate_burst": 0}
+    with pytest.raises(SettingsError) as info:
+        Settings.load(values, env=NO_ENV) if build == "load" else Settings().replace(**values)
+    problems = info.value.problems  # type: ignore[attr-defined]
+    assert str(info.value).startswith("5 settings are wrong:"), info.value
+    assert len(problems) == len(values), problems
+    for name in values:
+        assert sum(repr(name) in problem for problem in problems) == 1, (name, problems)
+
+
 @pytest.mark.parametrize("where", ["app.config", "settings"])
 def test_framework_config_hints_names_and_reports_everything(where: str) -> None:
     """settings.LOWLAT_MW / app.config["LOWLAT_MW"] get the same hints as keyword arguments, all at once."""

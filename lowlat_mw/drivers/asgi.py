@@ -52,6 +52,7 @@ class LowLatASGI:
         self._metrics_app: Any = None
         self.failed: Exception | None = None
         """Why this app could not be built, when that was found while the server runs (see below)."""
+        self._reported = False  # `failed` is in the log or the lifespan start-up's failure
         try:
             settings = settings.replace(**options) if settings is not None else Settings.load(options)
             self.endpoint = open_endpoint(model, settings, registry=registry)
@@ -62,7 +63,9 @@ class LowLatASGI:
             # lazily, in the lifespan call): raising now would only make uvicorn log "lifespan unsupported" at
             # INFO and answer 500 to every request. Fail the lifespan start-up instead, which stops the server.
             self.failed = exc
-            log.error("lowlat-mw cannot start: %s", exc, exc_info=not isinstance(exc, SettingsError | ImportError))
+            if not isinstance(exc, SettingsError | ImportError):  # a traceback to show (the others are one line,
+                log.error("lowlat-mw cannot start: %s", exc, exc_info=True)  # which _refuse reports once)
+                self._reported = True
 
     async def drain(self, grace: float | None = None, reconnect_after_ms: int = 0) -> None:
         """Graceful shutdown of this endpoint (see :meth:`lowlat_mw.endpoint.Endpoint.drain`)."""
@@ -123,12 +126,15 @@ class LowLatASGI:
         if kind == "lifespan":
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self._reported = True  # (the server reports it, and stops)
                 await send({"type": "lifespan.startup.failed", "message": f"lowlat-mw cannot start: {self.failed}"})
             return
+        if kind == "websocket" or not self._reported:  # a server without lifespan: in its log (for HTTP, once)
+            self._reported = True
+            log.error("lowlat-mw cannot start: %s", self.failed)
         if kind != "websocket" and self.app is not None:
             await self.app(scope, receive, send)
             return
-        log.error("lowlat-mw cannot start: %s", self.failed)
         if kind == "websocket":
             await receive()  # websocket.connect
             # (closed before accepting: the server answers the handshake with HTTP 403)

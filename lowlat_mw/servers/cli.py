@@ -157,7 +157,7 @@ def _default_path(options: dict[str, Any], name: str, default: str, given: str |
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serving import log_config, run
+    from .serving import check_server, log_config, run
 
     if args.delay is not None:
         os.environ["LOWLAT_DEMO_DELAY"] = str(args.delay)
@@ -177,6 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "--set session_store=memory to run them without)")
         if args.stats_interval:
             raise SettingsError("--stats-interval prints one process's metrics: use it with one worker")
+    check_server(settings, args.ws)
     # Like uvicorn: the model's module is looked for in --app-dir (default: the current folder) first. build_app
     # imports it (the Endpoint resolves its models), so a wrong path stops here with its reason; with several
     # workers each builds its own (worker_app) after this check.
@@ -230,6 +231,18 @@ def _headers(values: list[str]) -> dict[str, str]:
     return headers
 
 
+def _ws_url(url: str) -> str:
+    """`url` as a WebSocket URL: ``http://`` and ``https://`` (the demo page's address, the same server) become
+    ``ws://`` and ``wss://``; ValueError for anything else that is not ``ws://`` or ``wss://``."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if sep and scheme in ("ws", "wss"):
+        return url
+    if sep and scheme in ("http", "https"):
+        return ("ws" if scheme == "http" else "wss") + "://" + rest
+    raise ValueError(f"{url!r} is not a WebSocket URL: give ws:// or wss://, e.g. ws://127.0.0.1:8000/ws")
+
+
 def _chat(args: argparse.Namespace) -> int:
     """One prompt (``-``: all of stdin), or none: each line of stdin is a prompt on the same connection
     (interactive on a terminal: a ``>`` prompt; Ctrl-C stops the reply, Ctrl-D or Ctrl-C at the prompt ends)."""
@@ -237,6 +250,7 @@ def _chat(args: argparse.Namespace) -> int:
     from ..client.backoff import Backoff
 
     try:
+        url = _ws_url(args.url)
         params = _parse_set(args.param)
         headers = _headers(args.header)
     except ValueError as exc:
@@ -246,7 +260,7 @@ def _chat(args: argparse.Namespace) -> int:
     interactive = prompt is None and sys.stdin.isatty()
     sent = 0
     try:
-        with connect_sync(args.url, mode=args.mode, backoff=Backoff(retries=args.retries), headers=headers,
+        with connect_sync(url, mode=args.mode, backoff=Backoff(retries=args.retries), headers=headers,
                           auth=args.auth) as client:
             if prompt is not None:
                 _reply(client, prompt, params, args)
@@ -364,7 +378,7 @@ def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
     serve.set_defaults(func=_serve)
 
     chat = sub.add_parser("chat", help="stream a reply from a lowlat-mw server to the terminal")
-    chat.add_argument("url", help="e.g. ws://127.0.0.1:8000/ws")
+    chat.add_argument("url", help="e.g. ws://127.0.0.1:8000/ws (http:// and https:// are taken as ws:// and wss://)")
     chat.add_argument("prompt", nargs="?", default=None,
                       help="what to send; '-' reads it from stdin; none: one prompt per line of stdin, "
                            "interactively on a terminal")

@@ -13,7 +13,8 @@ connection from its main loop with ``util.close_graceful``, which half-closes an
 half-open WebSocket after the heartbeat closed it, or an attacker) stopped the main loop, and with
 it every accept and keep-alive, for those 2 s each. Here those closes run in a small thread pool.
 
-On SIGTERM it drains: every lowlat-mw connection gets GoAway, running streams finish within the
+On SIGTERM, and on SIGINT and SIGQUIT (Ctrl-C; gunicorn's "quick shutdown", which froze every stream until
+SIGKILL) it drains: every lowlat-mw connection gets GoAway, running streams finish within the
 ``drain_grace`` setting (capped one second under gunicorn's ``--graceful-timeout``), and then it is
 closed with 4002, so clients resume elsewhere. Without it, gunicorn waits out ``--graceful-timeout``
 (30 s) for the open WebSockets and then kills the worker: every client sees its connection drop.
@@ -40,6 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from gunicorn.errors import AppImportError
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 
 from lowlat_mw.drivers.threads import drain_all_sync
@@ -80,7 +82,10 @@ class ThreadWorker(_ThreadWorker):
         super().init_process()
 
     def load_wsgi(self) -> None:
-        super().load_wsgi()
+        try:
+            super().load_wsgi()
+        except SettingsError as exc:  # its message once, as gunicorn reports an app that does not load (not a
+            raise AppImportError(str(exc)) from exc  # traceback, then the message again)
         ext = getattr(self.wsgi, "extensions", {}).get("lowlat_mw")
         settings = getattr(ext, "settings", None)
         try:
@@ -101,6 +106,13 @@ class ThreadWorker(_ThreadWorker):
             self._lowlat_drain = threading.Thread(target=drain_all_sync, args=(grace,), name="lowlat-mw-drain",
                                                   daemon=True)
             self._lowlat_drain.start()
+
+    def handle_quit(self, sig: Any, frame: Any) -> None:
+        """SIGINT (Ctrl-C: the master sends SIGQUIT too) drains as SIGTERM does. gunicorn's quick shutdown exits the
+        main thread at once, and the process then waits for the WebSocket threads until the master's SIGKILL, after
+        ``--graceful-timeout``: every stream froze and its output was lost."""
+        self.cfg.worker_int(self)  # (gunicorn's hook for SIGINT and SIGQUIT)
+        self.handle_exit(sig, frame)
 
     def run(self) -> None:
         super().run()

@@ -17,7 +17,7 @@ from ..protocol import events as ev
 from ..protocol.codec import codec_for
 from ..settings import Settings
 
-__all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "daphne_args",
+__all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "check_server", "daphne_args",
            "gunicorn_args", "log_config", "run", "run_options", "several_workers", "too_big_message",
            "transport_limit", "uvicorn_args", "uvicorn_options"]
 
@@ -166,10 +166,41 @@ def log_config(level: str | int | None = None) -> dict[str, Any]:
     return config
 
 
+SERVE_INSTALL = "pip install 'lowlat-mw[serve]'"  # what run() and `lowlat-mw serve` need: uvicorn[standard]
+
+
+def check_server(settings: Settings, ws: Any = "websockets-sansio", http: Any = None) -> None:
+    """Import what :func:`run` (and ``lowlat-mw serve``) runs: uvicorn, lowlat-mw's HTTP protocol over httptools and
+    the `ws` protocol, before anything is printed or served: a missing package is one line naming what to install,
+    not a banner and then a traceback. ImportError (naming the package and the pip command) or ValueError (a `ws`
+    uvicorn cannot find). `ws` and `http`: uvicorn's options (`http` default: lowlat-mw's httptools protocol)."""
+    try:
+        from uvicorn.config import WS_PROTOCOLS
+        from uvicorn.importer import ImportFromStringError, import_from_string
+    except ImportError as exc:
+        raise ImportError(f"lowlat-mw serves with uvicorn, which is not installed ({exc}): {SERVE_INSTALL}") from None
+    from uvicorn.config import HTTP_PROTOCOLS
+
+    options = uvicorn_options(settings, ws)
+    http = http or options["http"]
+    for target in (HTTP_PROTOCOLS.get(http, http), WS_PROTOCOLS.get(options["ws"], options["ws"])):
+        try:
+            import_from_string(target)
+        except ImportFromStringError as exc:
+            raise ValueError(f"uvicorn protocol {target!r}: {exc}") from None
+        except ImportError as exc:
+            missing = getattr(exc, "name", None)
+            if missing is None or missing.partition(".")[0] == "wsproto":  # (uvicorn[standard] has no wsproto)
+                raise ImportError(f"ws {ws!r}: {exc}") from None
+            raise ImportError(f"lowlat-mw's server needs {missing.partition('.')[0]}, which is not installed: "
+                              f"{SERVE_INSTALL}") from None
+
+
 def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None = None,
         **uvicorn_kwargs: Any) -> None:
     """``uvicorn.run`` with a graceful WebSocket drain on shutdown (`drain_grace` default: each
     connection's ``drain_grace`` setting)."""
+    check_server(settings or Settings.load(), uvicorn_kwargs.get("ws", "websockets-sansio"), uvicorn_kwargs.get("http"))
     import uvicorn
 
     from .uvicorn import DrainingServer

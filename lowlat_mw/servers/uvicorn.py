@@ -31,7 +31,6 @@ from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 from websockets.protocol import State as _WebSocketState
 
@@ -144,15 +143,29 @@ class _HandshakeBound:
         self.transport.close()
 
 
-class HttpToolsProtocol(_HandshakeBound, _HttpToolsProtocol):
-    """uvicorn's httptools protocol (its default) with a bounded handshake."""
-
-
 class H11Protocol(_HandshakeBound, _H11Protocol):
     """uvicorn's h11 protocol with a bounded handshake (h11 bounds the header size itself as well)."""
 
 
-Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.servers.uvicorn:Http
+_MISSING: dict[str, ImportError] = {}  # names this module lacks because an optional package is not installed
+
+try:  # httptools is optional (uvicorn[standard] brings it; plain uvicorn parses with h11)
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
+except ImportError as _no_httptools:  # pragma: no cover - depends on what is installed
+    for _name in ("HttpToolsProtocol", "Http"):
+        _MISSING[_name] = ImportError(f"lowlat_mw.servers.uvicorn:{_name} needs httptools (pip install "
+                                      f"'lowlat-mw[serve]'): {_no_httptools}", name="httptools")
+else:
+    class HttpToolsProtocol(_HandshakeBound, _HttpToolsProtocol):
+        """uvicorn's httptools protocol (its default) with a bounded handshake."""
+
+    Http = HttpToolsProtocol  # short name for command lines: --http lowlat_mw.servers.uvicorn:Http
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MISSING:
+        raise _MISSING[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 READ_SLICE = 16 * 1024  # bytes handed to the WebSocket parser at a time
@@ -421,13 +434,8 @@ try:  # wsproto is optional (uvicorn[standard] brings websockets, not wsproto)
     from wsproto.connection import ConnectionState as _ConnectionState
     from wsproto.events import CloseConnection as _CloseConnection
 except ImportError as _missing:  # pragma: no cover - depends on what is installed
-    _WSPROTO_MISSING: ImportError | None = _missing
-
-    def __getattr__(name: str) -> Any:
-        if name == "WSProtoProtocol":
-            raise ImportError(f"lowlat_mw.servers.uvicorn:WSProtoProtocol needs wsproto (pip install wsproto): "
-                              f"{_WSPROTO_MISSING}")
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _MISSING["WSProtoProtocol"] = ImportError(f"lowlat_mw.servers.uvicorn:WSProtoProtocol needs wsproto (pip "
+                                              f"install wsproto): {_missing}", name="wsproto")
 else:
     def _nothing() -> None:
         pass

@@ -13,14 +13,15 @@ returning your app, then ask for ``lowlat_server`` or ``lowlat_client``::
     def test_reply(lowlat_client):                   # a SyncClient, connected to ws://127.0.0.1:<port>/ws
         assert lowlat_client.complete("hello") == "..."
 
-    async def test_async(lowlat_server):             # with pytest-asyncio or anyio
+    @pytest.mark.asyncio                             # pytest-asyncio (anyio: @pytest.mark.anyio)
+    async def test_async(lowlat_server):
         async with lowlat_mw.connect(lowlat_server.url) as client:
             ...
 
-ASGI apps run in uvicorn with lowlat-mw's HTTP and WebSocket protocols (what ``lowlat-mw serve`` runs), Flask
-apps in werkzeug's threaded server (what ``flask run`` runs), each in a thread of the test process, stopped
-after the test. ``lowlat_path`` (default ``/ws``) names the WebSocket path. For no socket at all, see
-:class:`lowlat_mw.testing.AppClient`.
+ASGI apps run in uvicorn with lowlat-mw's HTTP and WebSocket protocols (what ``lowlat-mw serve`` runs; its h11
+parser where httptools is not installed, as with the ``django`` extra), Flask apps in werkzeug's threaded server
+(what ``flask run`` runs), each in a thread of the test process, stopped after the test. ``lowlat_path`` (default
+``/ws``) names the WebSocket path. For no socket at all, see :class:`lowlat_mw.testing.AppClient`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from typing import Any
 
 import pytest
 
-__all__ = ["RunningServer", "lowlat_app", "lowlat_client", "lowlat_path", "lowlat_server"]
+__all__ = ["RunningServer", "lowlat_app", "lowlat_client", "lowlat_path", "lowlat_server", "uvicorn_test_options"]
 
 START_TIMEOUT = 30.0  # seconds for a server to listen (generous: a loaded machine)
+H11_PROTOCOL = "lowlat_mw.servers.uvicorn:H11Protocol"  # uvicorn's h11 protocol, with the handshake bounded
 
 
 class RunningServer:
@@ -53,6 +55,7 @@ class RunningServer:
         self.port: int = self._sock.getsockname()[1]
         self.error: BaseException | None = None
         self._stop: Any = None
+        self._options: dict[str, Any] = {}  # uvicorn's, for an ASGI app (uvicorn_test_options)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"lowlat-mw-test-server-{self.port}", daemon=True)
 
@@ -66,6 +69,12 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> RunningServer:
+        if not hasattr(self.app, "wsgi_app"):
+            try:
+                self._options = uvicorn_test_options()  # (a missing uvicorn is said here, before any thread starts)
+            except ImportError:
+                self._sock.close()
+                raise
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT) or self.error is not None:
             self.stop()
@@ -94,9 +103,7 @@ class RunningServer:
     async def _serve_asgi(self) -> None:
         import uvicorn
 
-        from ..servers.serving import uvicorn_options
-
-        config = uvicorn.Config(self.app, lifespan="auto", log_level="warning", **uvicorn_options())
+        config = uvicorn.Config(self.app, lifespan="auto", log_level="warning", **self._options)
         server = uvicorn.Server(config)
         loop = asyncio.get_running_loop()
         self._stop = lambda: loop.call_soon_threadsafe(setattr, server, "should_exit", True)
@@ -132,6 +139,25 @@ class RunningServer:
             if self._thread.is_alive():
                 self._thread.join(START_TIMEOUT)
             self._sock.close()
+
+
+def uvicorn_test_options() -> dict[str, Any]:
+    """``uvicorn.Config`` options for an ASGI app under test: :func:`~lowlat_mw.servers.serving.uvicorn_options`,
+    with lowlat-mw's h11 HTTP protocol where httptools is not installed. ImportError naming the extra without
+    uvicorn."""
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"lowlat_server serves ASGI apps in uvicorn, which is not installed ({exc}): "
+                          "pip install 'lowlat-mw[serve]'") from None
+    from ..servers.serving import uvicorn_options
+
+    options = uvicorn_options()
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        options["http"] = H11_PROTOCOL
+    return options
 
 
 @pytest.fixture

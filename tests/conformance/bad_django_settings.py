@@ -1,5 +1,9 @@
-"""The Django example's settings with a misspelt lowlat-mw setting (startup must fail naming it)."""
+"""The Django example's settings with a misspelt lowlat-mw setting, or the mistakes in $BAD_SETTINGS (a JSON object):
+startup must fail naming each."""
+
+import json
+import os
 
 from examples.django_project.settings import *  # noqa: F403
 
-LOWLAT_MW = {"idle_timout": 5}
+LOWLAT_MW = json.loads(os.environ.get("BAD_SETTINGS", '{"idle_timout": 5}'))

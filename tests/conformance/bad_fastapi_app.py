@@ -1,6 +1,10 @@
-"""A FastAPI app adding LowLatMiddleware with a misspelt setting (startup must fail naming it)."""
+"""A FastAPI app adding LowLatMiddleware with a misspelt setting, or the mistakes in $BAD_SETTINGS (a JSON object):
+startup must fail naming each."""
 
 from __future__ import annotations
+
+import json
+import os
 
 from fastapi import FastAPI
 
@@ -12,7 +16,7 @@ async def model(req):
 
 
 app = FastAPI()
-app.add_middleware(LowLatMiddleware, model=model, idle_timout=5)
+app.add_middleware(LowLatMiddleware, model=model, **json.loads(os.environ.get("BAD_SETTINGS", '{"idle_timout": 5}')))
 
 
 @app.get("/health")

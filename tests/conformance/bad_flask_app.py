@@ -1,6 +1,10 @@
-"""A Flask app whose lowlat-mw config has a misspelt setting (startup must fail naming it)."""
+"""A Flask app whose lowlat-mw config has a misspelt setting, or the mistakes in $BAD_SETTINGS (a JSON object):
+startup must fail naming each."""
 
 from __future__ import annotations
+
+import json
+import os
 
 from flask import Flask
 
@@ -12,5 +16,5 @@ def model(req):
 
 
 app = Flask(__name__)
-app.config["LOWLAT_MW"] = {"idle_timout": 5}
+app.config["LOWLAT_MW"] = json.loads(os.environ.get("BAD_SETTINGS", '{"idle_timout": 5}'))
 LowLat(app, model=model)

@@ -1,6 +1,10 @@
-"""A Starlette app passing a misspelt setting to LowLatMiddleware (startup must fail naming it)."""
+"""A Starlette app passing a misspelt setting to LowLatMiddleware, or the mistakes in $BAD_SETTINGS (a JSON object):
+startup must fail naming each."""
 
 from __future__ import annotations
+
+import json
+import os
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -19,4 +23,5 @@ async def health(request):
 
 
 app = Starlette(routes=[Route("/health", health)],
-                middleware=[Middleware(LowLatMiddleware, model=model, idle_timout=5)])
+                middleware=[Middleware(LowLatMiddleware, model=model,
+                                       **json.loads(os.environ.get("BAD_SETTINGS", '{"idle_timout": 5}')))])

@@ -6,6 +6,7 @@ Django-only by nature (Channels middleware), so these tests are not parametrized
 from __future__ import annotations
 
 import asyncio
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -168,6 +169,31 @@ async def test_a_new_project_following_the_guide_streams_under_runserver(tmp_pat
             assert await client.complete("hi") == "hello from runserver"
         text = await asyncio.to_thread(wait_for_line, proc, "closed by client")  # the guide's LOGGING
         assert "connection " in text and " open: " in text, text
+    finally:
+        proc.stop()
+
+
+async def test_the_guides_logging_shows_each_line_once_under_the_daphne_runner(tmp_path, conformance_dir):
+    """Issue 38: the guide's LOGGING doubled every lowlat-mw line under `python -m lowlat_mw.servers.daphne`:
+    the lowlat_mw logger's own handler, then the root logger's, which daphne's command line configures."""
+    env = _project_env(conformance_dir)
+    settings = guide_block("django.md", "# settings.py", "ASGI_APPLICATION") \
+        + guide_block("django.md", "# settings.py", "LOGGING")
+    project = _new_project(tmp_path / "site", env, settings)
+    command = guide_block("django.md", "python -m lowlat_mw.servers.daphne -b 127.0.0.1 -p 8000 \\", lang="sh")
+    port = free_port()
+    argv = [sys.executable if a == "python" else str(port) if a == "8000" else a
+            for a in shlex.split(command.replace("\\\n", " "))]
+    proc = LoggedProcess("django-daphne-guide-logging", argv, logdir=conformance_dir / "logs", env=env, cwd=project)
+    try:
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
+        async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
+            assert await client.complete("hi") == "hello from runserver"
+        await asyncio.to_thread(wait_for_line, proc, "closed by client")
+        text = proc.output(limit=100_000)
+        opened = [line for line in text.splitlines() if "connection " in line and " open: " in line]
+        closed = [line for line in text.splitlines() if "closed by client" in line]
+        assert len(opened) == 1 and len(closed) == 1, text
     finally:
         proc.stop()
 

@@ -53,7 +53,9 @@ lowlat = LowLat(app, model=generate)
 @pytest.mark.parametrize("framework", sorted(APPS))
 async def test_the_guides_logging_snippet_shows_lowlat_lines(framework: str, tmp_path: Path, conformance_dir):
     guide, app, argv = APPS[framework]
-    (tmp_path / "guide_app.py").write_text(guide_block(guide, "import logging", "lowlat_mw") + app)
+    # The app's own logging on the root logger too, as many apps have (issue 38: each line then came out twice).
+    root = "\nlogging.basicConfig(level=logging.INFO, format='root: %(message)s')\n"
+    (tmp_path / "guide_app.py").write_text(guide_block(guide, "import logging", "lowlat_mw") + root + app)
     env = server_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     port = free_port()
@@ -65,6 +67,7 @@ async def test_the_guides_logging_snippet_shows_lowlat_lines(framework: str, tmp
             assert await client.complete("hi") == "logged"
         text = await asyncio.to_thread(wait_for_line, proc, "closed by client")
         assert "connection " in text and " open: " in text, text
+        assert len([line for line in proc.output(limit=100_000).splitlines() if " open: " in line]) == 1, text
     finally:
         proc.stop()
 

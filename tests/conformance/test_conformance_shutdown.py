@@ -1,7 +1,7 @@
 """Graceful drain when the server is stopped (docs/protocol.md section 13), on every server we ship with.
 
-SIGTERM goes to the real server process (uvicorn with our shims, daphne through our runner,
-gunicorn with our worker, and ``lowlat-mw serve``) while a client has two streams running: one
+SIGTERM (or Ctrl-C: SIGINT to the process group) goes to the real server process (uvicorn with our shims, daphne
+through our runner, gunicorn with our worker, and ``lowlat-mw serve``) while a client has two streams running: one
 that ends within ``drain_grace`` and one that would run far longer. The client must get GoAway,
 the whole of the short stream, then close 4002 (its session resumable elsewhere) about
 ``drain_grace`` after the signal; a connection that arrives meanwhile is never served; and the
@@ -11,8 +11,11 @@ server must then exit by itself, well before any SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,11 +52,39 @@ async def _late_client(url: str, after: float) -> str:
     return f"closed with {out.close_code} before Welcome"
 
 
+@contextlib.contextmanager
+def _sigint_as_in_a_terminal(how: str) -> Iterator[None]:
+    """A server started meanwhile gets SIGINT's default disposition, as from a terminal, even where this test
+    process ignores SIGINT (a background job of a shell without job control: an ignored signal stays ignored
+    across exec, and Twisted then leaves it so)."""
+    previous = signal.getsignal(signal.SIGINT)
+    if how == "Ctrl-C" and previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (reset to the default by exec)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(srv, how: str) -> None:
+    """SIGTERM to the server process, or Ctrl-C in its terminal: SIGINT to its whole process group (ours: the
+    server runs in a session of its own), so a gunicorn master and its worker both get it, as from a terminal."""
+    if how == "SIGTERM":
+        srv.proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(srv.proc.pid, signal.SIGINT)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
 @pytest.mark.parametrize("framework", [*SERVERS, "serve"])
-async def test_sigterm_drains_running_streams_then_closes_with_4002(framework: str, conformance_dir: Path) -> None:
+async def test_sigterm_drains_running_streams_then_closes_with_4002(framework: str, how: str,
+                                                                    conformance_dir: Path) -> None:
+    """Ctrl-C drains as SIGTERM does (issue 38: under gunicorn it froze the stream for the graceful timeout, 35 s,
+    until SIGKILL lost the model's output)."""
     env = base_env(conformance_dir, {"LOWLAT_DRAIN_GRACE": str(DRAIN_GRACE)})
-    srv = start_ready(f"shutdown-{framework}", framework, lambda p: server_argv(framework, p, env=env), env,
-                      conformance_dir / "logs")
+    with _sigint_as_in_a_terminal(how):
+        srv = start_ready(f"shutdown-{framework}-{how}", framework, lambda p: server_argv(framework, p, env=env), env,
+                          conformance_dir / "logs")
     try:
         async with raw_connect(srv.url, [PROTO]) as ws:
             await hello(ws)
@@ -64,7 +95,7 @@ async def test_sigterm_drains_running_streams_then_closes_with_4002(framework: s
             first = [await recv_event(ws), await recv_event(ws)]
             assert {e.stream_id for e in first if isinstance(e, ev.Delta)} == {1, 2}, first
             signalled = time.monotonic()
-            srv.proc.send_signal(signal.SIGTERM)
+            _stop(srv, how)
             late = asyncio.ensure_future(_late_client(srv.url, after=DRAIN_GRACE / 3))
             out = await read_until_closed(ws, timeout=DRAIN_GRACE + 5, answer_pings=True)
             closed_after = time.monotonic() - signalled
@@ -83,7 +114,7 @@ async def test_sigterm_drains_running_streams_then_closes_with_4002(framework: s
         assert DRAIN_GRACE - 0.1 <= closed_after <= DRAIN_GRACE + MARGIN, closed_after
         assert exit_code is not None, f"{srv.name} still running {EXIT_BOUND} s after the drain\n{srv.output()}"
         measure(f"shutdown drain {framework}",
-                f"SIGTERM: GoAway, short stream of {SHORT} finished, 4002 after {closed_after:.2f} s "
+                f"{how}: GoAway, short stream of {SHORT} finished, 4002 after {closed_after:.2f} s "
                 f"(drain_grace {DRAIN_GRACE} s); process exited (code {exit_code}) after {exited_after:.2f} s; "
                 f"a client arriving then: {late_outcome}")
     finally:

@@ -8,6 +8,7 @@ environment variable read by the unmodified example.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import time
 
@@ -42,8 +43,8 @@ def _wait_exit_or_serving(srv, bound: float = EXIT_BOUND) -> int | None:
     raise AssertionError(f"{srv.name} neither exited nor served within {bound} s\n{srv.output()}")
 
 
-def _launch_bad(launch, conformance_dir, framework: str, source: str, extra_args=()):
-    env_extra = {}
+def _launch_bad(launch, conformance_dir, framework: str, source: str, extra_args=(), bad: dict | None = None):
+    env_extra = {"BAD_SETTINGS": json.dumps(bad)} if bad is not None else {}
     app = None
     if source == "env":
         env_extra["LOWLAT_IDLE_TIMOUT"] = "5"
@@ -66,6 +67,24 @@ def test_unknown_setting_fails_startup(launch, conformance_dir, framework, sourc
     assert code != 0, output
     assert f"'{TYPO}'" in output, output
     assert "unknown setting" in output, output
+    assert output.count(f"unknown setting '{TYPO}'") == 1, output  # said once (issue 38: it was printed twice)
+
+
+# Four wrong values, as a new user wrote them (issue 38): a type mistake and three out of range; every one
+# must be in the one start-up error (FastAPI named only the first, Django two of four).
+FOUR_BAD = {"heartbeat_interval": "soon", "idle_timeout": -1, "max_streams": 0, "path": "ws"}
+
+
+@pytest.mark.parametrize("framework", ["starlette", "fastapi", "django", "flask"])
+def test_every_wrong_value_is_reported_in_one_startup(launch, conformance_dir, framework):
+    srv = _launch_bad(launch, conformance_dir, framework, "config", bad=FOUR_BAD)
+    code = _wait_exit_or_serving(srv)
+    output = srv.output(limit=20000)
+    assert code is not None, f"{srv.name} started serving despite the wrong values\n{output}"
+    assert code != 0, output
+    assert "4 settings are wrong" in output, output
+    for name in FOUR_BAD:
+        assert f"'{name}'" in output, (name, output)
 
 
 @pytest.mark.parametrize("source", ["config", "env"])

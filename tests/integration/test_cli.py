@@ -324,3 +324,44 @@ def test_chat_keeps_the_conversation_after_a_failed_reply_and_needs_a_prompt(tmp
         assert result.stderr.count("lowlat-mw chat:") == 1 and "model_error" in result.stderr, result.stderr
         result = _chat(port, stdin="")
         assert result.returncode == 2 and "no prompt" in result.stderr, result.stderr
+
+
+def test_chat_takes_the_demo_pages_http_url_and_says_what_a_url_must_be(cli_server):
+    """Issue 38: `lowlat-mw chat http://...` (the address the demo page is at) printed a raw traceback."""
+    port, _, _ = cli_server
+    result = subprocess.run([*_cli(), "chat", f"http://127.0.0.1:{port}/ws", "hello"], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "You said: 'hello'" in result.stdout
+    result = subprocess.run([*_cli(), "chat", f"127.0.0.1:{port}/ws", "hello"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "is not a WebSocket URL: give ws:// or wss://" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("source", "what"), [
+    ("from starlette.applications import Starlette\n\napp = Starlette()\n", "an ASGI application"),
+    ("from flask import Flask\n\napp = Flask(__name__)\n", "a WSGI application"),
+    ("def app(req, extra):\n    return 'x'\n", "a callable of 2 required arguments (req, extra)"),
+], ids=["asgi", "wsgi", "two-arguments"])
+def test_serve_refuses_an_app_that_is_not_a_model_before_serving(tmp_path, source, what):
+    """Issue 38: `lowlat-mw serve myapp:app` (an ASGI app, not a model callable) started, announced itself, and
+    failed every request with a model error."""
+    (tmp_path / "notamodel.py").write_text(source)
+    out_log, err_log = tmp_path / "serve.out", tmp_path / "serve.err"
+    with out_log.open("w") as out, err_log.open("w") as err:
+        proc = subprocess.Popen([*_cli(), "serve", "notamodel:app", "--app-dir", str(tmp_path), "--port",
+                                 str(free_port())], stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and "lowlat-mw serving" not in out_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is not None, f"it started serving:\n{out_log.read_text()}{err_log.read_text()}"
+    finally:
+        _stop(proc)
+    assert proc.returncode == 2, err_log.read_text()
+    assert "lowlat-mw serving" not in out_log.read_text()
+    err = err_log.read_text()
+    assert f"model 'notamodel:app' is {what}, not a model callable" in err, err
+    assert "takes one argument, the request" in err and "Traceback" not in err, err

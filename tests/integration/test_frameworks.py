@@ -101,3 +101,34 @@ async def test_route_form_in_starlette(uvicorn_server, subprotocol):
             assert client.welcome.max_streams == 3
         status, body = await asyncio.to_thread(_get, f"{srv.http_url}/")
         assert (status, body) == (200, "home")
+
+
+async def test_flask_extension_on_a_blueprint_serves_under_its_prefix():
+    """Issue 38: `LowLat(blueprint)` raised an AttributeError. As flask-sock's route(bp=...): the routes go under
+    the blueprint's url_prefix when it is registered, with the app's config; the demo page and the AsyncAPI
+    document name the WebSocket where it is served."""
+    import json
+
+    from flask import Blueprint, Flask
+    from prometheus_client import CollectorRegistry
+
+    from lowlat_mw.adapters.flask import LowLat
+    from lowlat_mw.testing.pytest_plugin import RunningServer
+
+    blueprint = Blueprint("ai", __name__, url_prefix="/api")
+    LowLat(blueprint, model=lambda req: "bp:" + req.prompt, registry=CollectorRegistry())
+    app = Flask(__name__)
+    app.config["LOWLAT_MW"] = {"client_path": "/lowlat", "asyncapi_path": "/asyncapi.json"}
+    app.register_blueprint(blueprint)
+    server = await asyncio.to_thread(RunningServer(app, "/api/ws").start)
+    try:
+        async with asyncio.timeout(20), connect(server.url) as client:
+            assert await client.complete("hi") == "bp:hi"
+        status, page = await asyncio.to_thread(_get, f"{server.http_url}/api/lowlat/")
+        assert status == 200 and '"/api/ws"' in page, page[:2000]
+        status, body = await asyncio.to_thread(_get, f"{server.http_url}/api/asyncapi.json")
+        assert status == 200 and json.loads(body)["channels"]["lowlat"]["address"] == "/api/ws", body[:500]
+    finally:
+        await asyncio.to_thread(server.stop)
+    with pytest.raises(TypeError, match="LowLat takes a Flask app or Blueprint, got str"):
+        LowLat("app", model=words)  # type: ignore[arg-type]

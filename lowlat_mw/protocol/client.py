@@ -39,6 +39,7 @@ class ClientStream:
     unacked: int = 0  # bytes consumed since the last Ack
     resends: int = 0  # times the Request was sent again because the server never saw it
     drain_resent: bool = False  # sent again after a GoAway refused it
+    cancelled: bool = False  # the client sent a Cancel for it: End("cancelled") is the answer, else a cut stream
     inputs: list[ev.Input] = field(default_factory=list)  # (v1.3) every Input of the stream, kept for a resume
     sent_inputs: int = 0  # how many of them went out on this connection (a resume resets it to what the server has)
     flushing: bool = False  # a task is sending them
@@ -173,6 +174,9 @@ class ClientProtocol(Protocol):
 
     def cancel(self, stream_id: int) -> bytes | str:
         """Ask the server to stop a stream: the Cancel message."""
+        st = self.streams.get(stream_id)
+        if st is not None:
+            st.cancelled = True
         return self._frame(ev.Cancel(stream_id=stream_id))
 
     def ping(self, ping_id: int) -> bytes | str:
@@ -236,7 +240,16 @@ class ClientProtocol(Protocol):
 
     def _on_terminal(self, event: ev.End | ev.Error, now: float) -> list[Any]:
         # Ended: no longer open for a resume's last_seq (the caller still reads it).
-        return [event] if self.streams.pop(event.stream_id, None) is not None else []
+        st = self.streams.pop(event.stream_id, None)
+        if st is None:
+            return []
+        if type(event) is ev.End and event.finish_reason == "cancelled" and not st.cancelled:
+            # Stopped by the server (an older one, force-stopped), not at our asking: a cut stream, never a normal
+            # end (docs/protocol.md 8.3: a server of today sends this Error itself).
+            event = ev.Error(stream_id=event.stream_id, code=ErrorCode.INTERNAL, retryable=True,
+                             message=f"the server cancelled stream {event.stream_id} after {event.last_seq} deltas, "
+                                     "unasked: its output is incomplete")
+        return [event]
 
     def _on_error(self, error: ev.Error, now: float) -> list[Any]:
         if error.stream_id:

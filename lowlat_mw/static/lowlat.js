@@ -706,6 +706,7 @@ export class Stream {
     this.wireBytes = 0; // size on the wire of this stream's frames (Deltas and End)
     this.resends = 0;
     this._sent = false;
+    this._cancelled = false; // cancel() was called: an End "cancelled" is its answer
     this._unacked = 0;
     this._buffer = [];
     this._waiter = null;
@@ -1587,6 +1588,12 @@ export class LowLatClient extends EventTarget {
         if (!s) return;
         s.wireBytes += wire;
         this.streams.delete(s.id);
+        if (msg.type === "end" && msg.finish_reason === "cancelled" && !s._cancelled) {
+          // Stopped by the server (an older one, force-stopped), not at our asking: a cut stream, never a normal end.
+          s._finish(null, new StreamError({ code: "internal", retryable: true, stream_id: s.id,
+            message: `the server cancelled stream ${s.id} after ${msg.last_seq} deltas, unasked: its output is incomplete` }));
+          return;
+        }
         if (msg.type === "end") { s._finish(msg, null); return; }
         if (msg.code === "resume_failed" && msg.retryable && s.receivedSeq === 0
             && s.resends < Math.max(1, this.backoff.retries)) {
@@ -1745,6 +1752,7 @@ export class LowLatClient extends EventTarget {
 
   _cancel(stream) {
     if (stream.finished) return;
+    stream._cancelled = true; // (its End "cancelled" is then the answer, not a cut stream)
     const queued = this._queue.indexOf(stream);
     if (queued >= 0) {
       this._queue.splice(queued, 1);

@@ -577,7 +577,7 @@ class Models:
     """
 
     def __init__(self, spec: ModelSpec | Models) -> None:
-        self._resolved: dict[str, tuple[ModelFn | None, str, str]] = {}
+        self._resolved: dict[str, tuple[ModelFn | None, str, str, str]] = {}
         if isinstance(spec, Models):
             self.single, self.by_name, self.default = spec.single, spec.by_name, spec.default
             return
@@ -596,13 +596,15 @@ class Models:
         else:
             self.single = load_callable(spec)
 
-    def resolve(self, name: str) -> tuple[ModelFn | None, str, str]:
-        """(callable, metrics label, kind) for model `name`, the kind (asyncgen, async, gen, sync) found once
-        per callable. The callable is None when this endpoint does not serve `name`."""
+    def resolve(self, name: str) -> tuple[ModelFn | None, str, str, str]:
+        """(callable, metrics label, kind, its name) for model `name`, the kind (asyncgen, async, gen, sync) and
+        the name (:func:`model_name`) found once per callable. The callable is None when this endpoint does not
+        serve `name`."""
         found = self._resolved.get(name)
         if found is None:
             fn = self.get(name)
-            found = (fn, self.label(name), _kind(fn) if fn is not None else "")
+            found = (fn, self.label(name), _kind(fn) if fn is not None else "",
+                     model_name(fn) if fn is not None else "")
             if len(self._resolved) < 256:  # names clients invent are not kept
                 self._resolved[name] = found
         return found

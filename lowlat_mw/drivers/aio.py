@@ -68,7 +68,7 @@ from ..protocol.server import (
 )
 from ..protocol.session import ChunkTypeError, Session
 from ..security import Handshake, load_authenticator
-from . import eager, push
+from . import eager, push, stalls
 from .batch import batcher_for
 from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
 from .push import principal_name
@@ -191,6 +191,12 @@ class ModelRunner:
         self.scheduler = driver.scheduler
         self.monotonic = driver.monotonic
         self.clock = driver.clock
+        # A model's step holding the loop is warned about (drivers/stalls.py): the loop's watch, made on first use.
+        slow = self.settings.slow_step_warning
+        watch = stalls.WATCHES.get(self.loop) if slow else None
+        if slow and (watch is None or watch.threshold > slow):
+            watch = stalls.watch(self.loop, slow)
+        self.stalls = watch
         endpoint.store.put(session.session_id, self)
         # With a shared session store (Redis): the session's output is written there too, behind the socket. (The
         # setting is tested first, without a call: most apps share nothing.)
@@ -303,7 +309,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ streams
     def start(self, request: ev.Request, arrived: float | None) -> None:
         """Run the model for `request` in its own task; `arrived`: when its frame arrived (None: not timed)."""
-        fn, label, kind = self.endpoint.models.resolve(request.model)
+        fn, label, kind, name = self.endpoint.models.resolve(request.model)
         metrics = self.metrics
         hists = metrics.stream_started(label) if metrics is not None else (None, None)
         timer = None
@@ -313,7 +319,13 @@ class ModelRunner:
             if self.settings.delta_timing or (kind != "asyncgen" and kind != "async") or self.settings.merge_deltas:
                 timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
-        task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer))
+        # Its task is named for the model: a step that holds the loop is told whose (stalls).
+        watch = self.stalls
+        if watch is not None:
+            watch.running += 1
+            if watch.running == 1:
+                stalls.WAKE.set()
+        task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer), stalls.TASK_PREFIX + name)
         if not finished:  # (a stream that ended in that step popped itself already)
             self.tasks[request.stream_id] = task
         if self.shared is not None:  # (its start, and what its first step produced)
@@ -532,6 +544,8 @@ class ModelRunner:
         finally:
             if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
                 timer.lap("model")
+            if self.stalls is not None:
+                self.stalls.running -= 1
             self.tasks.pop(sid, None)
             inputs = self.inputs.pop(sid, None)
             if inputs is not None:  # no more input comes (for a sync model still waiting in a thread, say)

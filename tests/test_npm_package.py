@@ -538,6 +538,11 @@ class FakeSocket {
       this.reply({ type: "welcome", session_id: "s", resume_token: "s.t", revision: 3, flow_window: 0,
         heartbeat_interval_ms: 30000, max_streams: 8, max_frame_size: 1048576 });
     } else if (msg.type === "request") {
+      if (msg.text === "lost") { // (as a resume answers a Request it never received: send it again)
+        this.reply({ type: "error", stream_id: msg.stream_id, code: "resume_failed", retryable: true,
+          message: `stream ${msg.stream_id} is unknown to this session` });
+        return;
+      }
       this.reply({ type: "delta", stream_id: msg.stream_id, seq: 1, text: "a;" });
       if (msg.text === "cut-old") this.reply(end(msg.stream_id));
       if (msg.text === "cut-new") {
@@ -560,6 +565,10 @@ for (const text of ["cut-old", "cut-new"]) {
     out[text] = { chunks, error: [error instanceof StreamError, error.code, error.retryable] };
   }
 }
+try { await client.complete("lost"); } catch (error) {  // (issue 38, item 15: sent twice, never received)
+  out.lost = [error.name, error.retryable, error.message.includes("the request was not delivered"),
+    error.message.includes("sent 2 times")];
+}
 const asked = client.stream("asked");
 const chunks = [];
 for await (const chunk of asked) { chunks.push(chunk); asked.cancel(); }
@@ -575,4 +584,5 @@ def test_the_package_never_ends_a_stream_the_server_cut_quietly(project: Path) -
     # End "cancelled" the client did not ask for (an older server's) is a StreamError, as today's Error{internal}.
     out = run_node(project, "cut.mjs", CUT_STREAM_PROGRAM, "")
     error = {"chunks": ["a;"], "error": [True, "internal", True]}
-    assert out == {"cut-old": error, "cut-new": error, "asked": {"chunks": ["a;"], "finish": "cancelled"}}, out
+    assert out == {"cut-old": error, "cut-new": error, "asked": {"chunks": ["a;"], "finish": "cancelled"},
+                   "lost": ["ResumeFailedError", True, True, True]}, out

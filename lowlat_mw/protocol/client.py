@@ -15,7 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from ..errors import (
+    CloseCode,
+    ErrorCode,
+    LocalProtocolError,
+    NotDelivered,
+    RemoteProtocolError,
+    ResumeFailed,
+    StreamError,
+)
 from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
 from .base import Protocol
@@ -224,6 +232,23 @@ class ClientProtocol(Protocol):
             st.drain_resent = True
             return "after_drain"
         return None
+
+    def failure(self, st: ClientStream, error: ev.Error) -> StreamError:
+        """The exception a stream's Error ends it with (once :meth:`retry` said no more resends): StreamError,
+        ResumeFailed for ``resume_failed``, and NotDelivered when the server never saw the Request however often it
+        was sent again (resumes that found it unknown; nothing of it received), saying so, and how big it was."""
+        if error.code is not ErrorCode.RESUME_FAILED:
+            return StreamError(error.code, error.message, stream_id=error.stream_id, retryable=error.retryable)
+        if not error.retryable or st.received_seq:
+            return ResumeFailed(error.code, error.message, stream_id=error.stream_id, retryable=error.retryable)
+        size = len(self._frame(st.request))
+        limit = self.welcome.max_frame_size if self.welcome is not None else 0
+        why = (f"its message is {size} bytes, over the server's max_frame_size of {limit}: send less"
+               if limit and size > limit else
+               f"its message is {size} bytes: a server or proxy that refuses a message that big drops the connection")
+        return NotDelivered(error.code, f"stream {error.stream_id}: the request was not delivered: the server never "
+                            f"received it, though it was sent {1 + st.resends} times and the connection dropped each "
+                            f"time ({why})", stream_id=error.stream_id, retryable=True)
 
     # ------------------------------------------------------------------ input
     def _on_delta(self, delta: ev.Delta, now: float) -> list[Any]:

@@ -1613,6 +1613,12 @@ export class LowLatClient extends EventTarget {
           this._queue.push(s);
           return;
         }
+        if (msg.code === "resume_failed" && msg.retryable && s.receivedSeq === 0) {
+          // Sent again after each drop, never received: say so (not "unknown to this session").
+          msg = { ...msg, message: `stream ${s.id}: the request was not delivered: the server never received it, `
+            + `though it was sent ${1 + s.resends} times and the connection dropped each time (a message larger than `
+            + "the server or a proxy takes is dropped so)" };
+        }
         s._finish(null, msg.code === "resume_failed" ? new ResumeFailedError(msg) : new StreamError(msg));
         return;
       }

@@ -159,3 +159,22 @@ async def test_double_ctrl_c_never_ends_a_running_stream_quietly(framework: str,
         assert exited_after < FORCE_EXIT_BOUND, exited_after
     measure(f"forced shutdown {framework}", f"double Ctrl-C after {len(chunks)} chunks: the client raised "
             f"{outcome[:160]}; the process exited after {exited_after:.2f} s (code {exit_code})")
+
+
+async def test_ctrl_c_stops_serve_without_a_traceback(conformance_dir: Path) -> None:
+    # One Ctrl-C on `lowlat-mw serve` (a stream running): the drain, and an exit with code 0, not the
+    # KeyboardInterrupt traceback uvicorn's re-raised SIGINT left (uvicorn.run catches it; serving.run did not).
+    env = base_env(conformance_dir)
+    srv = start_ready("ctrl-c-serve", "serve", lambda p: server_argv("serve", p, env=env), env,
+                      conformance_dir / "logs")
+    try:
+        async with connect(srv.url, backoff=Backoff(base=0.1, retries=0)) as client:
+            stream = client.stream("x", model="count", params={"n": 3, "delay": 0.05})
+            assert await anext(stream) == "0,"  # (the model runs)
+            _ctrl_c(srv)
+            assert await stream.text() == "1,2,"  # the rest, within drain_grace (1 s)
+        exit_code = await asyncio.to_thread(srv.wait_exit, EXIT_BOUND)
+    finally:
+        srv.stop()
+    assert exit_code == 0, srv.output()
+    assert "Traceback" not in srv.stderr_path.read_text(), srv.output()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import weakref
@@ -117,6 +118,16 @@ def _report(model: str, held: float, threshold: float) -> None:
 WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watch] = weakref.WeakKeyDictionary()  # (by watch())
 _lock = threading.Lock()
 _thread: list[threading.Thread] = []
+
+
+def _forked() -> None:
+    """In a forked child: no watching thread yet, and no lock held by the parent's."""
+    global _lock, _said_lock
+    _lock, _said_lock = threading.Lock(), threading.Lock()
+    _thread.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _watching() -> None:

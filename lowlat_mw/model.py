@@ -304,7 +304,8 @@ def reply_type_error(fn: Any, value: Any, yielded: bool = False) -> TypeError:
     hint = (" (a mapping would stream its keys, a set in no set order: return its text, e.g. json.dumps(it))"
             if isinstance(value, Mapping | Set) else "")
     return TypeError(f"model {'yielded' if yielded else 'returned'} {kind}, which no Delta carries: "
-                     f"{model_name(fn)} must return str or bytes, or an (async) iterable of str or bytes chunks{hint}")
+                     f"{model_name(fn) if fn is not None else 'a model'} must return str or bytes, or an (async) "
+                     f"iterable of str or bytes chunks{hint}")
 
 
 def _in_pool(loop: asyncio.AbstractEventLoop, executor: Executor | None, fn: Callable[..., Any],

@@ -10,6 +10,7 @@ Exception tree::
     └── ClientError              raised by the Python client
         ├── StreamError          the server ended a stream with an Error frame
         │   └── ResumeFailed     a dropped stream could not be resumed
+        │       └── NotDelivered the server never received the stream's Request
         ├── ConnectionClosed     the connection closed with a final code (no reconnect)
         │   └── HandshakeRefused the handshake was answered with an HTTP status (403, 404...): says why
         └── ReconnectFailed      every reconnect attempt failed (or the first connection was refused)
@@ -27,6 +28,7 @@ __all__ = [
     "HandshakeRefused",
     "LocalProtocolError",
     "LowLatError",
+    "NotDelivered",
     "ProtocolError",
     "ReconnectFailed",
     "RemoteProtocolError",
@@ -196,6 +198,12 @@ class StreamError(ClientError):
 
 class ResumeFailed(StreamError):
     """The connection dropped and the stream could not be resumed (window or buffer exceeded)."""
+
+
+class NotDelivered(ResumeFailed):
+    """The server never received the stream's Request: it was sent again after each dropped connection, and each time
+    the connection dropped before the server had it (a message larger than the server or a proxy takes is dropped
+    so). The model never ran: sending the request again is safe, as it is, if something else made the drops."""
 
 
 class ConnectionClosed(ClientError):

@@ -10,6 +10,9 @@ Accepted callables, each taking a :class:`ModelRequest`:
 * ``async def f(req): yield chunk``          iterated on the event loop
 
 A sync function may also return an iterable or awaitable; it is handled like the matching kind.
+``None`` is an empty reply. Anything else (a number, a mapping, whose iteration would stream its keys, a
+set, in no set order) and any chunk other than str or bytes (or a :class:`ToolCall`) is a ``TypeError``
+naming the model: the stream fails with ``model_error``, as for any exception of the model.
 Cancelling the consuming task closes the generator (``aclose()`` / ``close()``).
 
 Full-duplex streams (protocol v1.3): a model may read what the client sends while it runs from
@@ -29,7 +32,7 @@ import json
 import threading
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Set
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +44,7 @@ __all__ = [
     "InputEnded",
     "Inputs",
     "ModelFn",
+    "ModelInterrupted",
     "ModelRequest",
     "ModelSpec",
     "Models",
@@ -48,6 +52,8 @@ __all__ = [
     "ToolCall",
     "ToolResult",
     "load_callable",
+    "model_name",
+    "reply_type_error",
     "shared_executor",
     "step_now",
     "stream_model",
@@ -89,6 +95,13 @@ class SessionInfo:
     principal: Any = None
     """What the ``authenticate`` hook returned for this connection, if one is configured."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ModelInterrupted(Exception):
+    """The server stopped a model before it finished, for a reason of its own, not the model's failure nor the
+    client's Cancel: its thread pool was shut down (the process is exiting), the batch call it waited for was
+    cancelled. The stream ends with a retryable Error (``internal``), never a normal End
+    (docs/protocol.md 13.1)."""
 
 
 class InputEnded(EOFError):
@@ -275,6 +288,36 @@ def _next_or_done(it: Iterator[Any]) -> Any:
         return _DONE
 
 
+def model_name(fn: Any) -> str:
+    """How errors and logs name a model callable: ``module.qualname`` (a partial's function; an object's class)."""
+    target = getattr(fn, "func", fn)  # functools.partial
+    if not hasattr(target, "__qualname__"):
+        target = type(target)
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", repr(target))
+    return f"{module}.{name}" if module else name
+
+
+def reply_type_error(fn: Any, value: Any, yielded: bool = False) -> TypeError:
+    """The TypeError for model `fn` that returned (`yielded`: yielded) `value`, which no Delta carries."""
+    kind = type(value).__name__
+    hint = (" (a mapping would stream its keys, a set in no set order: return its text, e.g. json.dumps(it))"
+            if isinstance(value, Mapping | Set) else "")
+    return TypeError(f"model {'yielded' if yielded else 'returned'} {kind}, which no Delta carries: "
+                     f"{model_name(fn) if fn is not None else 'a model'} must return str or bytes, or an (async) "
+                     f"iterable of str or bytes chunks{hint}")
+
+
+def _in_pool(loop: asyncio.AbstractEventLoop, executor: Executor | None, fn: Callable[..., Any],
+             *args: Any) -> asyncio.Future[Any]:
+    """``loop.run_in_executor``, a pool that takes no more work (shut down: the process is exiting) being the
+    server's stop (ModelInterrupted), not the model's failure."""
+    try:
+        return loop.run_in_executor(executor, fn, *args)
+    except RuntimeError as exc:  # "cannot schedule new futures after (interpreter) shutdown"
+        raise ModelInterrupted(f"the model's thread pool is shut down: {exc}") from exc
+
+
 def _close_quietly(close: Callable[[], Any]) -> None:
     try:
         close()
@@ -315,7 +358,10 @@ class _SyncSteps:
             if self.running:
                 self.close_asked = True
                 return
-        loop.run_in_executor(executor, _close_quietly, self.it.close)  # type: ignore[attr-defined]
+        try:
+            loop.run_in_executor(executor, _close_quietly, self.it.close)  # type: ignore[attr-defined]
+        except RuntimeError:  # the pool is shut down (the process is exiting): the garbage collector closes it
+            pass
 
 
 async def _iterate_sync(it: Iterator[Any], executor: Executor | None,
@@ -325,7 +371,7 @@ async def _iterate_sync(it: Iterator[Any], executor: Executor | None,
     try:
         while True:
             steps.running = True
-            item = await loop.run_in_executor(executor, steps.step)
+            item = await _in_pool(loop, executor, steps.step)
             if item is _DONE:
                 return
             yield item
@@ -339,8 +385,8 @@ WHOLE_REPLY = (str, bytes, bytearray, memoryview)  # what a model may return as 
 
 
 async def chunks_of(result: Any, executor: Executor | None,
-                       on_run: Callable[[], None] | None = None) -> AsyncIterator[Any]:
-    """Turn whatever a call returned into chunks (`on_run`: see stream_model)."""
+                    on_run: Callable[[], None] | None = None, fn: Any = None) -> AsyncIterator[Any]:
+    """Turn whatever model `fn` returned into chunks (`on_run`: see stream_model)."""
     if inspect.isawaitable(result):
         result = await result
     if isinstance(result, WHOLE_REPLY):
@@ -348,6 +394,8 @@ async def chunks_of(result: Any, executor: Executor | None,
         return
     if result is None:
         return
+    if isinstance(result, Mapping | Set):  # iterable, but its items are not the reply
+        raise reply_type_error(fn, result)
     if hasattr(result, "__aiter__"):
         agen = result.__aiter__()
         try:
@@ -362,9 +410,7 @@ async def chunks_of(result: Any, executor: Executor | None,
         async for chunk in _iterate_sync(iter(result), executor, on_run):
             yield chunk
         return
-    raise TypeError(
-        f"model returned {type(result).__name__}; expected str, bytes, or an (async) iterable of them"
-    )
+    raise reply_type_error(fn, result)
 
 
 def _kind(fn: Callable[..., Any]) -> str:
@@ -420,8 +466,8 @@ async def _stream_model(
         result = fn(request)  # creating a generator runs none of its body
     else:
         call = fn if on_run is None else _announced(fn, on_run)
-        result = await asyncio.get_running_loop().run_in_executor(executor, call, request)
-    async for chunk in chunks_of(result, executor, on_run if kind != "asyncgen" and kind != "async" else None):
+        result = await _in_pool(asyncio.get_running_loop(), executor, call, request)
+    async for chunk in chunks_of(result, executor, on_run if kind != "asyncgen" and kind != "async" else None, fn):
         yield chunk
 
 
@@ -438,7 +484,7 @@ async def warm_up(fn: ModelFn, request: ModelRequest, executor: Executor | None 
         result = hook(request)
     else:
         context = contextvars.copy_context()  # (what the model would see: the stream's context)
-        result = await asyncio.get_running_loop().run_in_executor(executor, context.run, hook, request)
+        result = await _in_pool(asyncio.get_running_loop(), executor, context.run, hook, request)
     if inspect.isawaitable(result):
         await result
     return True
@@ -532,7 +578,7 @@ class Models:
     """
 
     def __init__(self, spec: ModelSpec | Models) -> None:
-        self._resolved: dict[str, tuple[ModelFn | None, str, str]] = {}
+        self._resolved: dict[str, tuple[ModelFn | None, str, str, str]] = {}
         if isinstance(spec, Models):
             self.single, self.by_name, self.default = spec.single, spec.by_name, spec.default
             return
@@ -551,13 +597,15 @@ class Models:
         else:
             self.single = _one_request(load_callable(spec), spec)
 
-    def resolve(self, name: str) -> tuple[ModelFn | None, str, str]:
-        """(callable, metrics label, kind) for model `name`, the kind (asyncgen, async, gen, sync) found once
-        per callable. The callable is None when this endpoint does not serve `name`."""
+    def resolve(self, name: str) -> tuple[ModelFn | None, str, str, str]:
+        """(callable, metrics label, kind, its name) for model `name`, the kind (asyncgen, async, gen, sync) and
+        the name (:func:`model_name`) found once per callable. The callable is None when this endpoint does not
+        serve `name`."""
         found = self._resolved.get(name)
         if found is None:
             fn = self.get(name)
-            found = (fn, self.label(name), _kind(fn) if fn is not None else "")
+            found = (fn, self.label(name), _kind(fn) if fn is not None else "",
+                     model_name(fn) if fn is not None else "")
             if len(self._resolved) < 256:  # names clients invent are not kept
                 self._resolved[name] = found
         return found

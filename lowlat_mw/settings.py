@@ -115,6 +115,10 @@ class Settings:
     """Subprotocols served, in server preference order."""
     model_threads: int = 64
     """Worker threads for sync model callables and generators (each chunk is one hop)."""
+    slow_step_warning: float = 0.1
+    """Warn (once per model, then at most every 10 minutes) when one step of an async model holds the event loop
+    longer than this many seconds: a blocking call in an ``async def`` model (time.sleep, a blocking client) stops
+    every connection of the process meanwhile (0: off; docs/architecture.md)."""
     expose_model_errors: bool = False
     """Send the model exception's message to clients (off: only its type name)."""
     server_name: str = "lowlat-mw"
@@ -202,7 +206,7 @@ class Settings:
             problems.append("setting 'max_frame_size' must be at least 64 bytes")
         for name in ("max_connections", "max_connections_per_client", "rate_limit", "control_rate_limit",
                      "max_session_lifetime", "drain_grace", "gc_threshold", "cache_size", "max_batch_wait",
-                     "max_contexts", "max_context_bytes", "history_size"):
+                     "max_contexts", "max_context_bytes", "history_size", "slow_step_warning"):
             if getattr(self, name) < 0:
                 problems.append(f"setting {name!r} must be >= 0, got {getattr(self, name)!r}")
         if self.max_batch_size < 1:

@@ -336,3 +336,31 @@ def test_goaway_mid_stream_lets_the_stream_finish_and_moves_new_requests(subprot
     assert new.client.accepting and new.client.goaway is None
     [start] = new.decode(new.server.receive_data(new.client.request(crossing), T0))
     assert isinstance(start, StartStream)
+
+
+def test_a_request_lost_again_after_its_resends_fails_as_not_delivered_saying_why() -> None:
+    # (issue 38, item 15: "ResumeFailed: stream 2 is unknown to this session" said nothing of the request)
+    from lowlat_mw.errors import NotDelivered, ResumeFailed, StreamError
+
+    pair = ConnectionPair.ready()
+    big = ClientStream(ev.Request(stream_id=9, text="x" * 2_000_000))  # over the Welcome's max_frame_size (1 MiB)
+    small = ClientStream(ev.Request(stream_id=11, text="lost"))
+    for st in (big, small):
+        pair.client.request(st)
+    unknown = ev.Error(stream_id=9, code=ErrorCode.RESUME_FAILED, message="stream 9 is unknown", retryable=True)
+    assert pair.client.retry(big, unknown, retries=1) == "now"
+    assert pair.client.retry(big, unknown, retries=1) is None  # resent once: lost again
+    failed = pair.client.failure(big, unknown)
+    assert type(failed) is NotDelivered and isinstance(failed, ResumeFailed) and failed.retryable
+    assert "stream 9: the request was not delivered: the server never received it, though it was sent 2 times" \
+        in failed.message
+    assert "over the server's max_frame_size of 1048576: send less" in failed.message
+    lost = pair.client.failure(small, ev.Error(stream_id=11, code=ErrorCode.RESUME_FAILED, message="m",
+                                               retryable=True))
+    assert type(lost) is NotDelivered and "a server or proxy that refuses a message that big" in lost.message
+    # the others as before: a stream that had output and could not be resumed, any other Error
+    small.received_seq = 3
+    assert type(pair.client.failure(small, ev.Error(stream_id=11, code=ErrorCode.RESUME_FAILED, message="m",
+                                                    retryable=True))) is ResumeFailed
+    model = pair.client.failure(small, ev.Error(stream_id=11, code=ErrorCode.MODEL_ERROR, message="model failed"))
+    assert type(model) is StreamError and model.code is ErrorCode.MODEL_ERROR and not model.retryable

@@ -206,6 +206,23 @@ async def test_returning_something_else_is_a_type_error() -> None:
         await collect(lambda req: 42)
 
 
+@pytest.mark.parametrize("reply", [{"answer": 1}, {"a", "b"}, frozenset({"a"}), {"a": 1}.keys()],
+                         ids=["dict", "set", "frozenset", "dict-keys"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_returning_a_mapping_or_a_set_is_a_type_error_naming_the_model(reply: Any, kind: str) -> None:
+    # (a dict was iterated: its keys streamed as the reply, finish "stop", nothing logged)
+    def answer(req: ModelRequest) -> Any:
+        return reply
+
+    async def aanswer(req: ModelRequest) -> Any:
+        return reply
+
+    model = answer if kind == "sync" else aanswer
+    named = rf"model returned {type(reply).__name__}, .*test_model\..*\.{model.__name__} must"
+    with pytest.raises(TypeError, match=named):
+        await collect(model)
+
+
 # ============================================================================ exceptions
 class Boom(Exception):
     pass

@@ -543,3 +543,74 @@ def test_the_wheel_carries_the_npm_package(tmp_path: Path) -> None:
     package = json.loads(zipfile.ZipFile(wheel).read("lowlat_mw/static/package.json"))
     assert {f"lowlat_mw/static/{f}" for f in package["files"]} <= names  # everything `npm pack` would put in
 
+
+CUT_STREAM_PROGRAM = """
+import { connect, Backoff, StreamError } from "lowlat-mw";
+
+// A WebSocket double, no server: a Welcome for the Hello, and for each Request one Delta, then what its text names:
+// an older server's End "cancelled" for a stream it cut (force-stopped), today's Error{internal, retryable}, or
+// nothing until the client's own Cancel.
+class FakeSocket {
+  constructor(url, protocols) {
+    this.protocol = protocols[0];
+    this.readyState = 0;
+    this.bufferedAmount = 0;
+    setTimeout(() => { this.readyState = 1; if (this.onopen) this.onopen(); }, 0);
+  }
+  reply(msg) { setTimeout(() => { if (this.onmessage) this.onmessage({ data: JSON.stringify(msg) }); }, 0); }
+  send(frame) {
+    const msg = JSON.parse(frame);
+    const end = (sid) => ({ type: "end", stream_id: sid, last_seq: 1, finish_reason: "cancelled", timings_ms: {},
+      usage: {} });
+    if (msg.type === "hello") {
+      this.reply({ type: "welcome", session_id: "s", resume_token: "s.t", revision: 3, flow_window: 0,
+        heartbeat_interval_ms: 30000, max_streams: 8, max_frame_size: 1048576 });
+    } else if (msg.type === "request") {
+      if (msg.text === "lost") { // (as a resume answers a Request it never received: send it again)
+        this.reply({ type: "error", stream_id: msg.stream_id, code: "resume_failed", retryable: true,
+          message: `stream ${msg.stream_id} is unknown to this session` });
+        return;
+      }
+      this.reply({ type: "delta", stream_id: msg.stream_id, seq: 1, text: "a;" });
+      if (msg.text === "cut-old") this.reply(end(msg.stream_id));
+      if (msg.text === "cut-new") {
+        this.reply({ type: "error", stream_id: msg.stream_id, code: "internal", retryable: true,
+          message: "stream interrupted: the server stopped its model before it finished" });
+      }
+    } else if (msg.type === "cancel") this.reply(end(msg.stream_id));
+  }
+  close() { this.readyState = 3; }
+}
+
+const client = await connect("ws://127.0.0.1:9/ws", { WebSocket: FakeSocket, backoff: new Backoff({ retries: 0 }) });
+const out = {};
+for (const text of ["cut-old", "cut-new"]) {
+  const chunks = [];
+  try {
+    for await (const chunk of client.stream(text)) chunks.push(chunk);
+    out[text] = { chunks, ended: "quietly" };
+  } catch (error) {
+    out[text] = { chunks, error: [error instanceof StreamError, error.code, error.retryable] };
+  }
+}
+try { await client.complete("lost"); } catch (error) {  // (issue 38, item 15: sent twice, never received)
+  out.lost = [error.name, error.retryable, error.message.includes("the request was not delivered"),
+    error.message.includes("sent 2 times")];
+}
+const asked = client.stream("asked");
+const chunks = [];
+for await (const chunk of asked) { chunks.push(chunk); asked.cancel(); }
+out.asked = { chunks, finish: (await asked.done).finish_reason };
+client.close();
+console.log(JSON.stringify(out));
+"""
+
+
+@needs_node
+def test_the_package_never_ends_a_stream_the_server_cut_quietly(project: Path) -> None:
+    # Issue 38, item 7: a stream cut by a forced server shutdown must raise, never end the iteration quietly: an
+    # End "cancelled" the client did not ask for (an older server's) is a StreamError, as today's Error{internal}.
+    out = run_node(project, "cut.mjs", CUT_STREAM_PROGRAM, "")
+    error = {"chunks": ["a;"], "error": [True, "internal", True]}
+    assert out == {"cut-old": error, "cut-new": error, "asked": {"chunks": ["a;"], "finish": "cancelled"},
+                   "lost": ["ResumeFailedError", True, True, True]}, out

@@ -45,7 +45,6 @@ from ..errors import (
     ErrorCode,
     HandshakeRefused,
     ReconnectFailed,
-    ResumeFailed,
     StreamError,
     close_code_reconnects,
 )
@@ -292,8 +291,7 @@ class Stream:
             return item
         if isinstance(item, ev.Error):
             await client._consumed(self, item)
-            cls = ResumeFailed if item.code is ErrorCode.RESUME_FAILED else StreamError
-            raise cls(item.code, item.message, stream_id=item.stream_id, retryable=item.retryable)
+            raise client.protocol.failure(self.state, item)
         if isinstance(item, BaseException):
             raise item
         assert isinstance(item, _Closed)

@@ -40,9 +40,12 @@ from ..model import (
     WAIT,
     WHOLE_REPLY,
     Inputs,
+    ModelInterrupted,
     ModelRequest,
     SessionInfo,
     chunks_of,
+    model_name,
+    reply_type_error,
     step_now,
     stream_model,
     warm_up,
@@ -63,9 +66,9 @@ from ..protocol.server import (
     ServerProtocol,
     StartStream,
 )
-from ..protocol.session import Session
+from ..protocol.session import ChunkTypeError, Session
 from ..security import Handshake, load_authenticator
-from . import eager, push
+from . import eager, push, stalls
 from .batch import batcher_for
 from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
 from .push import principal_name
@@ -119,9 +122,21 @@ RELOAD_AFTER = (0.02, 0.06)  # seconds between looks for a session the shared st
 # every 10 ms (shared.WRITE_EVERY), so a session whose first Request came just before the drop may be on its way
 
 
+# How a stream ends whose model the server stopped before it finished, for a reason of its own (a forced shutdown
+# cancelled its task, its thread pool is shut down, its batch call was cancelled; not the client's Cancel, not the
+# model's failure): a retryable Error, never a normal End, so a client never takes the cut output for the whole
+# (docs/protocol.md 13.1).
+INTERRUPTED = (ErrorCode.INTERNAL, "stream interrupted: the server stopped its model before it finished (shutting "
+               "down?); the output is incomplete", True)
+_CANCELLED = ("cancelled",)
 _TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
 _NO_RESULT = object()  # (ModelRunner._run: the model was not awaited for a result)
 _make_model_request = maker(ModelRequest, "stream_id", "model", "text", "data", "messages", "params", "session")
+
+
+def _error_of(sid: int, ending: tuple[Any, ...]) -> ev.Error:
+    """The Error of an `ending` (code, message[, retryable]) of stream `sid` (see ModelRunner._run)."""
+    return ev.Error(stream_id=sid, code=ending[0], message=ending[1], retryable=len(ending) > 2 and ending[2])
 
 
 def _kept(chunk: Any) -> Any:
@@ -175,6 +190,12 @@ class ModelRunner:
         self.scheduler = driver.scheduler
         self.monotonic = driver.monotonic
         self.clock = driver.clock
+        # A model's step holding the loop is warned about (drivers/stalls.py): the loop's watch, made on first use.
+        slow = self.settings.slow_step_warning
+        watch = stalls.WATCHES.get(self.loop) if slow else None
+        if slow and (watch is None or watch.threshold > slow):
+            watch = stalls.watch(self.loop, slow)
+        self.stalls = watch
         endpoint.store.put(session.session_id, self)
         # With a shared session store (Redis): the session's output is written there too, behind the socket. (The
         # setting is tested first, without a call: most apps share nothing.)
@@ -287,7 +308,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ streams
     def start(self, request: ev.Request, arrived: float | None) -> None:
         """Run the model for `request` in its own task; `arrived`: when its frame arrived (None: not timed)."""
-        fn, label, kind = self.endpoint.models.resolve(request.model)
+        fn, label, kind, name = self.endpoint.models.resolve(request.model)
         metrics = self.metrics
         hists = metrics.stream_started(label) if metrics is not None else (None, None)
         timer = None
@@ -297,7 +318,13 @@ class ModelRunner:
             if self.settings.delta_timing or (kind != "asyncgen" and kind != "async") or self.settings.merge_deltas:
                 timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
-        task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer))
+        # Its task is named for the model: a step that holds the loop is told whose (stalls).
+        watch = self.stalls
+        if watch is not None:
+            watch.running += 1
+            if watch.running == 1:
+                stalls.WAKE.set()
+        task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer), stalls.TASK_PREFIX + name)
         if not finished:  # (a stream that ended in that step popped itself already)
             self.tasks[request.stream_id] = task
         if self.shared is not None:  # (its start, and what its first step produced)
@@ -319,6 +346,8 @@ class ModelRunner:
         except asyncio.CancelledError:  # a Cancel from the client: the other process stops its model too
             if self.destroyed:
                 raise
+            if not self._cancelled_by_client(sid):  # (the loop ending, say): the stream runs on elsewhere, and its
+                return  # client, once this connection is gone, resumes it there; nothing is sent for it here
             if self.shared is not None:
                 self.shared.cancel_elsewhere(self.session.session_id, sid)
         except Exception:  # a bug of ours: the stream ends with an Error, as a failing model's
@@ -330,7 +359,7 @@ class ModelRunner:
             self.tasks.pop(sid, None)
         if self.destroyed:
             return
-        ending: tuple[Any, ...] = (terminal,) if terminal is not None else ("cancelled",)
+        ending: tuple[Any, ...] = (terminal,) if terminal is not None else _CANCELLED
         driver = self.driver
         if driver is not None:
             await driver.end_stream(sid, ending, None, None, None)
@@ -338,6 +367,12 @@ class ModelRunner:
             self.session.finish(sid, self.monotonic(), error=terminal)
         else:
             self.session.finish(sid, self.monotonic(), reason="cancelled")
+
+    def _cancelled_by_client(self, sid: int) -> bool:
+        """Whether stream `sid` stops because its client asked (a Cancel, or a resume that left it out): the machine
+        marked it cancelling (or ended it already)."""
+        st = self.session.streams.get(sid)
+        return st is None or st.cancelling or st.terminal is not None
 
     def deliver(self, inp: ev.Input) -> str | None:
         """(v1.3) Hand the client's Input to its stream's model; why not, if it cannot take it."""
@@ -373,9 +408,13 @@ class ModelRunner:
                 self.shared.touch(self.session)
 
     def cancel(self, stream_id: int) -> None:
-        """Stop the model of `stream_id` (it ends with End("cancelled"))."""
+        """Stop the model of `stream_id` for its client (it ends with End("cancelled")): a Cancel here or, for a
+        shared session, on another process."""
         task = self.tasks.get(stream_id)
         if task is not None:
+            st = self.session.streams.get(stream_id)
+            if st is not None:
+                st.cancelling = True
             task.cancel()
 
     async def _run(self, req: ev.Request, fn: Any, label: str, kind: str, timer: StreamTimer | None) -> None:
@@ -384,7 +423,9 @@ class ModelRunner:
         started = self.monotonic()
         tracer = self.driver.tracer if self.driver is not None else None
         span = tracing.start_stream(tracer, req, session.session_id, label, timer) if tracer is not None else None
-        ending: tuple[Any, ...] = ("cancelled",)  # how the stream ends: ("stop",), ("cancelled",) or (code, message)
+        # How the stream ends: ("stop",), ("cancelled",) or (code, message[, retryable]); INTERRUPTED unless a path
+        # below says otherwise (a KeyboardInterrupt or SystemExit raised in the model, say)
+        ending: tuple[Any, ...] = INTERRUPTED
         try:
             if fn is None:
                 served = ", ".join(self.endpoint.models.names())
@@ -454,7 +495,7 @@ class ModelRunner:
                     if kept is not None:
                         kept.append(_kept(result))
                 else:
-                    agen = chunks_of(result, self.endpoint.executor)
+                    agen = chunks_of(result, self.endpoint.executor, None, fn)
             if agen is not None:
                 if kept is not None:
                     agen = _recorded(agen, kept, self.endpoint.cache.max_entry)  # type: ignore[union-attr]
@@ -488,22 +529,22 @@ class ModelRunner:
                 finally:
                     await agen.aclose()
             if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
-                ending = ("cancelled",)  # (the model caught its cancellation and returned: a Cancel's End all the same)
+                ending = self._stopped(sid, fn, None)  # (the model caught its cancellation and returned)
             else:
                 ending = ("stop",)
                 if kept is not None:
                     self._cache_reply(key, kept, sid)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if self.destroyed:
                 raise
+            ending = self._stopped(sid, fn, exc)
         except Exception as exc:
-            log.exception("model failed on stream %s of %s", sid, session.session_id,
-                          extra={"session_id": session.session_id, "stream_id": sid})
-            text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
-            ending = (ErrorCode.MODEL_ERROR, f"model failed ({text})")
+            ending = self._failed(sid, fn, exc)
         finally:
             if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
                 timer.lap("model")
+            if self.stalls is not None:
+                self.stalls.running -= 1
             self.tasks.pop(sid, None)
             inputs = self.inputs.pop(sid, None)
             if inputs is not None:  # no more input comes (for a sync model still waiting in a thread, say)
@@ -528,11 +569,36 @@ class ModelRunner:
             else:  # no connection: kept in the session for the resume
                 now = self.monotonic()
                 terminal = (session.finish(sid, now, reason=ending[0], timings_ms=timings) if len(ending) == 1
-                            else session.fail(sid, now, *ending))
+                            else session.finish(sid, now, error=_error_of(sid, ending)))
                 if span is not None:
                     tracing.end_stream(span, terminal, timer)
             if self.shared is not None and not self.destroyed:
                 self.shared.touch(session)
+
+    def _stopped(self, sid: int, fn: Any, exc: asyncio.CancelledError | None) -> tuple[Any, ...]:
+        """How stream `sid` ends when its model stopped on a CancelledError (`exc`; None: the model caught its
+        cancellation and returned). Its client's Cancel: End("cancelled"). Its task cancelled by anything else (a
+        forced shutdown, the loop ending): INTERRUPTED, never a normal End. A CancelledError the model raised
+        while its task was not cancelled (it awaited something cancelled): the model's failure."""
+        if self._cancelled_by_client(sid):
+            return _CANCELLED
+        if exc is not None and not asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
+            return self._failed(sid, fn, exc)
+        return INTERRUPTED
+
+    def _failed(self, sid: int, fn: Any, exc: BaseException) -> tuple[Any, ...]:
+        """How stream `sid` ends when its model `fn` raised `exc`: Error model_error, logged once with the traceback
+        (a chunk no Delta carries as the model's TypeError, as a reply of a wrong type); INTERRUPTED when the server
+        stopped it (ModelInterrupted)."""
+        if isinstance(exc, ModelInterrupted):
+            return INTERRUPTED
+        if isinstance(exc, ChunkTypeError):
+            exc = reply_type_error(fn, exc.chunk, yielded=True).with_traceback(exc.__traceback__)
+        session_id = self.session.session_id
+        log.error("model %s failed on stream %s of %s", model_name(fn), sid, session_id, exc_info=exc,
+                  extra={"session_id": session_id, "stream_id": sid})
+        text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
+        return (ErrorCode.MODEL_ERROR, f"model failed ({text})")
 
     def _cache_reply(self, key: bytes, chunks: list[Any], sid: int) -> None:
         """A deterministic model's reply ended normally: keep it for the same request (the result cache), unless it
@@ -1034,7 +1100,7 @@ class ConnectionDriver:
 
     async def end_stream(self, sid: int, ending: tuple[Any, ...], timings_ms: dict[str, float] | None, span: Any,
                          timer: StreamTimer | None) -> None:
-        """The model of `sid` ended: ("stop",) or ("cancelled",) with `timings_ms`, or (error code, message).
+        """The model of `sid` ended: ("stop",) or ("cancelled",) with `timings_ms`, or (code, message[, retryable]).
         The machine records and frames the End or Error, the stream's span ends with it, and it goes out."""
         proto = self.protocol
         now = self.monotonic()
@@ -1043,8 +1109,7 @@ class ConnectionDriver:
         elif len(ending) == 1:
             actions = proto.finish_stream(sid, now, reason=ending[0], timings_ms=timings_ms)
         else:
-            error = ev.Error(stream_id=sid, code=ending[0], message=ending[1])
-            actions = proto.finish_stream(sid, now, error=error)
+            actions = proto.finish_stream(sid, now, error=_error_of(sid, ending))
         if span is not None:
             st = proto.session.streams.get(sid) if proto.session is not None else None
             tracing.end_stream(span, st.terminal if st is not None else None, timer)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from ..model import ModelRequest, _kind
+from ..model import ModelInterrupted, ModelRequest, _in_pool, _kind
 
 __all__ = ["Batcher", "batcher_for", "is_batched"]
 
@@ -103,11 +103,12 @@ class Batcher:
                 replies = list(await self.fn(requests))
             else:  # sync or gen: in the pool, the list made there too (a lazy iterable's work stays off the loop)
                 fn = self.fn
-                replies = await asyncio.get_running_loop().run_in_executor(self.executor, lambda: list(fn(requests)))
+                replies = await _in_pool(asyncio.get_running_loop(), self.executor, lambda: list(fn(requests)))
             if len(replies) != len(batch):
                 raise RuntimeError(f"the batch model returned {len(replies)} replies for {len(batch)} requests")
         except BaseException as exc:  # every request of the batch fails with it; what it did return is closed
-            error = exc if isinstance(exc, Exception) else RuntimeError("the batch call was cancelled")
+            # (the call cancelled, by the loop ending say: the server stopped it, not the model's failure)
+            error = exc if isinstance(exc, Exception) else ModelInterrupted("the batch call was cancelled")
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)

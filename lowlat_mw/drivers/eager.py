@@ -22,19 +22,21 @@ from typing import Any
 __all__ = ["start"]
 
 
-def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> tuple[asyncio.Task[Any], bool]:
-    """Run `coro` as a task whose first step runs now; returns the task and whether `coro` already finished.
+def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+          name: str | None = None) -> tuple[asyncio.Task[Any], bool]:
+    """Run `coro` as a task (named `name`) whose first step runs now; returns the task and whether `coro` already
+    finished.
 
     Call it from code running on `loop` (a task or a callback). The caller registers the task only
     if it has not finished: a coroutine that ran to its end has done its own bookkeeping already.
     """
     if _NATIVE:
-        task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+        task = asyncio.Task(coro, loop=loop, eager_start=True, name=name)  # type: ignore[call-arg]
         return task, task.done()
     rest = _Rest()  # (no __init__: its state starts as the class's defaults)
     rest.coro = coro
     context = contextvars.copy_context()
-    task = loop.create_task(rest, context=context)
+    task = loop.create_task(rest, context=context, name=name)
     current = asyncio.current_task(loop)
     if current is not None:
         _leave_task(loop, current)

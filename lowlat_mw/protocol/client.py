@@ -15,7 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
+from ..errors import (
+    CloseCode,
+    ErrorCode,
+    LocalProtocolError,
+    NotDelivered,
+    RemoteProtocolError,
+    ResumeFailed,
+    StreamError,
+)
 from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
 from .base import Protocol
@@ -39,6 +47,7 @@ class ClientStream:
     unacked: int = 0  # bytes consumed since the last Ack
     resends: int = 0  # times the Request was sent again because the server never saw it
     drain_resent: bool = False  # sent again after a GoAway refused it
+    cancelled: bool = False  # the client sent a Cancel for it: End("cancelled") is the answer, else a cut stream
     inputs: list[ev.Input] = field(default_factory=list)  # (v1.3) every Input of the stream, kept for a resume
     sent_inputs: int = 0  # how many of them went out on this connection (a resume resets it to what the server has)
     flushing: bool = False  # a task is sending them
@@ -173,6 +182,9 @@ class ClientProtocol(Protocol):
 
     def cancel(self, stream_id: int) -> bytes | str:
         """Ask the server to stop a stream: the Cancel message."""
+        st = self.streams.get(stream_id)
+        if st is not None:
+            st.cancelled = True
         return self._frame(ev.Cancel(stream_id=stream_id))
 
     def ping(self, ping_id: int) -> bytes | str:
@@ -221,6 +233,23 @@ class ClientProtocol(Protocol):
             return "after_drain"
         return None
 
+    def failure(self, st: ClientStream, error: ev.Error) -> StreamError:
+        """The exception a stream's Error ends it with (once :meth:`retry` said no more resends): StreamError,
+        ResumeFailed for ``resume_failed``, and NotDelivered when the server never saw the Request however often it
+        was sent again (resumes that found it unknown; nothing of it received), saying so, and how big it was."""
+        if error.code is not ErrorCode.RESUME_FAILED:
+            return StreamError(error.code, error.message, stream_id=error.stream_id, retryable=error.retryable)
+        if not error.retryable or st.received_seq:
+            return ResumeFailed(error.code, error.message, stream_id=error.stream_id, retryable=error.retryable)
+        size = len(self._frame(st.request))
+        limit = self.welcome.max_frame_size if self.welcome is not None else 0
+        why = (f"its message is {size} bytes, over the server's max_frame_size of {limit}: send less"
+               if limit and size > limit else
+               f"its message is {size} bytes: a server or proxy that refuses a message that big drops the connection")
+        return NotDelivered(error.code, f"stream {error.stream_id}: the request was not delivered: the server never "
+                            f"received it, though it was sent {1 + st.resends} times and the connection dropped each "
+                            f"time ({why})", stream_id=error.stream_id, retryable=True)
+
     # ------------------------------------------------------------------ input
     def _on_delta(self, delta: ev.Delta, now: float) -> list[Any]:
         st = self.streams.get(delta.stream_id)
@@ -236,7 +265,16 @@ class ClientProtocol(Protocol):
 
     def _on_terminal(self, event: ev.End | ev.Error, now: float) -> list[Any]:
         # Ended: no longer open for a resume's last_seq (the caller still reads it).
-        return [event] if self.streams.pop(event.stream_id, None) is not None else []
+        st = self.streams.pop(event.stream_id, None)
+        if st is None:
+            return []
+        if type(event) is ev.End and event.finish_reason == "cancelled" and not st.cancelled:
+            # Stopped by the server (an older one, force-stopped), not at our asking: a cut stream, never a normal
+            # end (docs/protocol.md 8.3: a server of today sends this Error itself).
+            event = ev.Error(stream_id=event.stream_id, code=ErrorCode.INTERNAL, retryable=True,
+                             message=f"the server cancelled stream {event.stream_id} after {event.last_seq} deltas, "
+                                     "unasked: its output is incomplete")
+        return [event]
 
     def _on_error(self, error: ev.Error, now: float) -> list[Any]:
         if error.stream_id:

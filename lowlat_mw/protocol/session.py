@@ -24,8 +24,8 @@ from ..settings import Settings
 from . import events as ev
 from .context import SessionContext
 
-__all__ = ["DELTA_OVERHEAD", "MemorySessionStore", "Session", "SessionStore", "StreamState", "encoded_len",
-           "normalize_chunk", "split_chunk"]
+__all__ = ["DELTA_OVERHEAD", "ChunkTypeError", "MemorySessionStore", "Session", "SessionStore", "StreamState",
+           "encoded_len", "normalize_chunk", "split_chunk"]
 
 _NOTHING_FOLLOWED: frozenset[int] = frozenset()
 DELTA_OVERHEAD = 64  # bytes charged per buffered Delta on top of its chunk (object overhead)
@@ -535,6 +535,14 @@ def tool_call_for(session: Session, stream_id: int, call: ev.ToolCall) -> ev.Too
     return ev.ToolCall(call.name, call.arguments, id=f"call_{stream_id}_{session.streams[stream_id].seq + 1}")
 
 
+class ChunkTypeError(LocalProtocolError, TypeError):
+    """A model chunk of a type no frame carries (`chunk`): the driver reports it as the model's TypeError."""
+
+    def __init__(self, message: str, chunk: object) -> None:
+        super().__init__(message)
+        self.chunk = chunk
+
+
 def normalize_chunk(chunk: object) -> str | bytes | ev.ToolCall:
     """A model's chunk as str or bytes (or, v1.3, a ToolCall); LocalProtocolError for anything a frame cannot
     carry."""
@@ -545,7 +553,7 @@ def normalize_chunk(chunk: object) -> str | bytes | ev.ToolCall:
     if type(chunk) is ev.ToolCall:
         return chunk
     if not isinstance(chunk, str):
-        raise LocalProtocolError(f"model chunks must be str or bytes (or a ToolCall), got {type(chunk).__name__}")
+        raise ChunkTypeError(f"model chunks must be str or bytes (or a ToolCall), got {type(chunk).__name__}", chunk)
     if not chunk.isascii():
         try:  # an unpaired surrogate cannot go out in a text frame (the send would fail and mute the socket)
             chunk.encode("utf-8")

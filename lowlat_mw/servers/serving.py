@@ -207,12 +207,15 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
 
     config = uvicorn.Config(app, **run_options(settings, **uvicorn_kwargs))
     server = DrainingServer(config, drain_grace)
-    if config.workers > 1:  # as uvicorn.run does: one socket, a worker process per uvicorn.Server, where the
-        from uvicorn.supervisors import Multiprocess  # --ws shims drain on shutdown
+    try:
+        if config.workers > 1:  # as uvicorn.run does: one socket, a worker process per uvicorn.Server, where the
+            from uvicorn.supervisors import Multiprocess  # --ws shims drain on shutdown
 
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
-    else:
-        server.run()
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+        else:
+            server.run()
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises the SIGINT it caught once it has shut down (as uvicorn.run,
+        pass  # the end of a stop asked for, not a traceback)
 
 
 SEVERAL_WORKERS = (

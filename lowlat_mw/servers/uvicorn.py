@@ -45,6 +45,7 @@ __all__ = ["DrainingServer", "H11Protocol", "Http", "HttpToolsProtocol", "WSProt
            "no_delay"]
 
 _timeout: list[float] = []
+FORCE_EXIT_POLL = 0.1  # seconds between looks at uvicorn's force_exit (a second Ctrl-C) while the drain runs
 
 
 class DrainingServer(uvicorn.Server):
@@ -59,7 +60,9 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: Any = None) -> None:
         for server in self.servers:
             server.close()  # stop accepting first
-        await drain_all(self.drain_grace)
+        drain = asyncio.ensure_future(drain_all(self.drain_grace))
+        while not drain.done() and not self.force_exit:  # a second Ctrl-C forces the exit, as uvicorn's own
+            await asyncio.wait([drain], timeout=FORCE_EXIT_POLL)  # shutdown (it polls at the same pace)
         await super().shutdown(sockets)
 
 

@@ -744,6 +744,7 @@ export class Stream {
     this.wireBytes = 0; // size on the wire of this stream's frames (Deltas and End)
     this.resends = 0;
     this._sent = false;
+    this._cancelled = false; // cancel() was called: an End "cancelled" is its answer
     this._unacked = 0;
     this._buffer = [];
     this._waiter = null;
@@ -1662,6 +1663,12 @@ export class LowLatClient extends EventTarget {
         if (!s) return;
         s.wireBytes += wire;
         this.streams.delete(s.id);
+        if (msg.type === "end" && msg.finish_reason === "cancelled" && !s._cancelled) {
+          // Stopped by the server (an older one, force-stopped), not at our asking: a cut stream, never a normal end.
+          s._finish(null, new StreamError({ code: "internal", retryable: true, stream_id: s.id,
+            message: `the server cancelled stream ${s.id} after ${msg.last_seq} deltas, unasked: its output is incomplete` }));
+          return;
+        }
         if (msg.type === "end") { s._finish(msg, null); return; }
         if (msg.code === "resume_failed" && msg.retryable && s.receivedSeq === 0
             && s.resends < Math.max(1, this.backoff.retries)) {
@@ -1680,6 +1687,12 @@ export class LowLatClient extends EventTarget {
           s._sent = false;
           this._queue.push(s);
           return;
+        }
+        if (msg.code === "resume_failed" && msg.retryable && s.receivedSeq === 0) {
+          // Sent again after each drop, never received: say so (not "unknown to this session").
+          msg = { ...msg, message: `stream ${s.id}: the request was not delivered: the server never received it, `
+            + `though it was sent ${1 + s.resends} times and the connection dropped each time (a message larger than `
+            + "the server or a proxy takes is dropped so)" };
         }
         s._finish(null, msg.code === "resume_failed" ? new ResumeFailedError(msg) : new StreamError(msg));
         return;
@@ -1820,6 +1833,7 @@ export class LowLatClient extends EventTarget {
 
   _cancel(stream) {
     if (stream.finished) return;
+    stream._cancelled = true; // (its End "cancelled" is then the answer, not a cut stream)
     const queued = this._queue.indexOf(stream);
     if (queued >= 0) {
       this._queue.splice(queued, 1);

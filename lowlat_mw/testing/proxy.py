@@ -156,6 +156,10 @@ class _Link:
                 pipe.chunks.popleft()
                 if not data:
                     break
+                if up and proxy.upload_limit is not None and self.up_bytes + len(data) > proxy.upload_limit:
+                    proxy.cuts += 1  # (as a server or proxy that refuses a message that big by dropping the link)
+                    self.abort()
+                    return
                 if not up and self.cut_at is not None and self.down_bytes + len(data) >= self.cut_at:
                     keep = max(0, self.cut_at - self.down_bytes)
                     if keep:
@@ -206,7 +210,8 @@ class FaultProxy:
         self.delay = float(delay)          # seconds added to each forwarded chunk, in each direction
         self.bandwidth = float(bandwidth)  # bytes per second per direction (0 = unlimited)
         self.handshake = handshake         # new connections pay one round trip before their first bytes
-        self.cuts = 0             # how many connections were cut by cut_after / cut_randomly
+        self.cuts = 0             # how many connections were cut by cut_after / cut_randomly / cut_uploads_over
+        self.upload_limit: int | None = None  # client bytes a connection may send before it is cut
         self.connections = 0
         self.rng = random.Random(seed)
         self._cut_rule: Callable[[], int | None] = lambda: None
@@ -301,6 +306,11 @@ class FaultProxy:
     def cut_randomly(self, low: int, high: int) -> None:
         """Cut each new connection after a random number of server bytes in [low, high]."""
         self._cut_rule = lambda: self.rng.randint(low, high)
+
+    def cut_uploads_over(self, nbytes: int | None) -> None:
+        """Cut each connection whose client sends more than `nbytes` bytes in all (None: never), before they are
+        forwarded, as a server or proxy with a message size limit that drops the connection does."""
+        self.upload_limit = nbytes
 
     def cut_all(self) -> None:
         """Drop every open connection at once (as a crashed network would)."""

@@ -370,3 +370,16 @@ def next_log_window(req):
 
 
 MODELS.update({"next_log_window": next_log_window})
+
+
+# ---------------------------------------------------------------- replies no Delta carries (issue 38, item 8)
+# For test_conformance_streaming.py: a mapping's keys were streamed as the reply; a number got a TypeError.
+async def returns_dict(req):
+    return {"answer": 1}
+
+
+async def returns_int(req):
+    return 42
+
+
+MODELS.update({"returns_dict": returns_dict, "returns_int": returns_int})

@@ -31,7 +31,7 @@ from guide_support import guide_block
 from loopback import wait_listening  # (tests/: the guides' code blocks)
 from websockets.exceptions import InvalidStatus
 
-from lowlat_mw import Backoff, ConnectionClosed
+from lowlat_mw import Backoff, ConnectionClosed, ErrorCode, StreamError
 from lowlat_mw.client import connect
 from lowlat_mw.testing import LoggedProcess
 
@@ -144,10 +144,13 @@ def _new_project(tmp_path: Path, env: dict[str, str], settings_block: str) -> Pa
     return tmp_path
 
 
-def _runserver(project: Path, env: dict[str, str], logdir: Path, name: str) -> tuple[LoggedProcess, int]:
+def _runserver(project: Path, env: dict[str, str], logdir: Path, name: str,
+               reload: bool = False) -> tuple[LoggedProcess, int]:
+    """`manage.py runserver` on a free port (`reload`: with Django's autoreloader, as by default: the server runs
+    in a child process; stop() ends the process group, both)."""
     port = free_port()
-    proc = LoggedProcess(name, [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                         logdir=logdir, env=env, cwd=project)
+    proc = LoggedProcess(name, [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}",
+                                *(() if reload else ("--noreload",))], logdir=logdir, env=env, cwd=project)
     return proc, port
 
 
@@ -194,6 +197,37 @@ async def test_the_guides_logging_shows_each_line_once_under_the_daphne_runner(t
         opened = [line for line in text.splitlines() if "connection " in line and " open: " in line]
         closed = [line for line in text.splitlines() if "closed by client" in line]
         assert len(opened) == 1 and len(closed) == 1, text
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_request_over_1_mib_under_runserver_gets_message_too_big(tmp_path, conformance_dir, mode):
+    # Issue 38, item 15, what the new user did: the guide's project under `manage.py runserver` (daphne's), a JSON
+    # request over 1 MiB. daphne's autobahn dropped the TCP connection (1006); the client resumed, sent it again,
+    # lost it again and raised ResumeFailed "stream 2 is unknown to this session". Now: Error message_too_big and
+    # close 1009 (ConnectionClosed), as on every other server, and no resume. (Proto compresses the request under
+    # the frame limit: the server's max_request_size answers on the stream, the connection goes on.)
+    env = _project_env(conformance_dir)
+    settings = guide_block("django.md", "# settings.py", "ASGI_APPLICATION")
+    project = _new_project(tmp_path / "big", env, settings)
+    proc, port = _runserver(project, env, conformance_dir / "logs", f"django-runserver-too-big-{mode}", reload=True)
+    try:
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
+        backoff = Backoff(base=0.05, cap=0.2, retries=2, jitter=False)
+        async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws", mode=mode, backoff=backoff) as client:
+            assert await client.complete("hi") == "hello from runserver"
+            if mode == "json":
+                with pytest.raises(ConnectionClosed) as closed:
+                    await client.complete("x" * (1024 * 1024 + 10))
+                assert closed.value.code == 1009, closed.value
+                assert client.last_error is not None and client.last_error.code is ErrorCode.MESSAGE_TOO_BIG
+            else:
+                with pytest.raises(StreamError) as refused:
+                    await client.complete("x" * (1024 * 1024 + 10))
+                assert refused.value.code is ErrorCode.MESSAGE_TOO_BIG
+                assert await client.complete("hi") == "hello from runserver"
+            assert client.connections == 1 and client.resumes == 0
     finally:
         proc.stop()
 

@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conformance_servers import SERVERS, base_env, server_argv, start_ready
+from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
 from conformance_support import PROTO, codec_of, hello, measure, raw_connect, read_until_closed, recv_event
-from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
+from websockets.exceptions import ConnectionClosed as WsConnectionClosed
+from websockets.exceptions import InvalidMessage, InvalidStatus
 
-from lowlat_mw.errors import CloseCode
+from lowlat_mw.client import Backoff, connect
+from lowlat_mw.errors import CloseCode, ConnectionClosed, ErrorCode, ReconnectFailed, StreamError
 from lowlat_mw.protocol import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -44,7 +46,7 @@ async def _late_client(url: str, after: float) -> str:
             out = await read_until_closed(ws, timeout=5)
     except (OSError, InvalidMessage, InvalidStatus, TimeoutError) as exc:
         return f"refused ({type(exc).__name__})"
-    except ConnectionClosed as exc:
+    except WsConnectionClosed as exc:
         assert exc.rcvd is None or exc.rcvd.code == CloseCode.DRAINING, exc
         return f"closed ({exc.rcvd.code if exc.rcvd else 'no close frame'})"
     assert not any(isinstance(e, ev.Welcome) for e in out.events), out.events
@@ -119,3 +121,89 @@ async def test_sigterm_drains_running_streams_then_closes_with_4002(framework: s
                 f"a client arriving then: {late_outcome}")
     finally:
         srv.stop()
+
+
+# ================================================================================ forced shutdown (issue 38, item 7)
+FORCED_GRACE = 60.0  # a drain that would outlast the test: only the forced exit ends these servers in time
+SHORT_GRACE = 2.0  # daphne (Twisted) takes no second Ctrl-C: its drain runs this grace, then 4002; gunicorn waits
+# out its graceful timeout (drain_grace + 5 s, serving.gunicorn_args) for a worker stopped by Ctrl-C, then kills it
+FORCES_EXIT = frozenset({"starlette", "wsproto", "asgi", "serve"})  # uvicorn: a second Ctrl-C forces the exit
+FORCE_EXIT_BOUND = 15.0  # seconds from the second Ctrl-C to the process's exit (measured: under 1 s)
+CUT = (StreamError, ConnectionClosed, ReconnectFailed)  # what a cut stream may raise: never a quiet end
+
+
+def _ctrl_c(srv: ServerProcess) -> None:
+    """What Ctrl-C in the server's terminal does: SIGINT to its whole process group (a gunicorn's workers too)."""
+    if srv.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # (it exited meanwhile)
+            os.killpg(srv.proc.pid, signal.SIGINT)
+
+
+@pytest.mark.parametrize("framework", [*SERVERS, "serve"])
+async def test_double_ctrl_c_never_ends_a_running_stream_quietly(framework: str, conformance_dir: Path) -> None:
+    # What the new user did: a stream of 200 chunks running, Ctrl-C twice under `lowlat-mw serve` / uvicorn with our
+    # shims. uvicorn then cancelled every task, the model's End{finish_reason: "cancelled"} went out, and the Python
+    # client's `async for` ended quietly after 56 chunks: a cut stream taken for a whole one. A cut stream must
+    # raise (a retryable StreamError, or the resume failing), on every server.
+    grace = FORCED_GRACE if framework in FORCES_EXIT else SHORT_GRACE
+    env = base_env(conformance_dir, {"LOWLAT_DRAIN_GRACE": str(grace)})
+    srv = start_ready(f"forced-{framework}", framework, lambda p: server_argv(framework, p, env=env), env,
+                      conformance_dir / "logs")
+    try:
+        async with connect(srv.url, backoff=Backoff(base=0.1, retries=2)) as client:
+            stream = client.stream("x", model="count", params={"n": 100_000, "delay": 0.02})
+            chunks: list[str] = []
+
+            async def consume() -> None:
+                async for chunk in stream:
+                    chunks.append(chunk)  # type: ignore[arg-type]
+
+            reading = asyncio.ensure_future(consume())
+            async with asyncio.timeout(20):
+                while len(chunks) < 5:  # the model runs
+                    await asyncio.wait([reading], timeout=0.02)
+                    assert not reading.done(), reading
+            _ctrl_c(srv)
+            async with asyncio.timeout(grace + 20):  # the first Ctrl-C: a drain (GoAway), or the connection goes
+                while client.goaway is None and not reading.done() and srv.proc.poll() is None:
+                    await asyncio.sleep(0.02)
+            _ctrl_c(srv)  # the second: forced
+            forced = time.monotonic()
+            exit_code = await asyncio.to_thread(srv.wait_exit, grace + FORCE_EXIT_BOUND)
+            exited_after = time.monotonic() - forced
+            try:
+                async with asyncio.timeout(30):  # (the client's reconnects: 2 retries of at most 0.2 s)
+                    await reading
+                outcome = "ended quietly"
+            except CUT as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, StreamError) and exc.code is ErrorCode.INTERNAL:
+                    assert exc.retryable, exc
+    finally:
+        srv.stop()
+    assert exit_code is not None, f"{srv.name} still running {grace + FORCE_EXIT_BOUND} s after the second Ctrl-C"
+    assert outcome != "ended quietly", (len(chunks), stream.end)  # (before: End "cancelled", after 56 of 200)
+    assert stream.end is None and 5 <= len(chunks) < 100_000
+    if framework in FORCES_EXIT:  # a second Ctrl-C forces the exit, whatever drain_grace says
+        assert exited_after < FORCE_EXIT_BOUND, exited_after
+    measure(f"forced shutdown {framework}", f"double Ctrl-C after {len(chunks)} chunks: the client raised "
+            f"{outcome[:160]}; the process exited after {exited_after:.2f} s (code {exit_code})")
+
+
+async def test_ctrl_c_stops_serve_without_a_traceback(conformance_dir: Path) -> None:
+    # One Ctrl-C on `lowlat-mw serve` (a stream running): the drain, and an exit with code 0, not the
+    # KeyboardInterrupt traceback uvicorn's re-raised SIGINT left (uvicorn.run catches it; serving.run did not).
+    env = base_env(conformance_dir)
+    srv = start_ready("ctrl-c-serve", "serve", lambda p: server_argv("serve", p, env=env), env,
+                      conformance_dir / "logs")
+    try:
+        async with connect(srv.url, backoff=Backoff(base=0.1, retries=0)) as client:
+            stream = client.stream("x", model="count", params={"n": 3, "delay": 0.05})
+            assert await anext(stream) == "0,"  # (the model runs)
+            _ctrl_c(srv)
+            assert await stream.text() == "1,2,"  # the rest, within drain_grace (1 s)
+        exit_code = await asyncio.to_thread(srv.wait_exit, EXIT_BOUND)
+    finally:
+        srv.stop()
+    assert exit_code == 0, srv.output()
+    assert "Traceback" not in srv.stderr_path.read_text(), srv.output()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from conformance_servers import wait_for_line
 from conformance_support import MODES
 
 from lowlat_mw import ErrorCode, StreamError
@@ -103,6 +104,24 @@ async def test_model_error_after_first_chunk_keeps_connection(server, mode):
         assert info.value.message == "model failed (RuntimeError)"
         assert await client.complete("after", model="sync") == "sync:after"
         assert client.connections == 1
+
+
+@pytest.mark.parametrize("model", ["returns_dict", "returns_int"])
+async def test_a_reply_no_delta_carries_is_a_type_error_logged_once_naming_the_model(server, model):
+    # issue 38 (a new user): `return {"answer": 1}` streamed the text "answer" and ended with "stop", nothing
+    # logged; `return 42` got model_error (TypeError). A mapping now gets the same Error, and one log line.
+    async with asyncio.timeout(20), connect(server.url) as client:
+        stream = client.stream("x", model=model)
+        with pytest.raises(StreamError) as info:
+            _ = [c async for c in stream]
+        assert info.value.code is ErrorCode.MODEL_ERROR and info.value.message == "model failed (TypeError)"
+        assert stream.last_seq == 0
+        session = client.welcome.session_id
+    line = f"model conformance_models.{model} failed on stream {stream.stream_id} of {session}"
+    logs = wait_for_line(server, line)
+    assert logs.count(line) == 1, logs[-3000:]
+    kind = "dict" if model == "returns_dict" else "int"
+    assert f"TypeError: model returned {kind}, which no Delta carries: conformance_models.{model} must" in logs
 
 
 @pytest.mark.parametrize("mode", MODES)

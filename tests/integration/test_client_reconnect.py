@@ -9,7 +9,8 @@ import pytest
 
 from lowlat_mw.client import connect, connect_sync
 from lowlat_mw.client.backoff import Backoff
-from lowlat_mw.errors import CloseCode, ConnectionClosed, ErrorCode, ReconnectFailed
+from lowlat_mw.errors import CloseCode, ConnectionClosed, ErrorCode, NotDelivered, ReconnectFailed, ResumeFailed
+from lowlat_mw.testing import FaultProxy
 
 from ._support import JSON, wait_for
 
@@ -115,3 +116,23 @@ async def test_stream_on_unreachable_server_raises_reconnect_failed(unused_port)
     async with asyncio.timeout(10):
         with pytest.raises(ReconnectFailed):
             await client.complete("anyone?")
+
+
+async def test_a_request_the_connection_drops_each_time_fails_as_not_delivered(uvicorn_server, starlette_app):
+    # Issue 38, item 15: a request over a server's or proxy's message limit, where the limit drops the connection
+    # (Django's runserver did): the client resumed, resent it, lost it again, and raised ResumeFailed "stream 2 is
+    # unknown to this session", which did not say the request never arrived.
+    srv = uvicorn_server(starlette_app(words))
+    with FaultProxy(("127.0.0.1", srv.port), handshake=False) as proxy:
+        proxy.cut_uploads_over(256 * 1024)
+        backoff = Backoff(base=0.05, cap=0.2, retries=2, jitter=False)
+        async with asyncio.timeout(30), connect(f"{proxy.url_base}/ws", mode="json", backoff=backoff) as client:
+            assert await client.complete("small") == "small "
+            with pytest.raises(NotDelivered) as info:
+                await client.complete("x" * 600_000)
+            error = info.value
+            assert isinstance(error, ResumeFailed) and error.code is ErrorCode.RESUME_FAILED and error.retryable
+            assert "was not delivered: the server never received it, though it was sent 3 times" in error.message
+            assert "its message is 600" in error.message  # (its size: the reader can tell what dropped it)
+            assert proxy.cuts == 3
+            assert await client.complete("after") == "after "  # the connection, resumed, goes on

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -242,6 +242,29 @@ class _Direct:
         return True
 
 
+class _HeldDisconnect(asyncio.Queue):  # type: ignore[type-arg]
+    """uvicorn's receive queue of one connection, holding its ``websocket.disconnect`` back while the socket is
+    still there (`held` is told, once) until :meth:`release` (the connection is lost)."""
+
+    def __init__(self, held: Callable[[], None]) -> None:
+        super().__init__()
+        self.held: Callable[[], None] | None = held
+        self.disconnect: Any = None
+
+    def put_nowait(self, item: Any) -> None:
+        if self.held is None or item["type"] != "websocket.disconnect":
+            super().put_nowait(item)
+        elif self.disconnect is None:
+            self.disconnect = item
+            self.held()
+
+    def release(self) -> None:
+        """The socket is gone: the disconnect goes to the app now (the first one held, then any later one)."""
+        self.held = None  # (a bound method of the protocol: no reference cycle left behind)
+        if self.disconnect is not None:
+            super().put_nowait(self.disconnect)
+
+
 class _ClosesWithin:
     """Mixin: a WebSocket whose close is under way is gone within ``close_timeout``, and the app is told it is gone
     (``websocket.disconnect``) only once its socket is.
@@ -251,18 +274,23 @@ class _ClosesWithin:
     asyncio then closes the socket only once the write buffer is flushed. A peer that stopped reading lets neither
     happen: the socket stayed open for good, while the app had been told of the disconnect at once and counted
     the connection as gone. Here the close frame goes behind what is buffered without waiting, and a connection
-    still there ``close_timeout`` after its close began (ours, the peer's answered, a shutdown's, a failed frame's)
-    is aborted: its buffer is dropped and the socket closed. The app's ``websocket.disconnect`` waits for that.
+    still there ``close_timeout`` after its close began (ours, the peer's answered, a shutdown's, a failed frame's,
+    an app's that returned) is aborted: its buffer is dropped and the socket closed. The app's
+    ``websocket.disconnect`` waits for that (uvicorn queues it as the close begins).
     """
 
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     writable: asyncio.Event
     disconnected: bool
+    queue: _HeldDisconnect
 
     _lowlat_close_sent = False
     _lowlat_abort: asyncio.TimerHandle | None = None  # the close_timeout after the close began
-    _lowlat_lost: asyncio.Future[None] | None = None  # done when the socket is gone (an app waits for it)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = _HeldDisconnect(self._lowlat_closing)
 
     @property
     def close_sent(self) -> bool:
@@ -275,7 +303,8 @@ class _ClosesWithin:
             self._lowlat_closing()
 
     def _lowlat_closing(self) -> None:
-        """The connection is closing (a close frame sent, or the transport closing): gone within close_timeout."""
+        """The connection is closing (a close frame sent or queued, the app told, or the transport closing): it is
+        gone within close_timeout."""
         if self._lowlat_abort is None and not self.disconnected:
             self._lowlat_abort = self.loop.call_later(_server_settings().close_timeout, self._lowlat_drop)
 
@@ -286,13 +315,16 @@ class _ClosesWithin:
                                                  getattr(self, "client", None), _server_settings().close_timeout)
             self.transport.abort()  # (connection_lost follows)
 
-    async def send(self, message: Any) -> None:
+    def send(self, message: Any) -> Awaitable[None]:
+        # (Not a coroutine itself: every other message is uvicorn's send, with no frame of ours on the way.)
+        if message["type"] != "websocket.close" or self.writable.is_set():
+            return super().send(message)  # type: ignore[misc,no-any-return]
+        return self._lowlat_close_now(message)
+
+    async def _lowlat_close_now(self, message: Any) -> None:
+        """A close while the transport is paused: uvicorn's send would wait for a peer that may never read. It goes
+        behind what is buffered now (uvicorn's send does not wait on a set event); close_timeout bounds the rest."""
         writable = self.writable
-        if message["type"] != "websocket.close" or writable.is_set():
-            await super().send(message)  # type: ignore[misc]
-            return
-        # A close while the transport is paused: uvicorn's send would wait for a peer that may never read. It goes
-        # behind what is buffered now (uvicorn's send does not wait on a set event), close_timeout bounds the rest.
         ready = asyncio.Event()
         ready.set()
         self.writable = ready
@@ -301,28 +333,9 @@ class _ClosesWithin:
         finally:
             self.writable = writable
 
-    async def receive(self) -> Any:
-        message = await super().receive()  # type: ignore[misc]
-        if message["type"] == "websocket.disconnect" and not self.disconnected:
-            self._lowlat_closing()  # (whatever closes it: the socket goes within close_timeout)
-            lost = self._lowlat_lost
-            if lost is None:
-                lost = self._lowlat_lost = self.loop.create_future()
-            await asyncio.shield(lost)
-        return message
-
-    def handle_close(self, event: Any) -> None:
-        super().handle_close(event)  # type: ignore[misc]
-        if self.transport.is_closing():  # (the peer's close answered: its socket goes once the answer is written)
-            self._lowlat_closing()
-
-    def shutdown(self) -> None:
-        super().shutdown()  # type: ignore[misc]
-        self._lowlat_closing()
-
     async def run_asgi(self) -> None:
         await super().run_asgi()  # type: ignore[misc]
-        if self.transport.is_closing():  # (closed when the app returned)
+        if self.transport.is_closing():  # (closed as the app returned)
             self._lowlat_closing()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -330,10 +343,8 @@ class _ClosesWithin:
         if timer is not None:
             timer.cancel()
             self._lowlat_abort = None
+        self.queue.release()
         super().connection_lost(exc)  # type: ignore[misc]
-        lost = self._lowlat_lost
-        if lost is not None and not lost.done():
-            lost.set_result(None)
 
 
 class _OffersDirect:

@@ -62,6 +62,10 @@ TOKENS, TOKEN_SIZE = 1_000_000, 4096  # 4 GB if nothing stopped the model
 CLOSED_BOUND = 1.5 * SLOW_TIMEOUT + CLOSE_TIMEOUT + 1.0 + 15.0
 SETTLE_BOUND = 20.0  # seconds for the server's descriptors and threads to come back to their baseline
 PROBE_EVERY = 0.2
+# Idle workers the server's thread pools may add in a round when their jobs happen to overlap more than in the
+# first (gunicorn's lowlat-send and lowlat-mw-close pools; measured: +0 to +1). A connection that is not released
+# holds at least two threads (its reader and its blocked send), so three of them six.
+POOL_SLACK = 2
 
 
 @pytest.fixture(scope="module", params=SERVERS)
@@ -70,8 +74,7 @@ def unread_server(request: pytest.FixtureRequest, conformance_dir: Path) -> Iter
 
     gunicorn gets CLIENTS + 1 threads (the three connections and a probe): its pool is full after the first round,
     so that a pool thread started late in one round (a probe whose thread was not free yet) cannot pass for a
-    thread a connection still holds. (Its pool keeps idle threads: with 300, a second round counted 14 threads
-    against 13 once in three runs.)"""
+    thread a connection still holds. (Pools keep their idle threads: see POOL_SLACK.)"""
     framework = request.param
     env = base_env(conformance_dir, ENV)
     extra = ("--threads", str(CLIENTS + 1)) if framework == "flask" else ()
@@ -310,15 +313,17 @@ async def test_clients_that_stop_reading_are_dropped_within_close_timeout(unread
         # Thread pools grew to what the round needed (gunicorn's, the send pool): the second round needs no more,
         # and every thread of its connections ends.
         _, threads = await _settled(srv)
-        closed_2, refused_2, after_2 = await _round(srv, marks_dir, fds, threads)
+        closed_2, refused_2, after_2 = await _round(srv, marks_dir, fds, threads + POOL_SLACK)
         assert after_2[0] <= fds, f"the server holds {after_2[0]} descriptors, {fds} before the clients came"
-        if srv.framework == "flask":  # a thread per connection (and its reader): gone with the socket
-            assert after_2[1] <= threads, f"the server runs {after_2[1]} threads, {threads} after the first round"
+        if srv.framework == "flask":  # a thread per connection, its reader and its send: gone with the socket
+            assert after_2[1] <= threads + POOL_SLACK, \
+                f"the server runs {after_2[1]} threads, {threads} after the first round"
         # The clients close, blocked behind what they do not read: the server's answer waits behind it too.
-        closed_3, refused_3, after_3 = await _round(srv, marks_dir, fds, threads, peer_closes=True)
+        closed_3, refused_3, after_3 = await _round(srv, marks_dir, fds, threads + POOL_SLACK, peer_closes=True)
         assert after_3[0] <= fds, f"the server holds {after_3[0]} descriptors, {fds} before the clients came"
         if srv.framework == "flask":
-            assert after_3[1] <= threads, f"the server runs {after_3[1]} threads, {threads} after the first round"
+            assert after_3[1] <= threads + POOL_SLACK, \
+                f"the server runs {after_3[1]} threads, {threads} after the first round"
         await assert_streams(srv.url)  # the address's slots are free again: a new connection is served
     measure(f"unread close {srv.framework}",
             f"sockets closed {closed_1:.2f} / {closed_2:.2f} s after the stream began (slow_consumer_timeout "

@@ -183,8 +183,10 @@ class LowLat:
             pass
         finally:
             code = ws.close_reason if isinstance(ws.close_reason, int) and ws.close_reason != 1005 else None
-            driver.disconnected(code)
-            _finish(ws)
+            try:
+                _finish(ws)  # (first: the connection counts against the limits until its socket is closed)
+            finally:
+                driver.disconnected(code)
         return _websocket_response(ws)
 
 

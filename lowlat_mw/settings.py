@@ -62,6 +62,9 @@ class Settings:
     """Most bytes of unacknowledged output per session for clients that send Acks (models pause beyond)."""
     slow_consumer_timeout: float = 30.0
     """Close with 4003 when output stays blocked (window full, or a send stuck) this long."""
+    close_timeout: float = 5.0
+    """Seconds a closed connection may take to go after the server's close frame (a peer that does not read it or
+    answer it); then it is aborted, so its socket, thread and connection slot are released."""
     max_connections: int = 10000
     """Open connections per endpoint and process; more are closed with 1013 (try again later)."""
     max_connections_per_client: int = 256
@@ -189,7 +192,7 @@ class Settings:
         problems: list[str] = []
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
                      "idle_timeout", "handshake_timeout", "link_mbps", "resume_window",
-                     "slow_consumer_timeout", "merge_max_delay"):
+                     "slow_consumer_timeout", "close_timeout", "merge_max_delay"):
             if not getattr(self, name) > 0:
                 problems.append(f"setting {name!r} must be > 0, got {getattr(self, name)!r}")
         for name in ("heartbeat_interval", "idle_timeout", "resume_window"):

@@ -354,6 +354,29 @@ async def test_a_transport_paused_past_slow_consumer_timeout_closes_with_4003() 
     await conn.driver.disconnected(CloseCode.SLOW_CONSUMER)
 
 
+async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_socket_is_gone() -> None:
+    """The close frame waits behind what the peer does not read: the server drops the socket within close_timeout,
+    and says so (disconnected). Until then the connection holds its place in the limits; its session waits for the
+    resume from the close on (detached: its models pause once the replay buffer is full)."""
+    conn = Conn(tokens, slow_consumer_timeout=5.0)
+    driver = conn.driver
+    endpoint = driver.endpoint
+    assert endpoint.admit((SUBPROTOCOL_PROTO,), None, None, "10.0.0.1") is not None
+    driver.address = "10.0.0.1"  # (what the endpoint admitted it as)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    conn.direct.writable.clear()
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10, "hold": True}))
+    await wait_for(lambda: driver._sender is not None)
+    driver.on_timer(driver._send_since + 5.0)
+    await wait_for(lambda: conn.closed() is not None)
+    await wait_for(lambda: driver.runner is not None and driver.runner.driver is None)  # detached at the close
+    assert conn.closed() == CloseCode.SLOW_CONSUMER
+    assert driver in endpoint.connections and endpoint.limiter.total == 1  # the socket is still there
+    await driver.disconnected(1006)  # the server dropped it
+    assert driver not in endpoint.connections and endpoint.limiter.total == 0
+
+
 async def test_nothing_is_written_to_a_closing_transport() -> None:
     conn = Conn(tokens)
     await conn.send(ev.Hello())

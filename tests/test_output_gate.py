@@ -33,8 +33,8 @@ class BlockingSend:
         self.sent.append(message.get("text", message["type"]))
 
 
-def driver_for(send: BlockingSend) -> ConnectionDriver:
-    return ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
+def driver_for(send: BlockingSend, settings: Settings | None = None) -> ConnectionDriver:
+    return ConnectionDriver(Endpoint(lambda req: "x", settings or Settings(), registry=None), send=send,
                             subprotocol=SUBPROTOCOL_JSON)
 
 
@@ -94,3 +94,17 @@ async def test_a_close_goes_after_the_write_before_it() -> None:
     await asyncio.wait_for(asyncio.gather(first, closing), 10)
     assert send.sent == ["a1", "a2", "websocket.close"]
     await driver.disconnected(1001)
+
+
+async def test_a_close_waits_for_a_write_that_never_ends_at_most_close_timeout_then_goes() -> None:
+    """(A peer that stopped reading: the write before the close never finishes.) The close still reaches the server,
+    which then drops the connection; it is not given up, which left the socket open for good."""
+    send = BlockingSend()
+    driver = driver_for(send, Settings(close_timeout=0.2))
+    send.block("a1")
+    first = asyncio.create_task(driver._write(["a1", "a2"]))
+    await send.entered["a1"].wait()
+    await asyncio.wait_for(driver._close_socket(4001, "no pong"), 10)
+    assert send.sent == ["websocket.close"]
+    first.cancel()
+    await driver.disconnected(1006)

@@ -466,6 +466,18 @@ class Document:
                 waiter.set_result(None)
 
 
+async def _close_ws(ws: ClientConnection, code: int = 1000, reason: str = "") -> None:
+    """websockets' close of `ws`, bounded. It writes the close frame and waits for its write buffer to drain before
+    its own close_timeout (10 s) starts, and a server that stopped reading never lets it drain: the close (and the
+    socket) would wait for good. Past twice close_timeout (the drain, then the closing handshake) it is aborted."""
+    timeout = ws.close_timeout if ws.close_timeout is not None else 10.0
+    try:
+        async with asyncio.timeout(2 * timeout):
+            await ws.close(code, reason)
+    except TimeoutError:
+        ws.transport.abort()  # (connection_lost follows: the reader and every blocked send end)
+
+
 def _keep_running(tasks: set[asyncio.Task[Any]], coro: Any) -> None:
     """Run `coro` (a Pong or Ping to send, a close) in a task of its own, kept in `tasks` until it is done."""
     task = asyncio.get_running_loop().create_task(coro)
@@ -500,7 +512,7 @@ class _Timer:
                 _keep_running(self._tasks, self.client._send_quietly(self.ws, action.data))
             elif isinstance(action, CloseConnection):
                 self.stopped = True
-                _keep_running(self._tasks, self.ws.close(action.code, action.reason))
+                _keep_running(self._tasks, _close_ws(self.ws, action.code, action.reason))
                 return math.inf
         proto.deadline_moved = False
         return proto.next_deadline()
@@ -740,7 +752,7 @@ class AsyncClient:
             self._resuming.cancel()
         ws, self._ws = self._ws, None
         if ws is not None:
-            await ws.close()
+            await _close_ws(ws)
         if self._reader is not None:
             try:
                 await self._reader
@@ -805,7 +817,7 @@ class AsyncClient:
                 raise ConnectionClosed(None, reason)
         except BaseException:
             proto.connection_lost()
-            await ws.close()
+            await _close_ws(ws)
             raise
         sent: dict[str, int] = {}
         if self._documents and proto.contexts:  # (v1.3) a session without a document's version gets its whole text
@@ -922,7 +934,7 @@ class AsyncClient:
                 if stream is not None:
                     stream._put(ClientError(item.message))
             elif kind is CloseConnection:
-                _keep_running(self._io_tasks, ws.close(item.code, item.reason))
+                _keep_running(self._io_tasks, _close_ws(ws, item.code, item.reason))
         timer = self._timer
         if proto.deadline_moved and timer is not None:
             proto.deadline_moved = False

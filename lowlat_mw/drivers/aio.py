@@ -1411,8 +1411,9 @@ class ConnectionDriver:
                             self.settings.slow_consumer_timeout, self.info.client,
                             extra={"session_id": self.protocol.session_id, "client": self.info.client})
             self.protocol.close(CloseCode.SLOW_CONSUMER, "send blocked")
+            # (Not disconnected yet: the socket is there until the server closes or aborts it, close_timeout at most,
+            # and it counts against the connection limits until the server says it is gone.)
             await self._close_socket(CloseCode.SLOW_CONSUMER, "send blocked", locked=False)
-            await self.disconnected()
         except Exception as exc:  # the socket went away under us
             log.debug("send failed, treating as disconnect: %r", exc)
             self._closing = True
@@ -1481,6 +1482,10 @@ class ConnectionDriver:
         await self._act(self.protocol.close(code, reason))
 
     async def _close_socket(self, code: int, reason: str, *, locked: bool = True) -> None:
+        """Hand the server the close (`locked`: after the writes before it). It always goes, within close_timeout:
+        a write blocked on a peer that does not read is not waited for past it (the close goes behind what the
+        transport holds), and the server then drops a connection its peer does not close within close_timeout
+        (docs/protocol.md 12). The socket counts as open until the server says it is gone (:meth:`disconnected`)."""
         self._closing = True
         self.scheduler.cancel(self)
         self._scheduled = math.inf
@@ -1491,26 +1496,35 @@ class ConnectionDriver:
                   extra={"session_id": self.protocol.session_id, "close_code": code})
         # A plain int: servers may check type(code) is int (daphne/autobahn refuse an IntEnum).
         message = {"type": "websocket.close", "code": int(code), "reason": reason}
+        timeout = self.settings.close_timeout
         try:
-            async with asyncio.timeout(5.0):
-                if locked:
-                    await self._acquire()
-                    try:
-                        if self._cork:
-                            self._write_held()  # what was sent before the close goes out before it
-                        await self._send(message)
-                    finally:
-                        self._release()
-                else:
-                    if self._cork:
-                        self._write_held()
+            if locked:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await self._acquire()
+                except TimeoutError:  # the write holding the output is stuck: the close goes without it
+                    locked = False
+                    log.debug("connection %s: output blocked for %.1f s, closing without it", self.protocol.session_id,
+                              timeout, extra={"session_id": self.protocol.session_id})
+            try:
+                if self._cork:
+                    self._write_held()  # what was sent before the close goes out before it
+                async with asyncio.timeout(timeout):
                     await self._send(message)
+            finally:
+                if locked:
+                    self._release()
         except Exception as exc:
             log.debug("close failed: %r", exc)
         runner = self.runner
-        if runner is not None and runner.driver is self and not close_code_reconnects(code):
-            # A final close (protocol error, idle...): nothing to resume, stop the models now.
-            runner.destroy()
+        if runner is not None and runner.driver is self:
+            if not close_code_reconnects(code):
+                # A final close (protocol error, idle...): nothing to resume, stop the models now.
+                runner.destroy()
+            elif code in _RESUMABLE:
+                # The client will resume: the session waits for it from now on, as once the socket is gone (which
+                # may take close_timeout), its models paused when the replay buffer is full.
+                runner.detach(self.monotonic())
 
     # ------------------------------------------------------------------ time
     def on_timer(self, now: float) -> float:

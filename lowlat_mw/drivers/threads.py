@@ -165,6 +165,10 @@ class ThreadDriver:
     in order (the driver's send lock keeps one write at a time). With `sock` (the connection's socket,
     with no WebSocket extension in use) and the ``direct_writes`` setting on, the driver frames its output
     itself and a :class:`SocketWriter` writes it; `send` and `close` then run in the writer's order.
+
+    Given `sock`, a connection still open ``close_timeout`` after the driver closed it is shut down: a peer that
+    stopped reading otherwise holds a blocked write (the close frame waits behind it), the connection's thread,
+    its reader thread and the socket for good. The shutdown fails the blocked write and ends both threads' reads.
     """
 
     def __init__(self, endpoint: Endpoint, *, send: Callable[[bytes | str], Any], close: Callable[[int, str], Any],
@@ -177,12 +181,17 @@ class ThreadDriver:
         writer = self.writer = (SocketWriter(sock, loop, pool) if sock is not None and endpoint.settings.direct_writes
                                 else None)
 
+        self._sock = sock
+        close_timeout = endpoint.settings.close_timeout
+
         async def asgi_send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "websocket.send":
                 data = message.get("bytes")
                 fn, args = send, (data if data is not None else message["text"],)
             else:
                 fn, args = close, (message.get("code", 1000), message.get("reason", ""))
+                if sock is not None:
+                    loop.call_later(close_timeout, self._drop)
             if writer is not None:
                 await writer.call(fn, *args)
             else:
@@ -196,6 +205,16 @@ class ThreadDriver:
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _drop(self) -> None:
+        """close_timeout after the close: shut the socket down unless it is closed (the reader thread closes it
+        when the connection ends)."""
+        sock = self._sock
+        if sock is not None and sock.fileno() != -1:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile, or not connected any more
+                pass
 
     @property
     def closed(self) -> bool:

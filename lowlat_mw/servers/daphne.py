@@ -12,6 +12,9 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   one whose line and headers pass 16 KiB (``HANDSHAKE_HEADER_LIMIT``) before they are in, 431;
 * a fragmented message costs about its own size (small fragments share one buffer), not ~120
   bytes per fragment;
+* a connection whose peer does not take its close (ours, or our answer to the peer's) within ``close_timeout``
+  is aborted: Twisted otherwise keeps the socket until it has written what it holds, which a peer that stopped
+  reading never lets happen;
 * the WebSocket opening handshake timeout is never shorter than asked: autobahn's timer rounds it
   down to a whole second, which dropped about one healthy handshake in 400 (no HTTP response);
 * on shutdown (SIGTERM, SIGINT) it stops listening (new connections are refused, as by uvicorn and
@@ -53,16 +56,21 @@ __all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect", "Dra
            "OneBufferWebSocketProtocol", "install", "main"]
 
 
-def _handshake_timeout() -> float:
-    """The app's handshake_timeout: the shortest of the endpoints the application made when daphne loaded it
-    (each ``LowLatConsumer.as_asgi()``, from ``settings.LOWLAT_MW``); without one, the environment's or the default."""
+def _app_timeout(name: str) -> float:
+    """The app's setting `name` (a timeout): the shortest of the endpoints the application made when daphne loaded
+    it (each ``LowLatConsumer.as_asgi()``, from ``settings.LOWLAT_MW``); without one, the environment's or the
+    default."""
     endpoints = list(Endpoint.instances)
     if endpoints:
-        return min(e.settings.handshake_timeout for e in endpoints)
+        return min(getattr(e.settings, name) for e in endpoints)  # type: ignore[no-any-return]
     try:
-        return Settings.load().handshake_timeout
-    except SettingsError:  # the app reports the bad setting itself; bound the handshake all the same
-        return Settings().handshake_timeout
+        return getattr(Settings.load(), name)  # type: ignore[no-any-return]
+    except SettingsError:  # the app reports the bad setting itself; bound the server all the same
+        return getattr(Settings(), name)  # type: ignore[no-any-return]
+
+
+def _handshake_timeout() -> float:
+    return _app_timeout("handshake_timeout")
 
 
 class OneBufferWebSocketProtocol(WebSocketProtocol):
@@ -80,6 +88,14 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             for piece in payload:
                 add_fragment(self.message_data, piece)
 
+    def dropConnection(self, abort: bool = False) -> None:
+        super().dropConnection(abort)
+        if not abort and self.transport is not None:
+            # After answering the peer's close, autobahn closes gently: Twisted closes the socket once it has written
+            # what it holds, which a peer that stopped reading never lets happen. (A close of ours is bounded by
+            # closeHandshakeTimeout: ClosingWebSocketFactory.)
+            reactor.callLater(_app_timeout("close_timeout"), _abort, self.transport)
+
     def _max_message_size_exceeded(self, msg_size: int, max_msg_size: int, reason: str) -> None:
         # autobahn fails a message or frame over --websocket-max-message-size / -frame-size with 1009 here,
         # before the application sees it: the protocol's Error goes first (docs/protocol.md 10.3).
@@ -90,6 +106,12 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             else:
                 self.sendMessage(message, isBinary=True)
         super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
+
+
+def _abort(transport: Any) -> None:
+    """Drop a TCP connection that is still there, with what it has not written (Twisted's abortConnection)."""
+    if getattr(transport, "connected", False) and hasattr(transport, "abortConnection"):
+        transport.abortConnection()
 
 
 class DaphneDirect:
@@ -135,10 +157,12 @@ class ClosingWebSocketFactory(WebSocketFactory):
     protocol = OneBufferWebSocketProtocol
 
     def setProtocolOptions(self, **options: Any) -> None:
-        # closeHandshakeTimeout: autobahn's 1 s default aborts (RST) a connection whose peer has not answered
-        # our close frame yet; on a busy client that discards the unread close frame, and the client sees
-        # 1006 instead of our code. 5 s lets a slow client read it.
-        options = {**options, "failByDrop": False, "closeHandshakeTimeout": 5}
+        # closeHandshakeTimeout: a connection whose peer has not answered our close frame within it is aborted (its
+        # unwritten output dropped), so a peer that stopped reading cannot hold the socket: the app's close_timeout
+        # (5 s by default). autobahn's 1 s default aborted (RST) busy clients before they read the close frame: they
+        # saw 1006 instead of our code. autobahn arms it on the batched timer, which may fire up to a second early.
+        close = _app_timeout("close_timeout") + BATCHED_TIMER_ROUNDING
+        options = {**options, "failByDrop": False, "closeHandshakeTimeout": close}
         # openHandshakeTimeout (daphne's --websocket_connect_timeout): autobahn arms it on txaio's batched
         # timer, which rounds the deadline down to a whole second (int(now + delay)), so a 1 s timeout fires
         # anywhere from 0 to 1 s after the upgrade and drops a healthy handshake that straddles a second

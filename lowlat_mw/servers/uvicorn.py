@@ -16,8 +16,9 @@ is buffered whole). These subclasses add both, and change nothing once a request
 gives the whole command line).
 
 The WebSocket protocols (``WebSocketProtocol``, ``WSProtoProtocol``) bound what a flood of fragments
-may cost, drain lowlat-mw connections before uvicorn's 1012 on shutdown, and offer the application
-direct writes to the connection's transport (``scope["extensions"]["lowlat.transport"]``,
+may cost, drain lowlat-mw connections before uvicorn's 1012 on shutdown, drop a connection whose peer
+does not take its close within ``close_timeout`` (``LOWLAT_CLOSE_TIMEOUT``, 5 s by default), and offer the
+application direct writes to the connection's transport (``scope["extensions"]["lowlat.transport"]``,
 :mod:`lowlat_mw.drivers.direct`).
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -44,8 +45,8 @@ from lowlat_mw.settings import Settings
 __all__ = ["DrainingServer", "H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol",
            "no_delay"]
 
-_timeout: list[float] = []
 FORCE_EXIT_POLL = 0.1  # seconds between looks at uvicorn's force_exit (a second Ctrl-C) while the drain runs
+_settings: list[Settings] = []
 
 
 class DrainingServer(uvicorn.Server):
@@ -83,13 +84,19 @@ def no_delay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
-def _handshake_timeout() -> float:
-    if not _timeout:
+def _server_settings() -> Settings:
+    """The settings of the environment (``LOWLAT_*``), read once: what the server's own bounds use (the handshake
+    before an app runs, the close of every WebSocket)."""
+    if not _settings:
         try:
-            _timeout.append(Settings.load().handshake_timeout)
-        except SettingsError:  # the app reports the bad setting itself; bound the handshake all the same
-            _timeout.append(Settings().handshake_timeout)
-    return _timeout[0]
+            _settings.append(Settings.load())
+        except SettingsError:  # the app reports the bad setting itself; bound the server all the same
+            _settings.append(Settings())
+    return _settings[0]
+
+
+def _handshake_timeout() -> float:
+    return _server_settings().handshake_timeout
 
 
 class _HandshakeBound:
@@ -252,19 +259,55 @@ class _Direct:
         return True
 
 
-class _OffersDirect:
-    """Mixin: offer the ``lowlat.transport`` scope extension (lowlat_mw.drivers.direct) to the app, and keep
-    its ``closing`` flag current: uvicorn's ``close_sent`` is a property here that sets it, and so is the
-    connection's loss (the driver reads a plain attribute before every write)."""
+class _HeldDisconnect(asyncio.Queue):  # type: ignore[type-arg]
+    """uvicorn's receive queue of one connection, holding its ``websocket.disconnect`` back while the socket is
+    still there (`held` is told, once) until :meth:`release` (the connection is lost)."""
 
-    # A slot, read on every socket read: uvicorn's protocol objects keep too many attributes in their instance
-    # dictionary for the interpreter's fast attribute access (each read there is a dictionary lookup).
-    __slots__ = ("_lowlat_direct",)
+    def __init__(self, held: Callable[[], None]) -> None:
+        super().__init__()
+        self.held: Callable[[], None] | None = held
+        self.disconnect: Any = None
+
+    def put_nowait(self, item: Any) -> None:
+        if self.held is None or item["type"] != "websocket.disconnect":
+            super().put_nowait(item)
+        elif self.disconnect is None:
+            self.disconnect = item
+            self.held()
+
+    def release(self) -> None:
+        """The socket is gone: the disconnect goes to the app now (the first one held, then any later one)."""
+        self.held = None  # (a bound method of the protocol: no reference cycle left behind)
+        if self.disconnect is not None:
+            super().put_nowait(self.disconnect)
+
+
+class _ClosesWithin:
+    """Mixin: a WebSocket whose close is under way is gone within ``close_timeout``, and the app is told it is gone
+    (``websocket.disconnect``) only once its socket is.
+
+    uvicorn waits for a paused transport (its write buffer over the high-water mark) before it writes anything,
+    a close frame included, and closes the transport after the close frame (at once, or when the peer answers it);
+    asyncio then closes the socket only once the write buffer is flushed. A peer that stopped reading lets neither
+    happen: the socket stayed open for good, while the app had been told of the disconnect at once and counted
+    the connection as gone. Here the close frame goes behind what is buffered without waiting, and a connection
+    still there ``close_timeout`` after its close began (ours, the peer's answered, a shutdown's, a failed frame's,
+    an app's that returned) is aborted: its buffer is dropped and the socket closed. The app's
+    ``websocket.disconnect`` waits for that (uvicorn queues it as the close begins).
+    """
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    writable: asyncio.Event
+    disconnected: bool
+    queue: _HeldDisconnect
+
     _lowlat_close_sent = False
+    _lowlat_abort: asyncio.TimerHandle | None = None  # the close_timeout after the close began
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._lowlat_direct: _Direct | None = None  # (before uvicorn's __init__: it sets close_sent)
         super().__init__(*args, **kwargs)
+        self.queue = _HeldDisconnect(self._lowlat_closing)
 
     @property
     def close_sent(self) -> bool:
@@ -273,10 +316,73 @@ class _OffersDirect:
     @close_sent.setter
     def close_sent(self, value: bool) -> None:
         self._lowlat_close_sent = value
+        if value:
+            self._lowlat_closing()
+
+    def _lowlat_closing(self) -> None:
+        """The connection is closing (a close frame sent or queued, the app told, or the transport closing): it is
+        gone within close_timeout."""
+        if self._lowlat_abort is None and not self.disconnected:
+            self._lowlat_abort = self.loop.call_later(_server_settings().close_timeout, self._lowlat_drop)
+
+    def _lowlat_drop(self) -> None:
+        self._lowlat_abort = None
+        if not self.disconnected:
+            logging.getLogger("lowlat_mw").debug("WebSocket of %s still open %.1f s after its close: aborted",
+                                                 getattr(self, "client", None), _server_settings().close_timeout)
+            self.transport.abort()  # (connection_lost follows)
+
+    def send(self, message: Any) -> Awaitable[None]:
+        # (Not a coroutine itself: every other message is uvicorn's send, with no frame of ours on the way.)
+        if message["type"] != "websocket.close" or self.writable.is_set():
+            return super().send(message)  # type: ignore[misc,no-any-return]
+        return self._lowlat_close_now(message)
+
+    async def _lowlat_close_now(self, message: Any) -> None:
+        """A close while the transport is paused: uvicorn's send would wait for a peer that may never read. It goes
+        behind what is buffered now (uvicorn's send does not wait on a set event); close_timeout bounds the rest."""
+        writable = self.writable
+        ready = asyncio.Event()
+        ready.set()
+        self.writable = ready
+        try:
+            await super().send(message)  # type: ignore[misc]
+        finally:
+            self.writable = writable
+
+    async def run_asgi(self) -> None:
+        await super().run_asgi()  # type: ignore[misc]
+        if self.transport.is_closing():  # (closed as the app returned)
+            self._lowlat_closing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        timer = self._lowlat_abort
+        if timer is not None:
+            timer.cancel()
+            self._lowlat_abort = None
+        self.queue.release()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class _OffersDirect:
+    """Mixin: offer the ``lowlat.transport`` scope extension (lowlat_mw.drivers.direct) to the app, and keep
+    its ``closing`` flag current: set as the connection starts closing (:class:`_ClosesWithin`: uvicorn's
+    ``close_sent`` is a property there), and as it is lost (the driver reads a plain attribute before every write)."""
+
+    # A slot, read on every socket read: uvicorn's protocol objects keep too many attributes in their instance
+    # dictionary for the interpreter's fast attribute access (each read there is a dictionary lookup).
+    __slots__ = ("_lowlat_direct",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._lowlat_direct: _Direct | None = None  # (before uvicorn's __init__: it sets close_sent)
+        super().__init__(*args, **kwargs)
+
+    def _lowlat_closing(self) -> None:
         direct = self._lowlat_direct
-        if value and direct is not None:
+        if direct is not None:
             direct.closing = True
             direct.idle = False
+        super()._lowlat_closing()  # type: ignore[misc]
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)  # type: ignore[misc]
@@ -300,7 +406,7 @@ class _OffersDirect:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
-class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _SansIOProtocol):
+class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
     (``--ws lowlat_mw.servers.uvicorn:WebSocketProtocol``; ``lowlat_mw.servers.serving`` uses it.) uvicorn
@@ -458,7 +564,7 @@ else:
                 self.refused()
                 raise
 
-    class WSProtoProtocol(_OffersDirect, _DrainOnShutdown, _WSProtoProtocol):
+    class WSProtoProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
         (``--ws lowlat_mw.servers.uvicorn:WSProtoProtocol``; ``lowlat_mw.servers.serving`` uses it for

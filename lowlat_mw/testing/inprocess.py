@@ -106,6 +106,8 @@ class AppClient(AsyncClient):
 class _ASGIWebSocket:
     """The part of websockets' ClientConnection the client uses, over ASGI messages to `app` (one connection)."""
 
+    close_timeout = WAIT  # (its close waits for the app at most WAIT: the client's bound, twice that, never ends it)
+
     def __init__(self, app: ASGIApp, scope: dict[str, Any]) -> None:
         self.app, self.scope = app, scope
         self.subprotocol: str | None = None

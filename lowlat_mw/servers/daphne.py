@@ -27,7 +27,8 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
 * reads are fair: autobahn parses a whole socket read (64 KiB, thousands of tiny frames) in one callback and daphne
   queues every message for the application without a bound. Here reads go to autobahn READ_SLICE bytes at a time,
   at most READ_BUDGET seconds of them per callback, and reading pauses while the application has messages queued
-  (as uvicorn does): a burst of 10,000 Pings no longer stalls every other connection;
+  (as uvicorn does); each whole message goes to lowlat-mw's driver directly (:class:`DaphneDirect`, direct reads),
+  not through a Channels consumer's dispatch: a burst of 10,000 Pings no longer stalls every other connection;
 * the application learns the close code autobahn failed a connection with (1007 for a text frame that is not
   UTF-8, 1002, 1009): autobahn reports 1006 when a second check of the same frame drops the connection;
 * it offers lowlat-mw direct writes (the ``lowlat.transport`` scope extension,
@@ -45,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -69,7 +71,9 @@ __all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketF
 
 READ_SLICE = 2 * 1024  # bytes of a socket read handed to autobahn at a time
 READ_BUDGET = 0.002  # seconds of parsing per reactor callback; the rest of the read waits for the next loop turn
-_HELD_READING, _HELD_WRITING = 1, 2  # why the socket is not read: input waits for the app / output for the socket
+# Why the socket is not read: input waits (for the application's queue, or the next loop turn); output waits for the
+# socket; the driver asked (DirectReads.pause_reading).
+_HELD_READING, _HELD_WRITING, _HELD_APP = 1, 2, 4
 
 
 def _handshake_timeout() -> float:
@@ -136,16 +140,20 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
       daphne queues each message for the application without a bound: one 64 KiB read of tiny frames held the
       reactor for 100-700 ms. Here a read goes to autobahn READ_SLICE bytes at a time; after a slice that queued
       a message the socket is not read until the application has taken what is queued (as uvicorn does), and
-      past READ_BUDGET seconds in one callback the rest waits for the next loop turn. Messages that arrive after
-      our close frame are dropped, as uvicorn drops them.
+      past READ_BUDGET seconds in one callback the rest waits for the next loop turn. With direct reads
+      (:meth:`DaphneDirect.set_receiver`) messages go to the driver instead of the queue, and the driver pauses the
+      reads while it has messages waiting. Messages that arrive after our close frame are dropped, as uvicorn drops
+      them.
     * Writes: the transport's producer is the connection's :class:`_Flow` (``writable``), not daphne's HTTP
       channel, which ignored it; while the transport holds more than its buffer size the socket is not read.
     * Closes: :meth:`onClose` reports the code autobahn failed the connection with (see there).
     """
 
-    _lowlat_holds = 0  # _HELD_READING | _HELD_WRITING: why the transport's reading is paused
+    _lowlat_holds = 0  # _HELD_READING | _HELD_WRITING | _HELD_APP: why the transport's reading is paused
     _lowlat_pending: bytes | None = None  # the rest of a read, held back (reading paused) while not None
     _lowlat_waiting = False  # held until the application has taken every queued message
+    _lowlat_receiver: Any = None  # direct reads: the driver's feed(message, n) (DaphneDirect.set_receiver)
+    _lowlat_burst = 0  # messages handed to the receiver in this callback
     flow: _Flow | None = None
 
     def connectionMade(self) -> None:
@@ -172,6 +180,7 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
         began = time.perf_counter()
         end = len(data)
         pos = 0
+        self._lowlat_burst = 0
         while pos < end:
             piece = data if end <= READ_SLICE else data[pos:pos + READ_SLICE]
             pos += len(piece)
@@ -179,7 +188,9 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             if self.state == self.STATE_CLOSED:
                 return
             inbox = getattr(self, "application_queue", None)
-            if isinstance(inbox, _Inbox) and not inbox.empty():  # the application has input: read on once it took it
+            if self._lowlat_holds & _HELD_APP:  # the driver has messages waiting: it resumes (resume_reading)
+                pass
+            elif isinstance(inbox, _Inbox) and not inbox.empty():  # the application has input: read on once it took it
                 self._lowlat_waiting = True
             elif pos == end or time.perf_counter() - began < READ_BUDGET:
                 continue
@@ -197,7 +208,7 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
 
     def _lowlat_read_on(self) -> None:
         data = self._lowlat_pending
-        if data is None or self._lowlat_waiting:
+        if data is None or self._lowlat_waiting or self._lowlat_holds & _HELD_APP:
             return
         self._lowlat_pending = None
         if data and self.state != self.STATE_CLOSED:
@@ -221,9 +232,22 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
         except AttributeError:  # (no transport any more, or one that cannot pause)
             pass
 
+    def _lowlat_pause(self, pause: bool) -> None:
+        """The driver's DirectReads.pause_reading / resume_reading: it has messages waiting to be handled."""
+        self._lowlat_hold(_HELD_APP, pause)
+        if not pause and self._lowlat_pending is not None and not self._lowlat_waiting:
+            reactor.callLater(0, self._lowlat_read_on)
+
     def onMessage(self, payload: Any, isBinary: bool) -> None:
-        if self.state == self.STATE_OPEN:  # (past our close frame, as uvicorn: dropped, not queued)
+        if self.state != self.STATE_OPEN:  # (past our close frame, as uvicorn: dropped, not queued)
+            return
+        receiver = self._lowlat_receiver
+        if receiver is None:
             super().onMessage(payload, isBinary)
+            return
+        self.last_ping = time.time()  # (as daphne's onMessage)
+        self._lowlat_burst = burst = self._lowlat_burst + 1
+        receiver(payload if isBinary else payload.decode("utf8"), burst)  # (autobahn validated the UTF-8)
 
     def onMessageFrame(self, payload: Any) -> None:
         if not self.failedByMe:
@@ -251,6 +275,7 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             code = self.localCloseCode
         if self.flow is not None:
             self.flow.writable.set()  # (nothing will be written any more: no writer waits)
+        self._lowlat_receiver = None  # (the driver's bound method: freed with the connection)
         inbox = getattr(self, "application_queue", None)
         if isinstance(inbox, _Inbox):
             inbox.protocol = None
@@ -258,12 +283,16 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
 
 
 class DaphneDirect:
-    """A daphne WebSocket connection as a :class:`~lowlat_mw.drivers.direct.DirectTransport`: whole frames go to
-    autobahn's ``sendData``, Twisted's transport buffers them; writable while it holds at most its buffer size
-    (the connection's :class:`_Flow`), so the driver waits, and a client that stops reading gets 4003 after the
-    ``slow_consumer_timeout`` setting. The accept and the close still go through ASGI ``send``, to daphne."""
+    """A daphne WebSocket connection as a :class:`~lowlat_mw.drivers.direct.DirectReads`.
 
-    __slots__ = ("_protocol", "is_writable", "wait_writable", "write")
+    Writes: whole frames go to autobahn's ``sendData``, Twisted's transport buffers them; writable while it holds at
+    most its buffer size (the connection's :class:`_Flow`), so the driver waits, and a client that stops reading gets
+    4003 after the ``slow_consumer_timeout`` setting. Reads: each whole message goes from autobahn straight to the
+    driver (``set_receiver``), not through daphne's queue and a Channels consumer's dispatch (a task, a wait and a
+    thread hop per message: several loop turns, so under a flood on another connection a client's own messages
+    waited hundreds of milliseconds). The accept, the close and the disconnect still go through ASGI, to daphne."""
+
+    __slots__ = ("_protocol", "is_writable", "pause_reading", "resume_reading", "wait_writable", "write")
 
     def __init__(self, protocol: OneBufferWebSocketProtocol) -> None:
         self._protocol = protocol
@@ -273,6 +302,8 @@ class DaphneDirect:
             flow = _Flow(protocol)
         self.is_writable = flow.writable.is_set
         self.wait_writable = flow.writable.wait
+        self.pause_reading = partial(protocol._lowlat_pause, True)
+        self.resume_reading = partial(protocol._lowlat_pause, False)
         no_delay = getattr(protocol.transport, "setTcpNoDelay", None)  # Twisted leaves Nagle's algorithm on
         if no_delay is not None:
             try:
@@ -287,6 +318,16 @@ class DaphneDirect:
 
     def is_closing(self) -> bool:
         return self.closing
+
+    def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
+        """From now on hand each whole message to `receiver` (refused while messages wait in daphne's queue: they are
+        read through ASGI first, and the connection keeps that path)."""
+        protocol = self._protocol
+        inbox = getattr(protocol, "application_queue", None)
+        if not isinstance(inbox, _Inbox) or not inbox.empty() or protocol.state != WebSocketProtocol.STATE_OPEN:
+            return False
+        protocol._lowlat_receiver = receiver
+        return True
 
 
 BATCHED_TIMER_ROUNDING = 1  # seconds txaio's batched timers may fire early (they round the deadline down)

@@ -22,6 +22,18 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   its applications: GoAway, running streams finish within the ``drain_grace`` setting, close 4002
   (:func:`lowlat_mw.drivers.aio.drain_all`). daphne alone cancels them at once and drops every
   connection without a close frame;
+* writes have flow control: the connection's Twisted transport pauses the runner (``registerProducer``) while
+  more than its buffer size (64 KiB) waits to go out, so direct writes and the ASGI ``websocket.send`` wait
+  (:class:`DaphneDirect`, :meth:`DrainingServer.handle_reply`) and a client that stops reading gets 4003 after the
+  ``slow_consumer_timeout`` setting instead of the server queueing the whole output; the socket is not read
+  meanwhile (as Twisted's own HTTP channel does), so a client cannot pile up answers it does not read either;
+* reads are fair: autobahn parses a whole socket read (64 KiB, thousands of tiny frames) in one callback and daphne
+  queues every message for the application without a bound. Here reads go to autobahn READ_SLICE bytes at a time,
+  at most READ_BUDGET seconds of them per callback, and reading pauses while the application has messages queued
+  (as uvicorn does); each whole message goes to lowlat-mw's driver directly (:class:`DaphneDirect`, direct reads),
+  not through a Channels consumer's dispatch: a burst of 10,000 Pings no longer stalls every other connection;
+* the application learns the close code autobahn failed a connection with (1007 for a text frame that is not
+  UTF-8, 1002, 1009): autobahn reports 1006 when a second check of the same frame drops the connection;
 * it offers lowlat-mw direct writes (the ``lowlat.transport`` scope extension,
   :mod:`lowlat_mw.drivers.direct`): the driver frames its output and hands a loop turn's frames to
   autobahn's ``sendData`` in one piece, instead of one ASGI ``send`` per frame through daphne's reply path
@@ -36,6 +48,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import daphne.cli
@@ -44,6 +59,8 @@ from daphne.endpoints import build_endpoint_description_strings
 from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import defer, reactor
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
 
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.drivers.direct import EXTENSION
@@ -52,8 +69,14 @@ from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import HeaderBudget, add_fragment, too_big_message
 from lowlat_mw.settings import Settings
 
-__all__ = ["BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect", "DrainingServer",
-           "OneBufferWebSocketProtocol", "install", "main"]
+__all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect",
+           "DrainingServer", "OneBufferWebSocketProtocol", "install", "main"]
+
+READ_SLICE = 2 * 1024  # bytes of a socket read handed to autobahn at a time
+READ_BUDGET = 0.002  # seconds of parsing per reactor callback; the rest of the read waits for the next loop turn
+# Why the socket is not read: input waits (for the application's queue, or the next loop turn); output waits for the
+# socket; the driver asked (DirectReads.pause_reading).
+_HELD_READING, _HELD_WRITING, _HELD_APP = 1, 2, 4
 
 
 def _app_timeout(name: str) -> float:
@@ -73,15 +96,166 @@ def _handshake_timeout() -> float:
     return _app_timeout("handshake_timeout")
 
 
-class OneBufferWebSocketProtocol(WebSocketProtocol):
-    """daphne's WebSocket protocol, reassembling a fragmented message at about its own size.
+@implementer(IPushProducer)
+class _Flow:
+    """A connection's writability, kept by its Twisted transport: registered as the transport's streaming producer,
+    it is paused while more than the transport's buffer size (64 KiB) waits to be sent, and resumed once all of it
+    went to the socket. Writers wait on `writable`; the socket is not read meanwhile."""
 
-    autobahn keeps a list with one bytes object per fragment until the message is complete (about
-    120 bytes per one-byte fragment: 12 MiB for a 100 KB message sent one byte a frame); here small
-    fragments are appended to one buffer and big ones kept whole (:func:`lowlat_mw.servers.serving.add_fragment`,
-    as in the uvicorn shim). autobahn's onMessageEnd joins the list as before. The size limits
-    (checked by autobahn as each frame begins) are unchanged.
+    __slots__ = ("protocol", "writable")
+
+    def __init__(self, protocol: OneBufferWebSocketProtocol) -> None:
+        self.protocol = protocol
+        self.writable = asyncio.Event()
+        self.writable.set()
+
+    def pauseProducing(self) -> None:
+        if self.writable.is_set():
+            self.writable.clear()
+            self.protocol._lowlat_hold(_HELD_WRITING, True)
+
+    def resumeProducing(self) -> None:
+        self.writable.set()
+        self.protocol._lowlat_hold(_HELD_WRITING, False)
+
+    def stopProducing(self) -> None:  # the connection is lost: nothing waits for it any more
+        self.writable.set()
+
+
+class _Inbox(asyncio.Queue):  # type: ignore[type-arg]
+    """The application's queue of a WebSocket connection (daphne's is a plain asyncio.Queue): each time the
+    application empties it, the connection's protocol reads on (OneBufferWebSocketProtocol._lowlat_drained)."""
+
+    def __init__(self, protocol: OneBufferWebSocketProtocol) -> None:
+        super().__init__()
+        self.protocol: OneBufferWebSocketProtocol | None = protocol
+
+    async def get(self) -> Any:
+        message = await super().get()
+        if self.protocol is not None and self.empty():
+            self.protocol._lowlat_drained()
+        return message
+
+
+class OneBufferWebSocketProtocol(WebSocketProtocol):
+    """daphne's WebSocket protocol with bounded, fair reads, flow-controlled writes and true close codes.
+
+    * Fragments: autobahn keeps a list with one bytes object per fragment until the message is complete (about
+      120 bytes per one-byte fragment: 12 MiB for a 100 KB message sent one byte a frame); here small fragments
+      are appended to one buffer and big ones kept whole (:func:`lowlat_mw.servers.serving.add_fragment`, as in
+      the uvicorn shim). The size limits (checked by autobahn as each frame begins) are unchanged.
+    * Reads: autobahn parses all it is given at once, copying what is left of its buffer after every frame, and
+      daphne queues each message for the application without a bound: one 64 KiB read of tiny frames held the
+      reactor for 100-700 ms. Here a read goes to autobahn READ_SLICE bytes at a time; after a slice that queued
+      a message the socket is not read until the application has taken what is queued (as uvicorn does), and
+      past READ_BUDGET seconds in one callback the rest waits for the next loop turn. With direct reads
+      (:meth:`DaphneDirect.set_receiver`) messages go to the driver instead of the queue, and the driver pauses the
+      reads while it has messages waiting. Messages that arrive after our close frame are dropped, as uvicorn drops
+      them.
+    * Writes: the transport's producer is the connection's :class:`_Flow` (``writable``), not daphne's HTTP
+      channel, which ignored it; while the transport holds more than its buffer size the socket is not read.
+    * Closes: :meth:`onClose` reports the code autobahn failed the connection with (see there).
     """
+
+    _lowlat_holds = 0  # _HELD_READING | _HELD_WRITING | _HELD_APP: why the transport's reading is paused
+    _lowlat_pending: bytes | None = None  # the rest of a read, held back (reading paused) while not None
+    _lowlat_waiting = False  # held until the application has taken every queued message
+    _lowlat_receiver: Any = None  # direct reads: the driver's feed(message, n) (DaphneDirect.set_receiver)
+    _lowlat_burst = 0  # messages handed to the receiver in this callback
+    flow: _Flow | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        transport = self.transport
+        # daphne's HTTP channel registered itself as the transport's producer and stays so after the upgrade, where
+        # pausing it does nothing: the WebSocket's flow takes its place.
+        register = getattr(transport, "registerProducer", None)
+        if register is not None:
+            self.flow = _Flow(self)
+            transport.unregisterProducer()
+            register(self.flow, True)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._lowlat_pending is not None:  # held back: after what waits (daphne resumes reading after an upgrade)
+            self._lowlat_pending += data
+            self._lowlat_hold(_HELD_READING, True, again=True)
+            return
+        self._lowlat_feed(data)
+
+    def _lowlat_feed(self, data: bytes) -> None:
+        """Hand `data` to autobahn a slice at a time until it is done, the application has messages queued, or this
+        callback's READ_BUDGET is spent; what is left waits, with reading paused."""
+        began = time.perf_counter()
+        end = len(data)
+        pos = 0
+        self._lowlat_burst = 0
+        while pos < end:
+            piece = data if end <= READ_SLICE else data[pos:pos + READ_SLICE]
+            pos += len(piece)
+            super().dataReceived(piece)
+            if self.state == self.STATE_CLOSED:
+                return
+            inbox = getattr(self, "application_queue", None)
+            if self._lowlat_holds & _HELD_APP:  # the driver has messages waiting: it resumes (resume_reading)
+                pass
+            elif isinstance(inbox, _Inbox) and not inbox.empty():  # the application has input: read on once it took it
+                self._lowlat_waiting = True
+            elif pos == end or time.perf_counter() - began < READ_BUDGET:
+                continue
+            else:  # this callback's budget is spent: the rest in the next loop turn
+                reactor.callLater(0, self._lowlat_read_on)
+            self._lowlat_pending = data[pos:]
+            self._lowlat_hold(_HELD_READING, True)
+            return
+
+    def _lowlat_drained(self) -> None:
+        """The application took every message queued (from its `receive`): read on in a callback of its own."""
+        if self._lowlat_waiting:
+            self._lowlat_waiting = False
+            reactor.callLater(0, self._lowlat_read_on)
+
+    def _lowlat_read_on(self) -> None:
+        data = self._lowlat_pending
+        if data is None or self._lowlat_waiting or self._lowlat_holds & _HELD_APP:
+            return
+        self._lowlat_pending = None
+        if data and self.state != self.STATE_CLOSED:
+            self._lowlat_feed(data)
+        if self._lowlat_pending is None:
+            self._lowlat_hold(_HELD_READING, False)
+
+    def _lowlat_hold(self, reason: int, hold: bool, again: bool = False) -> None:
+        """Pause (`hold`) or resume reading the socket for `reason`; it is read while no reason holds it."""
+        before = self._lowlat_holds
+        after = before | reason if hold else before & ~reason
+        self._lowlat_holds = after
+        if bool(before) == bool(after) and not again:
+            return
+        transport = self.transport
+        try:
+            if after:
+                transport.pauseProducing()
+            else:
+                transport.resumeProducing()
+        except AttributeError:  # (no transport any more, or one that cannot pause)
+            pass
+
+    def _lowlat_pause(self, pause: bool) -> None:
+        """The driver's DirectReads.pause_reading / resume_reading: it has messages waiting to be handled."""
+        self._lowlat_hold(_HELD_APP, pause)
+        if not pause and self._lowlat_pending is not None and not self._lowlat_waiting:
+            reactor.callLater(0, self._lowlat_read_on)
+
+    def onMessage(self, payload: Any, isBinary: bool) -> None:
+        if self.state != self.STATE_OPEN:  # (past our close frame, as uvicorn: dropped, not queued)
+            return
+        receiver = self._lowlat_receiver
+        if receiver is None:
+            super().onMessage(payload, isBinary)
+            return
+        self.last_ping = time.time()  # (as daphne's onMessage)
+        self._lowlat_burst = burst = self._lowlat_burst + 1
+        receiver(payload if isBinary else payload.decode("utf8"), burst)  # (autobahn validated the UTF-8)
 
     def onMessageFrame(self, payload: Any) -> None:
         if not self.failedByMe:
@@ -107,6 +281,22 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
                 self.sendMessage(message, isBinary=True)
         super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
 
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        """The connection ended: daphne tells the application (``websocket.disconnect``) with `code`. When autobahn
+        failed it (a text frame that is not UTF-8: 1007; a protocol violation: 1002; too big: 1009), that is the
+        code it sent, not the 1006 it reports: autobahn checks a bad text frame twice, and the second check drops
+        the TCP connection as if it had been lost. The application then knows the connection is not to be
+        resumed, and logs what happened."""
+        if self.failedByMe and self.localCloseCode is not None:
+            code = self.localCloseCode
+        if self.flow is not None:
+            self.flow.writable.set()  # (nothing will be written any more: no writer waits)
+        self._lowlat_receiver = None  # (the driver's bound method: freed with the connection)
+        inbox = getattr(self, "application_queue", None)
+        if isinstance(inbox, _Inbox):
+            inbox.protocol = None
+        super().onClose(wasClean, code, reason)
+
 
 def _abort(transport: Any) -> None:
     """Drop a TCP connection that is still there, with what it has not written (Twisted's abortConnection)."""
@@ -115,16 +305,27 @@ def _abort(transport: Any) -> None:
 
 
 class DaphneDirect:
-    """A daphne WebSocket connection as a :class:`~lowlat_mw.drivers.direct.DirectTransport`: whole frames go to
-    autobahn's ``sendData`` (Twisted's transport buffers them; it never blocks). As daphne's own ``send``, it has
-    no flow control of its own: always writable (the protocol's flow window bounds what a stream sends ahead).
-    The accept and the close still go through ASGI ``send``, to daphne."""
+    """A daphne WebSocket connection as a :class:`~lowlat_mw.drivers.direct.DirectReads`.
 
-    __slots__ = ("_protocol", "write")
+    Writes: whole frames go to autobahn's ``sendData``, Twisted's transport buffers them; writable while it holds at
+    most its buffer size (the connection's :class:`_Flow`), so the driver waits, and a client that stops reading gets
+    4003 after the ``slow_consumer_timeout`` setting. Reads: each whole message goes from autobahn straight to the
+    driver (``set_receiver``), not through daphne's queue and a Channels consumer's dispatch (a task, a wait and a
+    thread hop per message: several loop turns, so under a flood on another connection a client's own messages
+    waited hundreds of milliseconds). The accept, the close and the disconnect still go through ASGI, to daphne."""
 
-    def __init__(self, protocol: WebSocketProtocol) -> None:
+    __slots__ = ("_protocol", "is_writable", "pause_reading", "resume_reading", "wait_writable", "write")
+
+    def __init__(self, protocol: OneBufferWebSocketProtocol) -> None:
         self._protocol = protocol
         self.write = protocol.sendData
+        flow = protocol.flow
+        if flow is None:  # (a transport without producers: always writable, as daphne's own send)
+            flow = _Flow(protocol)
+        self.is_writable = flow.writable.is_set
+        self.wait_writable = flow.writable.wait
+        self.pause_reading = partial(protocol._lowlat_pause, True)
+        self.resume_reading = partial(protocol._lowlat_pause, False)
         no_delay = getattr(protocol.transport, "setTcpNoDelay", None)  # Twisted leaves Nagle's algorithm on
         if no_delay is not None:
             try:
@@ -140,11 +341,15 @@ class DaphneDirect:
     def is_closing(self) -> bool:
         return self.closing
 
-    def is_writable(self) -> bool:
+    def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
+        """From now on hand each whole message to `receiver` (refused while messages wait in daphne's queue: they are
+        read through ASGI first, and the connection keeps that path)."""
+        protocol = self._protocol
+        inbox = getattr(protocol, "application_queue", None)
+        if not isinstance(inbox, _Inbox) or not inbox.empty() or protocol.state != WebSocketProtocol.STATE_OPEN:
+            return False
+        protocol._lowlat_receiver = receiver
         return True
-
-    async def wait_writable(self) -> None:
-        return None
 
 
 BATCHED_TIMER_ROUNDING = 1  # seconds txaio's batched timers may fire early (they round the deadline down)
@@ -245,9 +450,30 @@ class DrainingServer(daphne.server.Server):
     coming back, again and again, while the drain runs (thousands of reconnects in a failover run)."""
 
     def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
-        if scope.get("type") == "websocket" and isinstance(protocol, OneBufferWebSocketProtocol):
-            scope["extensions"] = {**(scope.get("extensions") or {}), EXTENSION: DaphneDirect(protocol)}
-        return super().create_application(protocol, scope)
+        """daphne's, for a WebSocket of ours with the direct-writes extension and an :class:`_Inbox` as the
+        application's queue (its reads pause while the application has input waiting)."""
+        if scope.get("type") != "websocket" or not isinstance(protocol, OneBufferWebSocketProtocol):
+            return super().create_application(protocol, scope)
+        scope["extensions"] = {**(scope.get("extensions") or {}), EXTENSION: DaphneDirect(protocol)}
+        # (daphne.server.Server.create_application, with the queue ours)
+        assert "application_instance" not in self.connections[protocol]
+        inbox = _Inbox(protocol)
+        scope.setdefault("asgi", {"version": "3.0"})
+        application = self.application(scope=scope, receive=inbox.get, send=partial(self.handle_reply, protocol))
+        if protocol not in self.connections:
+            return None
+        self.connections[protocol]["application_instance"] = asyncio.ensure_future(application)
+        return inbox
+
+    async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
+        """daphne's, with flow control: a ``websocket.send`` waits while the connection's transport holds more than
+        its buffer size (what direct writes wait for too), so an application writing through ASGI (``direct_writes``
+        off) is held back by a client that does not read, as under uvicorn, and the driver closes it with 4003 after
+        ``slow_consumer_timeout``. A close never waits."""
+        flow = getattr(protocol, "flow", None)
+        if flow is not None and message.get("type") == "websocket.send" and not flow.writable.is_set():
+            await flow.writable.wait()
+        await super().handle_reply(protocol, message)
 
     def listen_success(self, port: Any) -> None:
         self.lowlat_ports = [*getattr(self, "lowlat_ports", []), port]

@@ -39,7 +39,7 @@ DIRECT_OFF = "asgi"
 # Where frames are written straight to the socket (lowlat_mw.drivers.direct): our uvicorn protocols, our daphne
 # runner (lowlat_mw.servers.daphne.DaphneDirect) and the Flask adapter's thread bridge (SocketWriter).
 DIRECT_WRITES = frozenset({"starlette", "fastapi", "wsproto", "serve", "django", "flask"})
-DIRECT_READS = frozenset({"starlette", "fastapi", "serve"})  # (our wsproto protocol offers writes only)
+DIRECT_READS = frozenset({"starlette", "fastapi", "serve", "django"})  # (our wsproto protocol offers writes only)
 
 START_TIMEOUT = 30.0  # daphne + Django on a busy 2-core machine can take a few seconds
 _PORT_IN_USE = re.compile(r"address already in use|errno 98|couldn't listen|cannot listen", re.I)

@@ -196,6 +196,9 @@ async def test_bad_frame(server, case_id):
 # ================================================================================ log storms
 STORM = 1000  # connections, each sending one text frame with invalid UTF-8
 STORM_LINE = re.compile(r"utf-?8|1007|traceback|error|warn|fail|invalid", re.I)
+# lowlat-mw's own line per connection (at INFO), one whatever the client sends, as the servers' access lines: it says
+# "closed by client: 1007" for each of these connections (under daphne it used to say 1006, and matched nothing)
+CONNECTION_LINE = re.compile(r"connection \S+ (open: |closed by (client|server): )")
 
 
 def _log_size(srv: Any) -> tuple[int, int]:
@@ -238,7 +241,7 @@ async def test_a_thousand_connections_of_invalid_utf8_write_no_traceback_and_a_f
     await assert_streams(server.url, "json")
     await asyncio.sleep(0.5)  # (the server's last lines reach its log files)
     lines = _log_since(server, sizes)
-    storm = [line for line in lines if STORM_LINE.search(line)]
+    storm = [line for line in lines if STORM_LINE.search(line) and not CONNECTION_LINE.search(line)]
     tracebacks = [i for i, line in enumerate(lines) if "traceback" in line.lower()]
     assert not tracebacks, f"{len(tracebacks)} tracebacks; the first:\n" + "\n".join(lines[tracebacks[0]:][:40])
     assert len(storm) <= 40, "\n".join(storm[:60])

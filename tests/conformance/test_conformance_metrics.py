@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 from conformance_servers import DIRECT_READS, DIRECT_WRITES, http_get
-from conformance_support import MODES, PROTO, hello, measure, raw_connect
+from conformance_support import JSON, MODES, PROTO, hello, measure, raw_connect, read_until_closed
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import ErrorCode, StreamError
 from lowlat_mw.client import connect
+from lowlat_mw.errors import canonical_close_code
 from lowlat_mw.observability.timing import SAMPLE_EVERY, STAGES, stage_sum
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -343,3 +344,28 @@ async def test_end_timings_add_up_and_match_the_client_clock(server, mode):
     report = "; ".join(_describe(r) for r in rounds)
     measure(f"timings {server.framework} {mode}", f"{len(rounds)} round(s): {report}")
     assert _round_ok(rounds[-1]), f"client total - server total exceeds a Ping RTT + {MARGIN_MS} ms: {report}"
+
+
+async def test_a_connection_failed_with_1007_ends_as_1007_not_as_a_drop(server):
+    """A text frame that is not UTF-8: the server's WebSocket layer fails the connection with 1007, and its end is
+    recorded with that code (docs/protocol.md, "Close codes"), not as a lost connection (1006): the session is not
+    kept for a resume, and the log and the metrics say what happened. (Under daphne, autobahn reported 1006 for it:
+    logged as "closed by client: 1006", the session kept for resume_window.)"""
+    before = await settled_scrape(server.port)
+    async with raw_connect(server.url, [JSON]) as ws:
+        await hello(ws)
+        ws.protocol.send_text(b'{"type":"ping","id":1,"x":"\xff\xfe"}')  # (websockets sends the bytes as given)
+        ws.send_data()
+        out = await read_until_closed(ws, timeout=20)
+    assert canonical_close_code(out.close_code) == 1007, out.close_code
+    deadline = time.monotonic() + CLOSE_BOUND
+    while True:
+        d = Diff(before, await asyncio.to_thread(scrape, server.port))
+        if d("lowlat_connections_closed_total") >= 1 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    codes = {lab["code"]: v for lab, v in d.after.samples.get("lowlat_connections_closed_total", ())
+             if v != d.before.get("lowlat_connections_closed_total", **lab)}
+    assert d("lowlat_connections_closed_total", code="1007") == 1, codes
+    assert d("lowlat_connections_closed_total") == 1, codes
+    assert d("lowlat_sessions_detached") == 0

@@ -188,6 +188,21 @@ def test_blocked_when_the_window_is_full_until_acked() -> None:
     assert s.blocked
 
 
+def test_a_window_as_big_as_the_replay_buffer_still_fills_and_drops_nothing() -> None:
+    # The Delta that reached the window went over the buffer too, which dropped the oldest first: the window never
+    # filled and the models never paused (the client's window then bounded nothing).
+    s = started(1, flow_window=1000, resume_buffer_size=1000)
+    assert s.set_client_window(1000) == 1000
+    for _ in range(9):
+        s.record(1, "x" * 37, T0)  # costs 101: the tenth passes both the window and the buffer
+        assert not s.blocked
+    s.record(1, "x" * 37, T0)
+    assert s.blocked and s.buffered == 1010
+    assert s.streams[1].lost_through == 0 and buffered_seqs(s, 1) == list(range(1, 11))
+    s.ack(1, 1)
+    assert not s.blocked
+
+
 def test_without_acks_an_attached_session_never_blocks_but_drops_oldest() -> None:
     s = started(1, resume_buffer_size=1000)
     for _ in range(50):

@@ -219,8 +219,12 @@ class Session:
             st.turn_bytes += n
             if st.turn_bytes > self.settings.history_size:  # too big to keep as a turn: stop holding it now
                 st.turn = None
-        self.buffered += cost
-        if self.buffered > self.settings.resume_buffer_size:
+        buffered = self.buffered = self.buffered + cost
+        # Over the replay buffer: drop the oldest, unless this Delta is the one that fills a client's flow window
+        # (a window as big as the buffer would otherwise never fill, and the models never pause): the window
+        # pauses the models now, so the buffer passes its size by this one Delta at most, as the window does.
+        if buffered > self.settings.resume_buffer_size and not (
+                self.flow_window and buffered - cost < self.pause_at <= buffered):
             self._enforce_buffer_limit(st)
         journal = self.journal
         if journal is not None and stream_id not in self.followed:

@@ -181,3 +181,23 @@ def test_log_config_adds_the_lowlat_logger_at_uvicorns_level_and_run_options_lea
     assert log_config("trace")["loggers"]["lowlat_mw"]["level"] == logging.DEBUG
     assert "uvicorn.error" in log_config()["loggers"]  # (uvicorn's own, kept)
     assert "log_config" not in run_options(Settings())  # a user's run() keeps the user's logging
+
+
+def test_the_servers_own_bounds_follow_the_apps_settings(monkeypatch):
+    """Our uvicorn shims and daphne runner bound handshakes and closes with the app's settings (the shortest of the
+    process's endpoints): under uvicorn they read only LOWLAT_* variables, so a close_timeout given to the
+    middleware or to `serve --set` bounded lowlat-mw's closes but not the shim's abort of an unread close."""
+    import weakref
+
+    from lowlat_mw.endpoint import Endpoint
+    from lowlat_mw.servers import serving
+
+    monkeypatch.setattr(Endpoint, "instances", weakref.WeakSet())
+    monkeypatch.setattr(serving, "_ENV_SETTINGS", [])
+    monkeypatch.setenv("LOWLAT_CLOSE_TIMEOUT", "7")
+    assert serving.app_timeout("close_timeout") == 7.0  # no app yet: the environment's
+    first = Endpoint(lambda req: "", Settings(close_timeout=3.0, handshake_timeout=4.0))
+    second = Endpoint(lambda req: "", Settings(close_timeout=1.5))
+    assert serving.app_timeout("close_timeout") == 1.5
+    assert serving.app_timeout("handshake_timeout") == 4.0
+    del first, second

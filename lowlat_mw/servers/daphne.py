@@ -64,10 +64,7 @@ from zope.interface import implementer
 
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.drivers.direct import EXTENSION
-from lowlat_mw.endpoint import Endpoint
-from lowlat_mw.errors import SettingsError
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, too_big_message
-from lowlat_mw.settings import Settings
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, too_big_message
 
 __all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect",
            "DrainingServer", "OneBufferWebSocketProtocol", "install", "main"]
@@ -79,21 +76,8 @@ READ_BUDGET = 0.002  # seconds of parsing per reactor callback; the rest of the 
 _HELD_READING, _HELD_WRITING, _HELD_APP = 1, 2, 4
 
 
-def _app_timeout(name: str) -> float:
-    """The app's setting `name` (a timeout): the shortest of the endpoints the application made when daphne loaded
-    it (each ``LowLatConsumer.as_asgi()``, from ``settings.LOWLAT_MW``); without one, the environment's or the
-    default."""
-    endpoints = list(Endpoint.instances)
-    if endpoints:
-        return min(getattr(e.settings, name) for e in endpoints)  # type: ignore[no-any-return]
-    try:
-        return getattr(Settings.load(), name)  # type: ignore[no-any-return]
-    except SettingsError:  # the app reports the bad setting itself; bound the server all the same
-        return getattr(Settings(), name)  # type: ignore[no-any-return]
-
-
 def _handshake_timeout() -> float:
-    return _app_timeout("handshake_timeout")
+    return app_timeout("handshake_timeout")
 
 
 @implementer(IPushProducer)
@@ -268,7 +252,7 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             # After answering the peer's close, autobahn closes gently: Twisted closes the socket once it has written
             # what it holds, which a peer that stopped reading never lets happen. (A close of ours is bounded by
             # closeHandshakeTimeout: ClosingWebSocketFactory.)
-            reactor.callLater(_app_timeout("close_timeout"), _abort, self.transport)
+            reactor.callLater(app_timeout("close_timeout"), _abort, self.transport)
 
     def _max_message_size_exceeded(self, msg_size: int, max_msg_size: int, reason: str) -> None:
         # autobahn fails a message or frame over --websocket-max-message-size / -frame-size with 1009 here,
@@ -366,7 +350,7 @@ class ClosingWebSocketFactory(WebSocketFactory):
         # unwritten output dropped), so a peer that stopped reading cannot hold the socket: the app's close_timeout
         # (5 s by default). autobahn's 1 s default aborted (RST) busy clients before they read the close frame: they
         # saw 1006 instead of our code. autobahn arms it on the batched timer, which may fire up to a second early.
-        close = _app_timeout("close_timeout") + BATCHED_TIMER_ROUNDING
+        close = app_timeout("close_timeout") + BATCHED_TIMER_ROUNDING
         options = {**options, "failByDrop": False, "closeHandshakeTimeout": close}
         # openHandshakeTimeout (daphne's --websocket_connect_timeout): autobahn arms it on txaio's batched
         # timer, which rounds the deadline down to a whole second (int(now + delay)), so a 1 s timeout fires

@@ -12,7 +12,8 @@ import logging
 import math
 from typing import Any
 
-from ..errors import ErrorCode
+from ..endpoint import Endpoint
+from ..errors import ErrorCode, SettingsError
 from ..protocol import events as ev
 from ..protocol.codec import codec_for
 from ..settings import Settings
@@ -53,6 +54,25 @@ class HeaderBudget:
         if len(data) <= room:
             return data, None
         return data[:room], data[room:]
+
+
+_ENV_SETTINGS: list[Settings] = []  # the environment's settings, read once (app_timeout's fallback)
+
+
+def app_timeout(name: str) -> float:
+    """The setting `name` (a timeout) that bounds the server's own work for the apps it serves: the shortest of the
+    endpoints this process made (each middleware, consumer or extension, with its framework's settings); before any
+    exists, the environment's (``LOWLAT_*``, read once) or the default. Our uvicorn shims and daphne runner bound
+    handshakes and closes with it, so a value set in the app or by ``serve --set`` applies to them too."""
+    endpoints = list(Endpoint.instances)
+    if endpoints:
+        return min(getattr(e.settings, name) for e in endpoints)  # type: ignore[no-any-return]
+    if not _ENV_SETTINGS:
+        try:
+            _ENV_SETTINGS.append(Settings.load())
+        except SettingsError:  # the app reports the bad setting itself; bound the server all the same
+            _ENV_SETTINGS.append(Settings())
+    return getattr(_ENV_SETTINGS[0], name)  # type: ignore[no-any-return]
 
 
 SMALL_FRAGMENT = 4096  # continuation payloads smaller than this are appended to one buffer

@@ -5,8 +5,9 @@ connects and says nothing, or drips its request a byte at a time, is held foreve
 default ``httptools`` parser no limit on their size (a WebSocket upgrade with megabytes of headers
 is buffered whole). These subclasses add both, and change nothing once a request's headers are in:
 
-* the request line and headers must arrive within ``handshake_timeout`` (the setting, from
-  ``LOWLAT_HANDSHAKE_TIMEOUT`` or its default of 10 s), or the server answers 408 and closes;
+* the request line and headers must arrive within ``handshake_timeout`` (the app's setting, or before the app is
+  built ``LOWLAT_HANDSHAKE_TIMEOUT`` or its default of 10 s: :func:`~lowlat_mw.servers.serving.app_timeout`), or
+  the server answers 408 and closes;
 * they may take at most ``HANDSHAKE_HEADER_LIMIT`` bytes (16 KiB, as daphne's and h11's own
   limit), or the server answers 431 and closes.
 
@@ -17,7 +18,7 @@ gives the whole command line).
 
 The WebSocket protocols (``WebSocketProtocol``, ``WSProtoProtocol``) bound what a flood of fragments
 may cost, drain lowlat-mw connections before uvicorn's 1012 on shutdown, drop a connection whose peer
-does not take its close within ``close_timeout`` (``LOWLAT_CLOSE_TIMEOUT``, 5 s by default), and offer the
+does not take its close within the app's ``close_timeout`` (5 s by default), and offer the
 application direct writes to the connection's transport (``scope["extensions"]["lowlat.transport"]``,
 :mod:`lowlat_mw.drivers.direct`).
 """
@@ -37,16 +38,13 @@ from websockets.protocol import State as _WebSocketState
 
 from lowlat_mw.drivers.aio import drain_all, drain_on_shutdown
 from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
-from lowlat_mw.errors import SettingsError
 from lowlat_mw.observability.logs import CLIENT_LOGS
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, several_workers, too_big_message
-from lowlat_mw.settings import Settings
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, several_workers, too_big_message
 
 __all__ = ["DrainingServer", "H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol",
            "no_delay"]
 
 FORCE_EXIT_POLL = 0.1  # seconds between looks at uvicorn's force_exit (a second Ctrl-C) while the drain runs
-_settings: list[Settings] = []
 
 
 class DrainingServer(uvicorn.Server):
@@ -84,19 +82,8 @@ def no_delay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
-def _server_settings() -> Settings:
-    """The settings of the environment (``LOWLAT_*``), read once: what the server's own bounds use (the handshake
-    before an app runs, the close of every WebSocket)."""
-    if not _settings:
-        try:
-            _settings.append(Settings.load())
-        except SettingsError:  # the app reports the bad setting itself; bound the server all the same
-            _settings.append(Settings())
-    return _settings[0]
-
-
 def _handshake_timeout() -> float:
-    return _server_settings().handshake_timeout
+    return app_timeout("handshake_timeout")
 
 
 class _HandshakeBound:
@@ -323,13 +310,13 @@ class _ClosesWithin:
         """The connection is closing (a close frame sent or queued, the app told, or the transport closing): it is
         gone within close_timeout."""
         if self._lowlat_abort is None and not self.disconnected:
-            self._lowlat_abort = self.loop.call_later(_server_settings().close_timeout, self._lowlat_drop)
+            self._lowlat_abort = self.loop.call_later(app_timeout("close_timeout"), self._lowlat_drop)
 
     def _lowlat_drop(self) -> None:
         self._lowlat_abort = None
         if not self.disconnected:
             logging.getLogger("lowlat_mw").debug("WebSocket of %s still open %.1f s after its close: aborted",
-                                                 getattr(self, "client", None), _server_settings().close_timeout)
+                                                 getattr(self, "client", None), app_timeout("close_timeout"))
             self.transport.abort()  # (connection_lost follows)
 
     def send(self, message: Any) -> Awaitable[None]:

@@ -53,14 +53,20 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import daphne.cli
-import daphne.server
-from daphne.endpoints import build_endpoint_description_strings
-from daphne.http_protocol import HTTPFactory, WebRequest
-from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
-from twisted.internet import defer, reactor
-from twisted.internet.interfaces import IPushProducer
-from zope.interface import implementer
+try:
+    import daphne.cli
+    import daphne.server
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.http_protocol import HTTPFactory, WebRequest
+    from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
+    from twisted.internet import defer, reactor
+    from twisted.internet.interfaces import IPushProducer
+    from zope.interface import implementer
+except ImportError as _missing:  # (the Django extra brings them)
+    _why = f"lowlat_mw.servers.daphne needs daphne: pip install 'lowlat-mw[django]' ({_missing})"
+    if __name__ == "__main__":
+        sys.exit(_why)  # (python -m lowlat_mw.servers.daphne: one line, no traceback)
+    raise ImportError(_why, name=_missing.name) from _missing
 
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.drivers.direct import EXTENSION

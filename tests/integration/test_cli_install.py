@@ -68,3 +68,14 @@ def test_serving_run_without_its_server_says_what_to_install() -> None:
     assert result.returncode != 0
     assert ("ImportError: lowlat-mw's server needs httptools, which is not installed: pip install 'lowlat-mw[serve]'"
             in result.stderr), result.stderr
+
+
+def test_the_daphne_runner_without_daphne_says_what_to_install() -> None:
+    """`python -m lowlat_mw.servers.daphne` (the Django guide's command) with daphne missing: one line naming the
+    extra, no traceback (it was a raw ModuleNotFoundError)."""
+    code = "import runpy\nrunpy.run_module('lowlat_mw.servers.daphne', run_name='__main__')\n"
+    result = subprocess.run(python_without({"daphne", "twisted", "autobahn"}, code), cwd=REPO, env=_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "lowlat_mw.servers.daphne needs daphne: pip install 'lowlat-mw[django]'" in result.stderr, result.stderr

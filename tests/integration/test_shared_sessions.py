@@ -163,9 +163,12 @@ def servers(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest):
 
 
 async def _read(stream, received: list[str], until: int | None = None) -> None:
-    async for chunk in stream:
-        received.append(chunk)
-        if until is not None and len(received) >= until:
+    """Read `stream` into `received`, to its end or until it holds `until` chunks. (With anext: leaving an
+    `async for` loop early cancels the stream, and these tests read one stream in parts.)"""
+    while until is None or len(received) < until:
+        try:
+            received.append(await anext(stream))
+        except StopAsyncIteration:
             return
 
 

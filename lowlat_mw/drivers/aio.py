@@ -556,8 +556,10 @@ class ModelRunner:
             # that splits what the timer lumped together (StreamTimer.tick) before the metrics see the stages.
             timings = timer.timings_ms() if timer is not None else None
             if self.metrics is not None:  # (a warm-up's hook time is no model stage of a request: not in them)
-                self.metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error",
-                                          self.monotonic() - started, timer if not req.warmup else None)
+                # (from the Request's arrival where it was timed, as its first Delta is, on the timer's clock)
+                seconds = self.clock() - timer.start if timer is not None else self.monotonic() - started
+                self.metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error", seconds,
+                                          timer if not req.warmup else None)
             if not self.settings.stage_timings:
                 timings = None
             driver = self.driver

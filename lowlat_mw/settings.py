@@ -119,9 +119,10 @@ class Settings:
     model_threads: int = 64
     """Worker threads for sync model callables and generators (each chunk is one hop)."""
     slow_step_warning: float = 0.1
-    """Warn (once per model, then at most every 10 minutes) when one step of an async model holds the event loop
-    longer than this many seconds: a blocking call in an ``async def`` model (time.sleep, a blocking client) stops
-    every connection of the process meanwhile (0: off; docs/architecture.md)."""
+    """Warn (once per model, then at most every 10 minutes) when one step of an async model of this endpoint holds the
+    event loop longer than this many seconds: a blocking call in an ``async def`` model (time.sleep, a blocking
+    client) stops every connection of the process meanwhile (0: off for this endpoint's models; other endpoints keep
+    their own setting; docs/architecture.md)."""
     expose_model_errors: bool = False
     """Send the model exception's message to clients (off: only its type name)."""
     server_name: str = "lowlat-mw"

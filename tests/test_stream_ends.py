@@ -17,11 +17,15 @@ from typing import Any
 
 import pytest
 from driver_support import Peer, endpoint_for
+from prometheus_client import CollectorRegistry
 
+from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.drivers.batch import batcher_for
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.client import ClientProtocol, ClientStream
+from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.settings import SUBPROTOCOL_JSON
 
 BOUND = 10.0  # seconds any wait below may take on a loaded machine (each ends at an event, long before)
 
@@ -66,6 +70,60 @@ async def test_a_model_task_cancelled_by_the_server_ends_with_a_retryable_error_
     assert interrupted(terminal(peer)), peer.events
     assert peer.closed is None  # the connection goes on (it is the server's to close)
     await peer.gone()
+
+
+class AsgiConnection:
+    """One WebSocket through the ASGI app (LowLatASGI.serve), in process: what a server's connection task runs."""
+
+    def __init__(self, model: Any) -> None:
+        self.app = LowLatASGI(model, registry=CollectorRegistry())
+        self.codec = codec_for(SUBPROTOCOL_JSON)
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.events: list[ev.Event] = []
+        scope = {"type": "websocket", "path": "/ws", "subprotocols": [SUBPROTOCOL_JSON], "headers": [],
+                 "client": ("127.0.0.1", 50000), "query_string": b""}
+        self.inbox.put_nowait({"type": "websocket.connect"})
+        for event in (ev.Hello(), ev.Request(stream_id=1, text="x")):
+            self.inbox.put_nowait({"type": "websocket.receive", "text": self.codec.encode(event)})
+        self.task = asyncio.get_running_loop().create_task(self.app(scope, self.inbox.get, self._send))
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "websocket.send":
+            self.events.append(self.codec.decode(message.get("text") or message["bytes"], limit=1 << 20))
+
+    def terminal(self) -> ev.End | ev.Error | None:
+        found = [e for e in self.events if isinstance(e, ev.End | ev.Error)]
+        assert len(found) <= 1, found
+        return found[0] if found else None
+
+
+async def test_a_connection_its_server_cancels_in_a_shutdown_cuts_its_streams_first() -> None:
+    # uvicorn's forced shutdown (a second Ctrl-C, its graceful timeout) cancels the tasks in an order of its own. The
+    # model's first: its Error goes out. The connection's first (here): before, the disconnect kept the running
+    # stream for a resume the exiting process never serves, the client saw only a dropped connection, and which of
+    # the two it got changed from run to run and server to server.
+    started = asyncio.Event()
+    conn = AsgiConnection(waiting_model(started))
+    await asyncio.wait_for(started.wait(), BOUND)
+    conn.app.endpoint.draining = True  # (the shutdown's drain began: the first Ctrl-C)
+    conn.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(conn.task, BOUND)
+    assert [e.text for e in conn.events if isinstance(e, ev.Delta)] == ["a;"]
+    assert interrupted(conn.terminal()), conn.events
+
+
+async def test_a_connection_cancelled_outside_a_shutdown_keeps_its_streams_for_the_resume() -> None:
+    started = asyncio.Event()
+    conn = AsgiConnection(waiting_model(started))
+    await asyncio.wait_for(started.wait(), BOUND)
+    conn.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(conn.task, BOUND)
+    assert conn.terminal() is None  # nothing cut: detached, the stream runs on for its client's resume
+    [runner] = list(conn.app.endpoint.store.values())  # type: ignore[attr-defined]
+    assert runner.driver is None and 1 in runner.tasks
+    runner.destroy()
 
 
 async def test_the_clients_cancel_still_ends_with_end_cancelled() -> None:

@@ -15,13 +15,12 @@ default (``mode="json"`` for text frames). Streams cut by a drop that cannot be 
 from __future__ import annotations
 
 import asyncio
-import errno
 import inspect
 import itertools
 import json
 import logging
 import math
-import re
+import socket
 import ssl as ssl_module
 import time
 import warnings
@@ -770,7 +769,8 @@ class AsyncClient:
             except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
                     websockets.exceptions.InvalidMessage) as exc:
                 error: Exception = exc
-                if not self.protocol.connections and _nothing_listens(exc):  # (a reconnect waits for a restart)
+                if not self.protocol.connections and await _nothing_listens(exc, self.url, self.open_timeout):
+                    # (a reconnect waits for a restart)
                     raise ReconnectFailed(f"could not connect to {self.url}: connection refused (nothing listens "
                                           "there: is the server running, on this port?)") from exc
             except websockets.exceptions.InvalidStatus as exc:
@@ -1256,17 +1256,49 @@ class AsyncClient:
                     raise
 
 
-def _nothing_listens(exc: BaseException) -> bool:
-    """Whether a connection attempt was refused at every address (a closed port): a first connection fails at once,
-    no retry would find a server there. (asyncio joins the refusals of several addresses, as ``localhost`` has, into
-    one OSError naming each errno.)"""
+async def _nothing_listens(exc: BaseException, url: str, timeout: float) -> bool:
+    """Whether a connection attempt to `url` was refused at every address of its host (a closed port): a first
+    connection fails at once, no retry would find a server there. One address refused: ConnectionRefusedError.
+    Several (``localhost`` may be ::1 and 127.0.0.1): asyncio joins their failures into one OSError that keeps only
+    their text (no errno; Python 3.12's ``all_errors`` is not on every loop), so each address is tried again here."""
     if isinstance(exc, ConnectionRefusedError):
         return True
-    text = str(exc)
-    if type(exc) is not OSError or not text.startswith("Multiple exceptions"):
+    if type(exc) is not OSError or exc.errno is not None:  # (a timeout, an unreachable network: retried)
         return False
-    codes = re.findall(r"\[Errno (\d+)\]", text)
-    return bool(codes) and all(int(code) == errno.ECONNREFUSED for code in codes)
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme in ("wss", "https") else 80)
+    except ValueError:
+        return False
+    return await _refused_everywhere(parts.hostname or "", port, timeout)
+
+
+async def _refused_everywhere(host: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connection to `port` is refused at every address `host` resolves to (False at the first that
+    answers, fails otherwise or takes longer than `timeout` seconds)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError):
+        return False
+    for family, kind, proto, _, address in infos:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:
+            return False
+        try:
+            sock.setblocking(False)
+            async with asyncio.timeout(timeout):
+                await loop.sock_connect(sock, address)
+        except ConnectionRefusedError:
+            continue
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            sock.close()
+        return False  # something listens there (now)
+    return bool(infos)
 
 
 def _refusal(response: Any, url: str) -> HandshakeRefused:

@@ -190,12 +190,10 @@ class ModelRunner:
         self.scheduler = driver.scheduler
         self.monotonic = driver.monotonic
         self.clock = driver.clock
-        # A model's step holding the loop is warned about (drivers/stalls.py): the loop's watch, made on first use.
-        slow = self.settings.slow_step_warning
-        watch = stalls.WATCHES.get(self.loop) if slow else None
-        if slow and (watch is None or watch.threshold > slow):
-            watch = stalls.watch(self.loop, slow)
-        self.stalls = watch
+        # An async model's step holding the loop is warned about (drivers/stalls.py): the loop's watch, its scheduler's.
+        self.stalls = watch = self.scheduler.stalls if self.settings.slow_step_warning else None
+        if watch is not None and watch.epoch != stalls.WATCHER.epoch:  # (the loop's first runner, in this process)
+            stalls.WATCHER.watch(watch)
         endpoint.store.put(session.session_id, self)
         # With a shared session store (Redis): the session's output is written there too, behind the socket. (The
         # setting is tested first, without a call: most apps share nothing.)
@@ -319,11 +317,6 @@ class ModelRunner:
                 timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
         # Its task is named for the model: a step that holds the loop is told whose (stalls).
-        watch = self.stalls
-        if watch is not None:
-            watch.running += 1
-            if watch.running == 1:
-                stalls.WAKE.set()
         task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer), stalls.TASK_PREFIX + name)
         if not finished:  # (a stream that ended in that step popped itself already)
             self.tasks[request.stream_id] = task
@@ -422,11 +415,22 @@ class ModelRunner:
         session = self.session
         started = self.monotonic()
         tracer = self.driver.tracer if self.driver is not None else None
-        span = tracing.start_stream(tracer, req, session.session_id, label, timer) if tracer is not None else None
+        span = None
         # How the stream ends: ("stop",), ("cancelled",) or (code, message[, retryable]); INTERRUPTED unless a path
         # below says otherwise (a KeyboardInterrupt or SystemExit raised in the model, say)
         ending: tuple[Any, ...] = INTERRUPTED
+        # An async model's task is watched (drivers/stalls.py) from here to the top of the finally below: nothing
+        # between them raises. (A sync model's steps run in worker threads: they cannot hold the loop.)
+        watch = self.stalls if kind == "asyncgen" or kind == "async" else None
+        watched = asyncio.current_task(self.loop) if watch is not None else None
+        if watched is not None:
+            running = watch.running  # type: ignore[union-attr]
+            running[watched] = self.settings.slow_step_warning
+            if len(running) == 1 and not watch.wake.is_set():  # type: ignore[union-attr]  # the loop's first
+                watch.wake.set()  # type: ignore[union-attr]  # (the watching thread looks at it from now on)
         try:
+            if tracer is not None:  # (in the try: a tracer that fails ends the stream with an Error, as any failure)
+                span = tracing.start_stream(tracer, req, session.session_id, label, timer)
             if fn is None:
                 served = ", ".join(self.endpoint.models.names())
                 ending = (ErrorCode.UNKNOWN_MODEL, f"unknown model {req.model!r}; served: {served}")
@@ -541,10 +545,10 @@ class ModelRunner:
         except Exception as exc:
             ending = self._failed(sid, fn, exc)
         finally:
+            if watched is not None:
+                del watch.running[watched]  # type: ignore[union-attr]
             if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
                 timer.lap("model")
-            if self.stalls is not None:
-                self.stalls.running -= 1
             self.tasks.pop(sid, None)
             inputs = self.inputs.pop(sid, None)
             if inputs is not None:  # no more input comes (for a sync model still waiting in a thread, say)

@@ -25,7 +25,7 @@ from .aio import ConnectionDriver, drain_all
 from .direct import EXTENSION
 from .shared import open_endpoint
 
-__all__ = ["LowLatASGI", "accept"]
+__all__ = ["LowLatASGI", "accept", "cut_streams"]
 
 log = logging.getLogger("lowlat_mw")
 _JSON_NO_STORE = (("content-type", "application/json"), ("cache-control", "no-store"))
@@ -175,6 +175,10 @@ class LowLatASGI:
                 elif kind == "websocket.disconnect":
                     code = message.get("code")
                     break
+        except asyncio.CancelledError:
+            if self.endpoint.draining:  # the server stops it in its shutdown: forced (a second Ctrl-C, a timeout)
+                await cut_streams(driver)
+            raise
         finally:
             await driver.disconnected(code)
 
@@ -190,6 +194,22 @@ class LowLatASGI:
 
             self._metrics_app = make_asgi_app(metrics.registry)
         await self._metrics_app(scope, receive, send)
+
+
+async def cut_streams(driver: ConnectionDriver) -> None:
+    """A server shutting down cancelled `driver`'s connection while its socket may still be open: stop the models of
+    its running streams now, each stream ending with its retryable Error (docs/protocol.md 13.1), and wait (within
+    ``close_timeout``) until those went out. Otherwise what the client got depended on the order the server's
+    teardown cancelled tasks in: the model's first, the Error; the connection's first, the disconnect kept the
+    streams for a resume that this process, going away, never serves, and the client saw only a dropped connection."""
+    runner = driver.runner
+    if runner is None or runner.driver is not driver:
+        return
+    running = [task for task in runner.tasks.values() if not task.done()]
+    for task in running:
+        task.cancel()  # (by the server, not the client: the stream ends with Error{internal, retryable})
+    if running:
+        await asyncio.wait(running, timeout=driver.settings.close_timeout)
 
 
 async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriver | None:

@@ -3,7 +3,8 @@
 `DeadlineQueue` is the sans-IO core: a heap of (deadline, key) with lazy invalidation, so a
 connection whose deadline moves costs nothing until its old entry reaches the top.
 `AsyncScheduler` drives it from one asyncio timer handle per event loop; `ThreadScheduler` from
-one daemon thread. Neither creates a task or thread per connection.
+one daemon thread. Neither creates a task or thread per connection. A loop's scheduler also owns the
+loop's watch for async model steps that hold it (:class:`~lowlat_mw.drivers.stalls.LoopWatch`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
+
+from .stalls import LoopWatch
 
 __all__ = ["AsyncScheduler", "DeadlineQueue", "ThreadScheduler", "TimerTarget", "Watcher", "cpu_clock"]
 
@@ -183,6 +186,8 @@ class AsyncScheduler:
         self._watch_memo: tuple[float, float, list[tuple[Watcher, object]]] | None = None
         # Stop driving a target: forget its deadline (a stale wake-up finds nothing due).
         self.cancel: Callable[[TimerTarget], None] = self._queue.discard
+        self.stalls = LoopWatch(loop)
+        """The async model steps of this loop watched for holding it (drivers/stalls.py)."""
 
     @classmethod
     def current(cls) -> AsyncScheduler:

@@ -252,13 +252,22 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             for piece in payload:
                 add_fragment(self.message_data, piece)
 
+    _lowlat_abort: Any = None  # the DelayedCall of dropConnection's abort
+
     def dropConnection(self, abort: bool = False) -> None:
         super().dropConnection(abort)
-        if not abort and self.transport is not None:
+        if not abort and self.transport is not None and self._lowlat_abort is None:
             # After answering the peer's close, autobahn closes gently: Twisted closes the socket once it has written
             # what it holds, which a peer that stopped reading never lets happen. (A close of ours is bounded by
-            # closeHandshakeTimeout: ClosingWebSocketFactory.)
-            reactor.callLater(app_timeout("close_timeout"), _abort, self.transport)
+            # closeHandshakeTimeout: ClosingWebSocketFactory.) Cancelled as the connection
+            # goes: the timer held the transport and this protocol for close_timeout after every graceful close.
+            self._lowlat_abort = reactor.callLater(app_timeout("close_timeout"), _abort, self.transport)
+
+    def connectionLost(self, *args: Any, **kwargs: Any) -> None:
+        abort, self._lowlat_abort = self._lowlat_abort, None
+        if abort is not None and abort.active():
+            abort.cancel()
+        super().connectionLost(*args, **kwargs)
 
     def _max_message_size_exceeded(self, msg_size: int, max_msg_size: int, reason: str) -> None:
         # autobahn fails a message or frame over --websocket-max-message-size / -frame-size with 1009 here,

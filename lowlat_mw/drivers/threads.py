@@ -169,6 +169,7 @@ class ThreadDriver:
     Given `sock`, a connection still open ``close_timeout`` after the driver closed it is shut down: a peer that
     stopped reading otherwise holds a blocked write (the close frame waits behind it), the connection's thread,
     its reader thread and the socket for good. The shutdown fails the blocked write and ends both threads' reads.
+    (So the driver waits for :meth:`disconnected`: a :class:`~lowlat_mw.drivers.direct.DropsCloses`.)
     """
 
     def __init__(self, endpoint: Endpoint, *, send: Callable[[bytes | str], Any], close: Callable[[int, str], Any],
@@ -182,7 +183,7 @@ class ThreadDriver:
                                 else None)
 
         self._sock = sock
-        close_timeout = endpoint.settings.close_timeout
+        self._close_timeout = endpoint.settings.close_timeout  # (close_within: the driver's own)
 
         async def asgi_send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "websocket.send":
@@ -191,7 +192,7 @@ class ThreadDriver:
             else:
                 fn, args = close, (message.get("code", 1000), message.get("reason", ""))
                 if sock is not None:
-                    loop.call_later(close_timeout, self._drop)
+                    loop.call_later(self._close_timeout, self._drop)
             if writer is not None:
                 await writer.call(fn, *args)
             else:
@@ -199,12 +200,16 @@ class ThreadDriver:
 
         async def make() -> ConnectionDriver:
             return ConnectionDriver(endpoint, send=asgi_send, subprotocol=subprotocol, address=address,
-                                    direct=writer, **facts)
+                                    direct=writer, closes=self if sock is not None else None, **facts)
 
         self.driver: ConnectionDriver = self._call(make())
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close_within(self, seconds: float) -> None:
+        """(DropsCloses, given a socket) Shut the socket down `seconds` after the driver's close."""
+        self._close_timeout = seconds
 
     def _drop(self) -> None:
         """close_timeout after the close: shut the socket down unless it is closed (the reader thread closes it

@@ -135,7 +135,7 @@ class LowLat:
             raise
         if type(answer) is Refuse:
             ws.close(answer.close_code, answer.message)
-            _finish(ws)
+            _finish(ws, endpoint.settings.close_timeout)
             return _websocket_response(ws)
         return self._run(ws, endpoint, env, answer.subprotocol, address)
 
@@ -170,7 +170,7 @@ class LowLat:
         except BaseException:
             endpoint.release(address)
             close(1011, "internal error")
-            _finish(ws)
+            _finish(ws, endpoint.settings.close_timeout)
             raise
         try:
             while not driver.closed:
@@ -182,8 +182,8 @@ class LowLat:
             pass
         finally:
             code = ws.close_reason if isinstance(ws.close_reason, int) and ws.close_reason != 1005 else None
-            try:
-                _finish(ws)  # (first: the connection counts against the limits until its socket is closed)
+            try:  # (first: the connection counts against the limits until its socket is closed)
+                _finish(ws, endpoint.settings.close_timeout)
             finally:
                 driver.disconnected(code)
         return _websocket_response(ws)
@@ -250,11 +250,11 @@ class _Server(Server):
         self.connected = False
 
 
-def _finish(ws: _Server) -> None:
-    """Close our side (unless it is closed) and make sure simple-websocket's reader thread ends (even for a dead
-    peer)."""
+def _finish(ws: _Server, close_timeout: float) -> None:
+    """Close our side (unless it is closed) and make sure simple-websocket's reader thread ends: a peer that does not
+    answer the close within the connection's `close_timeout` has its socket shut down (which ends the read)."""
     ws.close()
-    ws.thread.join(timeout=2.0)
+    ws.thread.join(timeout=close_timeout)
     if ws.thread.is_alive():
         ws.sock.shutdown(socket.SHUT_RDWR)
 

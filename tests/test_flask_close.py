@@ -131,7 +131,7 @@ def test_the_driver_and_the_connection_thread_closing_at_once_send_one_close(con
     client.sendall(_client_close())  # the peer answers: the reader thread ends and closes the socket
     assert _close_frames(_read_all(client)) == [1000]
     ws.thread.join(BOUND)
-    _finish(ws)  # once more, after everything: nothing to do, nothing raised
+    _finish(ws, BOUND)  # once more, after everything: nothing to do, nothing raised
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -150,6 +150,19 @@ def test_a_close_racing_the_peers_close_raises_nothing(connection, where: str) -
     driver_close.join(BOUND)
     assert errors == []
     assert len(_close_frames(_read_all(client))) <= 1
+
+
+def _until_close(sock: socket.socket) -> bytes:
+    """What `sock` reads up to the end of the first close frame after the 101 response (nothing past it)."""
+    data = b""
+    while True:
+        if b"\r\n\r\n" in data:
+            rest = data[data.index(b"\r\n\r\n") + 4:]
+            while len(rest) >= 2 and len(rest) >= 2 + (rest[1] & 0x7F):
+                if rest[0] & 0x0F == 0x8:
+                    return data
+                rest = rest[2 + (rest[1] & 0x7F):]
+        data += sock.recv(1)
 
 
 def _frames(data: bytes) -> list[int]:
@@ -287,3 +300,18 @@ def test_the_drop_after_close_timeout_never_overlaps_the_sockets_close(held_clos
     finally:
         driver.disconnected(None)
 
+
+def test_finish_waits_for_the_peers_answer_for_its_close_timeout(connection) -> None:
+    """The connection's thread ends with _finish: our close, then simple-websocket's reader thread ends once the peer
+    answers it, or the socket is shut down after the connection's close_timeout, not after a fixed 2 s."""
+    ws, client = connection
+    finish, errors = _in_thread(lambda: _finish(ws, 8.0))
+    assert _close_frames(_until_close(client)) == [1000]
+    client.settimeout(3.0)
+    with pytest.raises(TimeoutError):  # (nothing: no EOF, the socket is not shut down before close_timeout)
+        client.recv(1)
+    client.settimeout(BOUND)
+    client.sendall(_client_close())
+    assert client.recv(1) == b""  # answered: the reader ends and closes the socket
+    finish.join(BOUND)
+    assert not finish.is_alive() and errors == []

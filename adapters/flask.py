@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, request, session
@@ -28,7 +27,7 @@ from wsproto.frame_protocol import CloseReason
 from lowlat_mw import static_files as static
 from lowlat_mw.asyncapi import asyncapi_json
 from lowlat_mw.drivers.shared import open_endpoint
-from lowlat_mw.drivers.threads import ThreadDriver, facts_from_environ
+from lowlat_mw.drivers.threads import SharedSocket, ThreadDriver, facts_from_environ
 from lowlat_mw.endpoint import Endpoint, Refuse, settings_from_config
 from lowlat_mw.model import ModelSpec
 from lowlat_mw.servers.serving import too_big_message, transport_limit
@@ -136,7 +135,7 @@ class LowLat:
             raise
         if type(answer) is Refuse:
             ws.close(answer.close_code, answer.message)
-            _finish(ws)
+            _finish(ws, endpoint.settings.close_timeout)
             return _websocket_response(ws)
         return self._run(ws, endpoint, env, answer.subprotocol, address)
 
@@ -171,7 +170,7 @@ class LowLat:
         except BaseException:
             endpoint.release(address)
             close(1011, "internal error")
-            _finish(ws)
+            _finish(ws, endpoint.settings.close_timeout)
             raise
         try:
             while not driver.closed:
@@ -183,8 +182,8 @@ class LowLat:
             pass
         finally:
             code = ws.close_reason if isinstance(ws.close_reason, int) and ws.close_reason != 1005 else None
-            try:
-                _finish(ws)  # (first: the connection counts against the limits until its socket is closed)
+            try:  # (first: the connection counts against the limits until its socket is closed)
+                _finish(ws, endpoint.settings.close_timeout)
             finally:
                 driver.disconnected(code)
         return _websocket_response(ws)
@@ -205,54 +204,59 @@ class _Server(Server):
     thread answers a message over ``max_message_size`` with (docs/protocol.md 10.3); lowlat-mw's own
     closes (`lowlat_closing`) go out as they are.
 
-    Its close is idempotent and thread-safe: the driver's close (a send-pool thread), the connection's
-    thread ending (:func:`_finish`) and simple-websocket's reader thread answering the peer's close can
-    all close at once. Every wsproto event is sent under one lock, and a close once one went out (or came
-    in and was answered) sends nothing; simple-websocket's own ``close`` raised wsproto's
-    ``LocalProtocolError`` for the second one, or ``OSError`` once the reader thread had closed the socket.
+    Frames reach the wire in the order wsproto made them, and none after the close frame: the driver's writes (send
+    pool), simple-websocket's reader thread (Pongs, the answer to the peer's close) and the connection's thread
+    (:func:`_finish`) all write at once. Each wsproto event is made and written under the lock of the connection's
+    :class:`~lowlat_mw.drivers.threads.SharedSocket` (``sock``), which the driver's direct writes take too;
+    simple-websocket wrote a frame after letting go of it, so frames made by two threads could go out in the other
+    order: a Delta after the close frame. Its close is idempotent: a close once one went out (or came in and was
+    answered) sends nothing; simple-websocket's own ``close`` raised wsproto's ``LocalProtocolError`` for the second
+    one, or ``OSError`` once the reader thread had closed the socket.
     """
 
     lowlat_closing = False
+    sock: SharedSocket
 
     def handshake(self) -> None:
         super().handshake()  # (before the reader thread starts: no message can be refused before the hook)
-        send, lock = self.ws.send, threading.Lock()
+        wire = self.sock = SharedSocket(self.sock)  # (the 101 response went out above, before anything else)
+        send, write = self.ws.send, wire.write_locked
 
         def send_once(event: Any) -> bytes:
-            with lock:  # (wsproto checks its state and moves it in one send: one thread at a time)
+            """Make the frame of `event` and write it, in one hold of the socket's lock (wsproto also checks its state
+            and moves it in one send: one thread at a time); the caller's write then has nothing left to write."""
+            with wire.lock:
                 if isinstance(event, CloseConnection):
                     if self.ws.state not in _MAY_CLOSE:
                         return b""  # a close went out already: the one owner of the close is whoever sent it
+                    data = b""
                     if event.code == 1009 and not self.lowlat_closing:
                         message = too_big_message(self.subprotocol)
                         data = send(TextMessage(data=message) if isinstance(message, str)
                                     else BytesMessage(data=message))
-                        return data + send(event)  # type: ignore[no-any-return]
-                return send(event)  # type: ignore[no-any-return]
+                    write(data + send(event), last=True)
+                    return b""
+                write(send(event))
+                return b""
 
         self.ws.send = send_once  # type: ignore[method-assign]
 
     def close(self, reason: int | None = None, message: str | None = None) -> None:
         """Close with `reason` (default 1000), once, from any thread: later calls do nothing."""
-        data = self.ws.send(CloseConnection(reason or CloseReason.NORMAL_CLOSURE, message))
-        if data:
-            try:
-                self.sock.send(data)
-            except OSError:  # the peer is gone, or the reader thread closed the socket meanwhile
-                pass
+        try:
+            self.ws.send(CloseConnection(reason or CloseReason.NORMAL_CLOSURE, message))  # (written there)
+        except OSError:  # the peer is gone, or the socket was shut down or closed meanwhile
+            pass
         self.connected = False
 
 
-def _finish(ws: _Server) -> None:
-    """Close our side (unless it is closed) and make sure simple-websocket's reader thread ends (even for a dead
-    peer)."""
+def _finish(ws: _Server, close_timeout: float) -> None:
+    """Close our side (unless it is closed) and make sure simple-websocket's reader thread ends: a peer that does not
+    answer the close within the connection's `close_timeout` has its socket shut down (which ends the read)."""
     ws.close()
-    ws.thread.join(timeout=2.0)
+    ws.thread.join(timeout=close_timeout)
     if ws.thread.is_alive():
-        try:
-            ws.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        ws.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _websocket_response(ws: Server) -> Response:

@@ -9,6 +9,7 @@ with timing.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
+from lowlat_mw.drivers import aio
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.drivers.asgi import accept
 from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, expected, frame_header, next_message
@@ -62,6 +64,10 @@ class FakeDirect:
         self.writable = asyncio.Event()
         self.writable.set()
         self.closing = False
+        self.close_timeout: float | None = None  # (close_within: as our servers, it drops unanswered closes)
+
+    def close_within(self, seconds: float) -> None:
+        self.close_timeout = seconds
 
     def write(self, data: bytes) -> None:
         assert not self.closing, "written after the transport closed"
@@ -78,14 +84,15 @@ class FakeDirect:
 
 
 class Conn:
-    """A driver on a FakeDirect: `log` holds ("write", bytes) and ("send", ASGI message) in order."""
+    """A driver on a FakeDirect: `log` holds ("write", bytes) and ("send", ASGI message) in order. `drops`: the
+    server says it drops unanswered closes (DropsCloses: the FakeDirect is offered as it, as our servers do)."""
 
-    def __init__(self, model: Any, subprotocol: str = SUBPROTOCOL_PROTO, **settings: Any) -> None:
+    def __init__(self, model: Any, subprotocol: str = SUBPROTOCOL_PROTO, drops: bool = False, **settings: Any) -> None:
         self.log: list[tuple[str, Any]] = []
         self.direct = FakeDirect(self.log)
         self.codec = codec_for(subprotocol)
         self.driver = ConnectionDriver(endpoint_for(model, **settings), send=self._send, subprotocol=subprotocol,
-                                       direct=self.direct)
+                                       direct=self.direct, closes=self.direct if drops else None)
 
     async def _send(self, message: Any) -> None:
         self.log.append(("send", message))
@@ -354,12 +361,15 @@ async def test_a_transport_paused_past_slow_consumer_timeout_closes_with_4003() 
     await conn.driver.disconnected(CloseCode.SLOW_CONSUMER)
 
 
-async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_socket_is_gone() -> None:
-    """The close frame waits behind what the peer does not read: the server drops the socket within close_timeout,
-    and says so (disconnected). Until then the connection holds its place in the limits; its session waits for the
-    resume from the close on (detached: its models pause once the replay buffer is full)."""
-    conn = Conn(tokens, slow_consumer_timeout=5.0)
+async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_socket_is_gone(monkeypatch) -> None:
+    """The close frame waits behind what the peer does not read: a server that drops unanswered closes (ours) drops
+    the socket within close_timeout, and says so (disconnected). Until then the connection holds its place in the
+    limits, however long that takes; its session waits for the resume from the close on (detached: its models pause
+    once the replay buffer is full)."""
+    monkeypatch.setattr(aio, "CLOSE_SLACK", 0.0)
+    conn = Conn(tokens, drops=True, slow_consumer_timeout=5.0, close_timeout=0.05)
     driver = conn.driver
+    assert conn.direct.close_timeout == 0.05  # the server was told this connection's own
     endpoint = driver.endpoint
     assert endpoint.admit((SUBPROTOCOL_PROTO,), None, None, "10.0.0.1") is not None
     driver.address = "10.0.0.1"  # (what the endpoint admitted it as)
@@ -372,9 +382,61 @@ async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_s
     await wait_for(lambda: conn.closed() is not None)
     await wait_for(lambda: driver.runner is not None and driver.runner.driver is None)  # detached at the close
     assert conn.closed() == CloseCode.SLOW_CONSUMER
+    await asyncio.sleep(0.3)  # (well past close_timeout: the server's word is waited for)
     assert driver in endpoint.connections and endpoint.limiter.total == 1  # the socket is still there
     await driver.disconnected(1006)  # the server dropped it
     assert driver not in endpoint.connections and endpoint.limiter.total == 0
+
+
+async def test_a_server_that_cannot_drop_gets_its_connection_released_after_close_timeout(monkeypatch,
+                                                                                          caplog) -> None:
+    """A server that does not say it drops unanswered closes (plain uvicorn: its close frame waits for the paused
+    transport, and no disconnect ever comes) gets no such wait: close_timeout and CLOSE_SLACK after the close, the
+    driver lets the connection go itself (its place in the limits, its session), ends the task reading its ASGI
+    receive, and says once per process that the server keeps such sockets."""
+    monkeypatch.setattr(aio, "CLOSE_SLACK", 0.0)
+    monkeypatch.setattr(aio, "_SAID_CANNOT_DROP", False, raising=False)
+    conn = Conn(tokens, slow_consumer_timeout=5.0, close_timeout=0.05, resume_window=600)
+    driver = conn.driver
+    endpoint = driver.endpoint
+    assert endpoint.admit((SUBPROTOCOL_PROTO,), None, None, "10.0.0.1") is not None
+    driver.address = "10.0.0.1"
+    receiving = driver.receiving = asyncio.create_task(asyncio.Event().wait())  # (a server's receive(), for good)
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    conn.direct.writable.clear()
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10, "hold": True}))
+    await wait_for(lambda: driver._sender is not None)
+    driver.on_timer(driver._send_since + 5.0)
+    await wait_for(lambda: conn.closed() is not None)
+    await wait_for(lambda: driver not in endpoint.connections and endpoint.limiter.total == 0)
+    await wait_for(receiving.done)
+    assert receiving.cancelled() and driver.receiving is None  # (LowLatASGI.serve knows its end by that)
+    runner = endpoint.store.get(driver.protocol.session_id)
+    assert runner is not None and runner.driver is None  # the session kept for the resume (4003 is resumable)
+    said = [r for r in caplog.records if "cannot drop" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    other = Conn(tokens, close_timeout=0.05)  # a second one: not said again
+    await other.send(ev.Hello())
+    await end_of_turn()
+    await other.driver.close(CloseCode.GOING_AWAY)
+    await wait_for(lambda: other.driver._gone)
+    assert len([r for r in caplog.records if "cannot drop" in r.getMessage()]) == 1
+    runner.destroy()
+
+
+async def test_a_disconnect_in_time_leaves_nothing_armed(monkeypatch) -> None:
+    """The usual close: the server reports the socket gone before the bound; the driver's fallback is cancelled (no
+    timer holds the connection)."""
+    conn = Conn(tokens, close_timeout=5.0)
+    driver = conn.driver
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    await driver.close(CloseCode.GOING_AWAY)
+    timer = driver._unreported_at
+    assert timer is not None
+    await driver.disconnected(1000)
+    assert timer.cancelled() and driver._unreported_at is None
 
 
 async def test_nothing_is_written_to_a_closing_transport() -> None:
@@ -403,9 +465,11 @@ async def test_accept_takes_the_extension_only_when_the_setting_allows(direct_wr
     driver = await accept(endpoint, scope, send)
     assert driver is not None
     assert driver.direct is (offered if direct_writes else None)
+    assert offered.close_timeout == endpoint.settings.close_timeout  # (told either way: it drops unanswered closes)
+    assert driver._drops
     scope_without = {**scope, "extensions": {"websocket.http.response": {}}}
     other = await accept(endpoint, scope_without, send)
-    assert other is not None and other.direct is None
+    assert other is not None and other.direct is None and not other._drops
     for d in (driver, other):
         await d.disconnected(1000)
 

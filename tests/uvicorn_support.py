@@ -33,9 +33,13 @@ async def echo(req: Any) -> Any:
 class InProcessServer:
     """uvicorn with lowlat-mw's HTTP and WebSocket protocols (``ws``: "websockets" or "wsproto") and the Starlette
     middleware at /ws (`settings`), serving `model`; with `record`, keeps the ``lowlat.transport`` extension
-    each connection was offered (``offered``: which keeps the connection's objects alive)."""
+    each connection was offered (``offered``: which keeps the connection's objects alive). With `plain`, uvicorn's
+    own protocols instead (``--ws websockets-sansio`` or ``wsproto``, no lowlat-mw shim): as a user running plain
+    uvicorn, gunicorn's UvicornWorker or another ASGI server has it. ``returned`` counts the WebSocket scopes whose
+    application call returned."""
 
-    def __init__(self, model: Any = echo, ws: str = "websockets", record: bool = False, **settings: Any) -> None:
+    def __init__(self, model: Any = echo, ws: str = "websockets", record: bool = False, plain: bool = False,
+                 **settings: Any) -> None:
         import uvicorn
         from prometheus_client import CollectorRegistry
         from starlette.applications import Starlette
@@ -45,18 +49,27 @@ class InProcessServer:
 
         self.registry = CollectorRegistry()
         inner = LowLatMiddleware(Starlette(), model=model, path="/ws", registry=self.registry, **settings)
+        self.middleware = inner
         self.offered: list[Any] = []
+        self.returned = 0
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
-            if record and scope["type"] == "websocket":
-                self.offered.append(scope["extensions"].get(EXTENSION))
+            if scope["type"] != "websocket":
+                await inner(scope, receive, send)
+                return
+            if record:
+                self.offered.append((scope.get("extensions") or {}).get(EXTENSION))
             await inner(scope, receive, send)
+            self.returned += 1
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port: int = self.sock.getsockname()[1]
-        protocol = WSProtoProtocol if ws == "wsproto" else WebSocketProtocol
-        config = uvicorn.Config(app, http=HttpToolsProtocol, ws=protocol, lifespan="off", log_level="warning",
+        protocol: Any = WSProtoProtocol if ws == "wsproto" else WebSocketProtocol
+        http: Any = HttpToolsProtocol
+        if plain:
+            protocol, http = ("wsproto" if ws == "wsproto" else "websockets-sansio"), "auto"
+        config = uvicorn.Config(app, http=http, ws=protocol, lifespan="off", log_level="warning",
                                 ws_ping_interval=None, ws_per_message_deflate=False)
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None

@@ -70,7 +70,7 @@ from ..protocol.session import ChunkTypeError, Session
 from ..security import Handshake, load_authenticator
 from . import eager, push, stalls
 from .batch import batcher_for
-from .direct import BURST, CORK_LIMIT, DirectTransport, Expected, Turns, expected, frame_header, framed
+from .direct import BURST, CORK_LIMIT, DirectTransport, DropsCloses, Expected, Turns, expected, frame_header, framed
 from .push import principal_name
 from .shared import SharedSessions, principal_key, process_id, shared_sessions
 from .timers import AsyncScheduler, cpu_clock
@@ -85,6 +85,16 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 # that Pong as the transport awaits it). Bounded: every connection numbers its Pings 1, 2, 3..., so a few serve all.
 _PINGS: dict[bytes | str, tuple[bytes, bytes | str | None, Expected | None]] = {}
 _PINGS_MAX = 8192
+
+# Seconds past close_timeout that a server which does not drop unanswered closes gets to report the socket gone before
+# the driver lets the connection go itself (ConnectionDriver._unreported).
+CLOSE_SLACK = 1.0
+_SAID_CANNOT_DROP = False  # (said once per process)
+CANNOT_DROP = (
+    "this server cannot drop a WebSocket whose peer does not take its close (uvicorn's own --ws protocols, gunicorn's "
+    "UvicornWorker, hypercorn...): such connections are released %.1f s after their close, but their sockets stay "
+    "open until the peer reads or goes. lowlat-mw's uvicorn shims (lowlat-mw serve, --ws "
+    "lowlat_mw.servers.uvicorn:WebSocketProtocol), daphne runner and Flask bridge drop them (docs/security.md)")
 
 # Close codes after which the session is kept for resume (the client will reconnect).
 _RESUMABLE = frozenset({None, 1001, 1005, 1006, 1011, 1012, 1013, 1014,
@@ -735,22 +745,30 @@ class ConnectionDriver:
     :class:`~lowlat_mw.drivers.direct.DirectTransport`) frames are built here and written to it, the
     frames of one loop turn in one write; the close still goes through `send`. The endpoint admitted
     the connection.
+
+    `closes`: the server's :class:`~lowlat_mw.drivers.direct.DropsCloses`, where it drops a connection whose close is
+    not over within the endpoint's ``close_timeout`` (told here) and then reports it gone (:meth:`disconnected`). A
+    server without it may never report a connection whose peer does not take the close (plain uvicorn waits for a
+    paused transport before it writes the close frame): the driver then lets the connection go itself, CLOSE_SLACK
+    seconds after that bound (:meth:`_unreported`).
     """
 
     # Slots: a connection's attributes in a fixed array, not a dict of ~1.5 KB per connection. (__dict__ only
     # for what a test may set, e.g. a fake `monotonic`; none is made otherwise.)
     __slots__ = ("__dict__", "__weakref__", "_answered", "_arrived", "_close_sent", "_closing", "_cork", "_corked",
-                 "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
+                 "_drops", "_expects", "_gone", "_handshake_span", "_inbox", "_push_backlog", "_scheduled",
                  "_send", "_send_since", "_sender", "_stuck_task", "_superseded", "_timer_tasks", "_turn", "_turns",
-                 "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop", "member",
-                 "metrics", "opened_at", "protocol", "runner", "scheduler", "settings", "timed", "tracer")
+                 "_unreported_at", "_waiters", "_welcomed", "_writing", "address", "direct", "endpoint", "info", "loop",
+                 "member", "metrics", "opened_at", "protocol", "receiving", "runner", "scheduler", "settings", "timed",
+                 "tracer")
 
     monotonic: Callable[[], float] = staticmethod(time.monotonic)  # the machine's `now` (a test may fake it)
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # stage timings
 
     def __init__(self, endpoint: Endpoint, *, send: Send, subprotocol: str | None, address: str | None = None,
                  client: tuple[str, int] | None = None, headers: Mapping[str, str] | None = None, user: Any = None,
-                 extra: Mapping[str, Any] | None = None, direct: DirectTransport | None = None) -> None:
+                 extra: Mapping[str, Any] | None = None, direct: DirectTransport | None = None,
+                 closes: DropsCloses | None = None) -> None:
         """`address`: what the endpoint admitted the connection as (released when it ends); `client`,
         `headers`, `user` and `extra`: what models and the authenticate hook see of it (SessionInfo)."""
         settings = self.settings = endpoint.settings
@@ -790,6 +808,14 @@ class ConnectionDriver:
         self._closing = False
         self._close_sent = False
         self._gone = False
+        close_within = getattr(closes, "close_within", None)
+        if close_within is not None:
+            close_within(settings.close_timeout)  # (this endpoint's, not another app's of the process)
+        self._drops = close_within is not None
+        self._unreported_at: asyncio.TimerHandle | None = None
+        self.receiving: asyncio.Task[Any] | None = None
+        """The task reading this connection's ASGI ``receive`` (LowLatASGI.serve), if it says so: ended when the
+        driver lets the connection go itself (:meth:`_unreported`)."""
         self._welcomed = False
         self._superseded = False  # a resume moved this connection's session to another connection
         self.member = False  # in push's index of users and groups (push.HUB.add): it leaves it when it closes
@@ -1033,6 +1059,9 @@ class ConnectionDriver:
             return
         self._gone = True
         self._closing = True
+        if self._unreported_at is not None:
+            self._unreported_at.cancel()
+            self._unreported_at = None
         self._cork = []  # (if it is in Turns.held, the end of the turn finds nothing to write)
         proto = self.protocol
         by = "server" if proto.close_code is not None else "client"
@@ -1531,6 +1560,30 @@ class ConnectionDriver:
                 # The client will resume: the session waits for it from now on, as once the socket is gone (which
                 # may take close_timeout), its models paused when the replay buffer is full.
                 runner.detach(self.monotonic())
+        if not self._drops and not self._gone:  # a server that may never say the socket is gone
+            self._unreported_at = self.loop.call_later(timeout + CLOSE_SLACK, self._unreported)
+
+    def _unreported(self) -> None:
+        """close_timeout and CLOSE_SLACK after our close, a server that does not drop unanswered closes has not
+        reported the socket gone: for a peer that stopped reading it never will (plain uvicorn's close waits behind
+        the paused transport). The connection is let go here (its place in the limits, its session: as if the socket
+        had dropped, 1006) and the task reading its ``receive`` ends; the socket is the server's."""
+        global _SAID_CANNOT_DROP
+        self._unreported_at = None
+        if self._gone:
+            return
+        if not _SAID_CANNOT_DROP:
+            _SAID_CANNOT_DROP = True
+            log.warning(CANNOT_DROP, self.settings.close_timeout + CLOSE_SLACK)
+        log.debug("connection %s: no disconnect %.1f s after its close, released", self.protocol.session_id,
+                  self.settings.close_timeout + CLOSE_SLACK, extra={"session_id": self.protocol.session_id})
+        self._spawn(self._let_go())
+
+    async def _let_go(self) -> None:
+        await self.disconnected(1006)
+        receiving, self.receiving = self.receiving, None
+        if receiving is not None and not receiving.done():
+            receiving.cancel()  # (LowLatASGI.serve takes it, `receiving` cleared, as the end of the connection)
 
     # ------------------------------------------------------------------ time
     def on_timer(self, now: float) -> float:

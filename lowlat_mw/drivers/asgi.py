@@ -161,6 +161,7 @@ class LowLatASGI:
         if driver is None:
             return
         code: int | None = None
+        task = driver.receiving = asyncio.current_task()
         try:
             while True:
                 message = await receive()
@@ -176,10 +177,14 @@ class LowLatASGI:
                     code = message.get("code")
                     break
         except asyncio.CancelledError:
-            if self.endpoint.draining:  # the server stops it in its shutdown: forced (a second Ctrl-C, a timeout)
-                await cut_streams(driver)
-            raise
+            # The driver let the connection go (a server that never reported its socket gone) and cancelled this
+            # wait for it (clearing `receiving`): the connection is over. Any other cancel goes on.
+            if driver.receiving is not None or task is None or task.uncancel():
+                if self.endpoint.draining:  # the server stops it in its shutdown: forced (a second Ctrl-C, a timeout)
+                    await cut_streams(driver)
+                raise
         finally:
+            driver.receiving = None
             await driver.disconnected(code)
 
     async def serve_metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -231,13 +236,14 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
         await send({"type": "websocket.close", "code": int(answer.close_code), "reason": answer.message})
         return None
     extensions = scope.get("extensions")
-    direct = extensions.get(EXTENSION) if extensions and endpoint.settings.direct_writes else None
+    offered = extensions.get(EXTENSION) if extensions else None  # (our servers': it drops unanswered closes too)
+    direct = offered if endpoint.settings.direct_writes else None
     try:
         driver = ConnectionDriver(
             endpoint, send=send, subprotocol=answer.subprotocol, address=address,
             client=tuple(client) if client else None, headers=headers, user=scope.get("user"),  # what models see
             extra={"path": scope.get("path", ""), "query_string": scope.get("query_string", b"").decode("latin-1")},
-            direct=direct)
+            direct=direct, closes=offered)
     except BaseException:
         endpoint.release(address)
         raise

@@ -19,8 +19,8 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "Expected", "Turns", "apply_mask",
-           "expected", "frame_header", "framed", "message_limit", "next_message", "parser_idle"]
+__all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "DropsCloses", "Expected", "Turns",
+           "apply_mask", "expected", "frame_header", "framed", "message_limit", "next_message", "parser_idle"]
 
 EXTENSION = "lowlat.transport"  # the key in scope["extensions"]
 CORK_LIMIT = 64 * 1024  # bytes held for the end of the loop turn; more are written at once
@@ -50,6 +50,19 @@ class DirectTransport(Protocol):
     """True once a close frame was sent on this connection or the connection was lost: no frame may follow.
     An attribute, read before every write; a ``write`` to a transport that closed otherwise may raise
     RuntimeError, which the driver takes as the same."""
+
+
+class DropsCloses(Protocol):
+    """What a server offers (on its ``lowlat.transport`` extension object; the thread bridge) when it drops a
+    connection whose close is not over in time. Our uvicorn shims, daphne runner and Flask thread bridge do, with or
+    without direct writes; a server without it (plain uvicorn, gunicorn's UvicornWorker, hypercorn) may keep such a
+    socket for good, and the driver then releases the connection itself
+    (:class:`~lowlat_mw.drivers.aio.ConnectionDriver`, docs/protocol.md 12)."""
+
+    def close_within(self, seconds: float) -> None:
+        """Abort this connection (its unsent output dropped, its socket closed) if it is still there `seconds` after
+        its close began, ours or the peer's, and then report it gone (``websocket.disconnect``). The driver calls it
+        once, as it takes the connection, with its endpoint's ``close_timeout``."""
 
 
 class DirectReads(DirectTransport, Protocol):

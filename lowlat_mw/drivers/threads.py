@@ -27,7 +27,7 @@ from typing import Any
 from ..endpoint import Endpoint
 from .aio import ConnectionDriver, drain_all
 
-__all__ = ["SocketWriter", "ThreadDriver", "background_loop", "drain_all_sync"]
+__all__ = ["SharedSocket", "SocketWriter", "ThreadDriver", "background_loop", "drain_all_sync"]
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -54,6 +54,75 @@ def background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+class SharedSocket:
+    """A connection's socket as the threads that serve it share it: its WebSocket library's reader, the send pool,
+    the connection's own thread, the driver's loop.
+
+    Writes go one at a time, whole, in the order their writers take :attr:`lock`; a WebSocket library that builds a
+    frame under the same lock and writes it before letting go (:meth:`write_locked`) puts its frames on the wire in
+    the order it built them, between the driver's. Nothing is written after the connection's close frame (`last`).
+    :meth:`shutdown` and :meth:`close` take a lock of their own (a blocked write holds `lock`): a shutdown never
+    reaches a descriptor closed meanwhile, whose number the process may have given to another socket, and a close
+    shuts the socket down first, so that a write blocked in another thread ends. Reads go straight to the socket.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.recv = sock.recv
+        self.lock = threading.Lock()
+        self.ended = False  # the close frame went out: nothing more is written
+        self._fd_lock = threading.Lock()
+        self._closed = False
+
+    def write_locked(self, data: bytes, last: bool = False) -> bool:
+        """Write `data` whole, :attr:`lock` held (`last`: the close frame). False: not written, the close frame went
+        out before it. OSError: the socket failed (or was shut down under the write)."""
+        if self.ended:
+            return False
+        if last:
+            self.ended = True
+        if data:
+            self.sock.sendall(data)
+        return True
+
+    def sendall(self, data: bytes) -> None:
+        """Write `data` whole, in its turn; BrokenPipeError after the close frame (the writer stops)."""
+        with self.lock:
+            if not self.write_locked(data):
+                raise BrokenPipeError("the connection's close frame went out")
+
+    def send(self, data: bytes) -> int:
+        """:meth:`sendall` as a socket's ``send`` (a library's writes, whole); no bytes: nothing, even after the close
+        frame."""
+        if data:
+            self.sendall(data)
+        return len(data)
+
+    def shutdown(self, how: int = socket.SHUT_RDWR) -> None:
+        """Shut the socket down, unless it is closed (never a stale descriptor); errors (not connected) ignored."""
+        with self._fd_lock:
+            if not self._closed:
+                try:
+                    self.sock.shutdown(how)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """Shut the socket down (a write blocked in another thread fails) and close it; once."""
+        with self._fd_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)  # (fileno, setsockopt, getpeername...)
+
+
 class SocketWriter:
     """A :class:`~lowlat_mw.drivers.direct.DirectTransport` over a blocking socket, written from the send pool.
 
@@ -67,7 +136,7 @@ class SocketWriter:
 
     HIGH = 64 * 1024  # bytes queued before the driver is held back (asyncio's default high-water mark)
 
-    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
+    def __init__(self, sock: socket.socket | SharedSocket, loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
                  high: int = HIGH) -> None:
         self.closing = False
         self._sock = sock
@@ -169,20 +238,26 @@ class ThreadDriver:
     Given `sock`, a connection still open ``close_timeout`` after the driver closed it is shut down: a peer that
     stopped reading otherwise holds a blocked write (the close frame waits behind it), the connection's thread,
     its reader thread and the socket for good. The shutdown fails the blocked write and ends both threads' reads.
+    (So the driver waits for :meth:`disconnected`: a :class:`~lowlat_mw.drivers.direct.DropsCloses`.) Pass it as
+    a :class:`SharedSocket` that the WebSocket library writes and closes through as well: its frames and the driver's
+    then reach the wire in order, and the shutdown never meets a descriptor the library closed meanwhile.
     """
 
     def __init__(self, endpoint: Endpoint, *, send: Callable[[bytes | str], Any], close: Callable[[int, str], Any],
-                 subprotocol: str | None, address: str | None = None, sock: socket.socket | None = None,
-                 **facts: Any) -> None:
+                 subprotocol: str | None, address: str | None = None,
+                 sock: socket.socket | SharedSocket | None = None, **facts: Any) -> None:
         """`address` and `facts` (client, headers, user, extra): as for ConnectionDriver."""
         self.loop = loop = background_loop()
         pool = _send_pool
         assert pool is not None
+        if sock is not None and not isinstance(sock, SharedSocket):
+            sock = SharedSocket(sock)  # (the driver's own writes and shutdown, in order at least among themselves)
         writer = self.writer = (SocketWriter(sock, loop, pool) if sock is not None and endpoint.settings.direct_writes
                                 else None)
 
         self._sock = sock
-        close_timeout = endpoint.settings.close_timeout
+        self._close_timeout = endpoint.settings.close_timeout  # (close_within: the driver's own)
+        self._drop_at: asyncio.TimerHandle | None = None
 
         async def asgi_send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "websocket.send":
@@ -190,8 +265,8 @@ class ThreadDriver:
                 fn, args = send, (data if data is not None else message["text"],)
             else:
                 fn, args = close, (message.get("code", 1000), message.get("reason", ""))
-                if sock is not None:
-                    loop.call_later(close_timeout, self._drop)
+                if sock is not None and self._drop_at is None:
+                    self._drop_at = loop.call_later(self._close_timeout, self._drop)
             if writer is not None:
                 await writer.call(fn, *args)
             else:
@@ -199,22 +274,23 @@ class ThreadDriver:
 
         async def make() -> ConnectionDriver:
             return ConnectionDriver(endpoint, send=asgi_send, subprotocol=subprotocol, address=address,
-                                    direct=writer, **facts)
+                                    direct=writer, closes=self if sock is not None else None, **facts)
 
         self.driver: ConnectionDriver = self._call(make())
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    def close_within(self, seconds: float) -> None:
+        """(DropsCloses, given a socket) Shut the socket down `seconds` after the driver's close."""
+        self._close_timeout = seconds
+
     def _drop(self) -> None:
-        """close_timeout after the close: shut the socket down unless it is closed (the reader thread closes it
-        when the connection ends)."""
-        sock = self._sock
-        if sock is not None and sock.fileno() != -1:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:  # closed meanwhile, or not connected any more
-                pass
+        """close_timeout after the close (on the loop): shut the socket down unless it is closed (the reader thread
+        closes it when the connection ends; SharedSocket: never after that)."""
+        self._drop_at = None
+        if self._sock is not None:
+            self._sock.shutdown(socket.SHUT_RDWR)
 
     @property
     def closed(self) -> bool:
@@ -230,6 +306,9 @@ class ThreadDriver:
         self._call(self._disconnected(code))
 
     async def _disconnected(self, code: int | None) -> None:
+        drop, self._drop_at = self._drop_at, None
+        if drop is not None:  # (it held this connection's objects for close_timeout after every close)
+            drop.cancel()
         if self.writer is not None:
             self.writer.lost()
         await self.driver.disconnected(code)

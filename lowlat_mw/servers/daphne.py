@@ -70,7 +70,7 @@ except ImportError as _missing:  # (the Django extra brings them)
 
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.drivers.direct import EXTENSION
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, too_big_message
+from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, close_timeout_of, too_big_message
 
 __all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect",
            "DrainingServer", "OneBufferWebSocketProtocol", "install", "main"]
@@ -252,13 +252,23 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             for piece in payload:
                 add_fragment(self.message_data, piece)
 
+    _lowlat_close_timeout: float | None = None  # the connection's driver's (DaphneDirect.close_within)
+    _lowlat_abort: Any = None  # the DelayedCall of dropConnection's abort
+
     def dropConnection(self, abort: bool = False) -> None:
         super().dropConnection(abort)
-        if not abort and self.transport is not None:
+        if not abort and self.transport is not None and self._lowlat_abort is None:
             # After answering the peer's close, autobahn closes gently: Twisted closes the socket once it has written
             # what it holds, which a peer that stopped reading never lets happen. (A close of ours is bounded by
-            # closeHandshakeTimeout: ClosingWebSocketFactory.)
-            reactor.callLater(app_timeout("close_timeout"), _abort, self.transport)
+            # closeHandshakeTimeout: ClosingWebSocketFactory, DaphneDirect.close_within.) Cancelled as the connection
+            # goes: the timer held the transport and this protocol for close_timeout after every graceful close.
+            self._lowlat_abort = reactor.callLater(close_timeout_of(self._lowlat_close_timeout), _abort, self.transport)
+
+    def connectionLost(self, *args: Any, **kwargs: Any) -> None:
+        abort, self._lowlat_abort = self._lowlat_abort, None
+        if abort is not None and abort.active():
+            abort.cancel()
+        super().connectionLost(*args, **kwargs)
 
     def _max_message_size_exceeded(self, msg_size: int, max_msg_size: int, reason: str) -> None:
         # autobahn fails a message or frame over --websocket-max-message-size / -frame-size with 1009 here,
@@ -330,6 +340,13 @@ class DaphneDirect:
 
     def is_closing(self) -> bool:
         return self.closing
+
+    def close_within(self, seconds: float) -> None:
+        """(DropsCloses) This connection's close_timeout, its app's, not the shortest of the process's: autobahn's
+        closeHandshakeTimeout (plus the batched timer's rounding) and the abort after a gentle drop."""
+        protocol = self._protocol
+        protocol._lowlat_close_timeout = seconds
+        protocol.closeHandshakeTimeout = seconds + BATCHED_TIMER_ROUNDING
 
     def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
         """From now on hand each whole message to `receiver` (refused while messages wait in daphne's queue: they are

@@ -18,7 +18,8 @@ from ..protocol import events as ev
 from ..protocol.codec import codec_for
 from ..settings import Settings
 
-__all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "check_server", "daphne_args",
+__all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "check_server",
+           "close_timeout_of", "daphne_args",
            "gunicorn_args", "log_config", "run", "run_options", "several_workers", "too_big_message",
            "transport_limit", "uvicorn_args", "uvicorn_options"]
 
@@ -60,10 +61,13 @@ _ENV_SETTINGS: list[Settings] = []  # the environment's settings, read once (app
 
 
 def app_timeout(name: str) -> float:
-    """The setting `name` (a timeout) that bounds the server's own work for the apps it serves: the shortest of the
-    endpoints this process made (each middleware, consumer or extension, with its framework's settings); before any
-    exists, the environment's (``LOWLAT_*``, read once) or the default. Our uvicorn shims and daphne runner bound
-    handshakes and closes with it, so a value set in the app or by ``serve --set`` applies to them too."""
+    """The setting `name` (a timeout) that bounds the server's own work where no endpoint has seen the connection yet:
+    the shortest of the endpoints this process made (each middleware, consumer or extension, with its framework's
+    settings); before any exists, the environment's (``LOWLAT_*``, read once) or the default. Our uvicorn shims and
+    daphne runner bound the HTTP handshake with it, and the closes of connections no driver took (a refused
+    handshake), so a value set in the app or by ``serve --set`` applies to them too. A connection's driver tells the
+    server its own endpoint's ``close_timeout`` (:class:`~lowlat_mw.drivers.direct.DropsCloses`): one app's short
+    bound does not cut another's closes."""
     endpoints = list(Endpoint.instances)
     if endpoints:
         return min(getattr(e.settings, name) for e in endpoints)  # type: ignore[no-any-return]
@@ -73,6 +77,12 @@ def app_timeout(name: str) -> float:
         except SettingsError:  # the app reports the bad setting itself; bound the server all the same
             _ENV_SETTINGS.append(Settings())
     return getattr(_ENV_SETTINGS[0], name)  # type: ignore[no-any-return]
+
+
+def close_timeout_of(given: float | None) -> float:
+    """The close_timeout bounding one connection's close: `given` by its driver (its own endpoint's, through
+    ``close_within``), else the process's (:func:`app_timeout`: no driver took the connection)."""
+    return app_timeout("close_timeout") if given is None else given
 
 
 SMALL_FRAGMENT = 4096  # continuation payloads smaller than this are appended to one buffer

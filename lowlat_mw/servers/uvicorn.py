@@ -18,7 +18,7 @@ gives the whole command line).
 
 The WebSocket protocols (``WebSocketProtocol``, ``WSProtoProtocol``) bound what a flood of fragments
 may cost, drain lowlat-mw connections before uvicorn's 1012 on shutdown, drop a connection whose peer
-does not take its close within the app's ``close_timeout`` (5 s by default), and offer the
+does not take its close within its app's ``close_timeout`` (5 s by default; ``_Direct.close_within``), and offer the
 application direct writes to the connection's transport (``scope["extensions"]["lowlat.transport"]``,
 :mod:`lowlat_mw.drivers.direct`).
 """
@@ -39,7 +39,14 @@ from websockets.protocol import State as _WebSocketState
 from lowlat_mw.drivers.aio import drain_all, drain_on_shutdown
 from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
 from lowlat_mw.observability.logs import CLIENT_LOGS
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, several_workers, too_big_message
+from lowlat_mw.servers.serving import (
+    HeaderBudget,
+    add_fragment,
+    app_timeout,
+    close_timeout_of,
+    several_workers,
+    too_big_message,
+)
 
 __all__ = ["DrainingServer", "H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol",
            "no_delay"]
@@ -236,6 +243,12 @@ class _Direct:
     def is_closing(self) -> bool:
         return self.closing or self._transport.is_closing()
 
+    def close_within(self, seconds: float) -> None:
+        """(DropsCloses) This connection's close_timeout: its app's, not the shortest of the process's."""
+        protocol = self._protocol
+        if protocol is not None:
+            protocol._lowlat_close_timeout = seconds
+
     def set_receiver(self, receiver: Callable[[bytes | str, int], None]) -> bool:
         protocol = self._protocol
         if protocol is None or not isinstance(protocol, WebSocketProtocol) or not protocol.queue.empty():
@@ -280,7 +293,8 @@ class _ClosesWithin:
     the connection as gone. Here the close frame goes behind what is buffered without waiting, and a connection
     still there ``close_timeout`` after its close began (ours, the peer's answered, a shutdown's, a failed frame's,
     an app's that returned) is aborted: its buffer is dropped and the socket closed. The app's
-    ``websocket.disconnect`` waits for that (uvicorn queues it as the close begins).
+    ``websocket.disconnect`` waits for that (uvicorn queues it as the close begins). ``close_timeout`` is the one
+    the connection's driver gave (:meth:`_Direct.close_within`), its own app's; without a driver, the app's.
     """
 
     transport: asyncio.Transport
@@ -291,6 +305,7 @@ class _ClosesWithin:
 
     _lowlat_close_sent = False
     _lowlat_abort: asyncio.TimerHandle | None = None  # the close_timeout after the close began
+    _lowlat_close_timeout: float | None = None  # the connection's driver's (_Direct.close_within)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -310,13 +325,16 @@ class _ClosesWithin:
         """The connection is closing (a close frame sent or queued, the app told, or the transport closing): it is
         gone within close_timeout."""
         if self._lowlat_abort is None and not self.disconnected:
-            self._lowlat_abort = self.loop.call_later(app_timeout("close_timeout"), self._lowlat_drop)
+            self._lowlat_abort = self.loop.call_later(self._lowlat_timeout(), self._lowlat_drop)
+
+    def _lowlat_timeout(self) -> float:
+        return close_timeout_of(self._lowlat_close_timeout)  # (a refused handshake, another app's route: the app's)
 
     def _lowlat_drop(self) -> None:
         self._lowlat_abort = None
         if not self.disconnected:
             logging.getLogger("lowlat_mw").debug("WebSocket of %s still open %.1f s after its close: aborted",
-                                                 getattr(self, "client", None), app_timeout("close_timeout"))
+                                                 getattr(self, "client", None), self._lowlat_timeout())
             self.transport.abort()  # (connection_lost follows)
 
     def send(self, message: Any) -> Awaitable[None]:

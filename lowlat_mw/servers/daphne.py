@@ -47,6 +47,7 @@ never accepts it.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -70,10 +71,10 @@ except ImportError as _missing:  # (the Django extra brings them)
 
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.drivers.direct import EXTENSION
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, too_big_message
+from lowlat_mw.servers.serving import DAPHNE_RUNSERVER, HeaderBudget, add_fragment, app_timeout, too_big_message
 
 __all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect",
-           "DrainingServer", "OneBufferWebSocketProtocol", "install", "main"]
+           "DrainingServer", "OneBufferWebSocketProtocol", "install", "install_runserver", "main"]
 
 READ_SLICE = 2 * 1024  # bytes of a socket read handed to autobahn at a time
 READ_BUDGET = 0.002  # seconds of parsing per reactor callback; the rest of the read waits for the next loop turn
@@ -375,6 +376,12 @@ class BoundedHTTPFactory(HTTPFactory):
     """
 
     handshake_timeout: float | None = None
+    adopts = False  # install_runserver: a daphne Server that builds this factory becomes a DrainingServer
+
+    def __init__(self, server: Any) -> None:
+        if self.adopts and type(server) is daphne.server.Server:
+            _adopt(server)
+        super().__init__(server)
 
     def buildProtocol(self, addr: Any) -> Any:
         if self.handshake_timeout is None:
@@ -437,7 +444,9 @@ class DrainingServer(daphne.server.Server):
     """daphne's server, draining lowlat-mw connections before it cancels the applications on shutdown; it stops
     listening first, as uvicorn and gunicorn do: a new connection is refused, so a balancer passes it on to
     another server at once (nginx's next or backup upstream) instead of the client being closed with 4002 and
-    coming back, again and again, while the drain runs (thousands of reconnects in a failover run)."""
+    coming back, again and again, while the drain runs (thousands of reconnects in a failover run).
+
+    It keeps no state of its own from ``__init__`` (:func:`_adopt` turns runserver's daphne Server into one)."""
 
     def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
         """daphne's, for a WebSocket of ours with the direct-writes extension and an :class:`_Inbox` as the
@@ -483,15 +492,20 @@ class DrainingServer(daphne.server.Server):
 LISTEN_BACKLOG = 2048  # as uvicorn's and gunicorn's; Twisted's default for daphne's -b/-p is 50
 
 
-def _with_backlog(*args: Any, **kwargs: Any) -> list[str]:
-    """daphne's endpoint strings for -b/-p, listening with a backlog of LISTEN_BACKLOG.
+def _backlog(endpoints: list[str]) -> list[str]:
+    """daphne's endpoint strings, a TCP one listening with a backlog of LISTEN_BACKLOG.
 
     With Twisted's default of 50, a burst of connections (200 at once in the transport suite)
     overflows the accept queue: the kernel drops the handshakes it cannot queue, and those
     clients are accepted only after SYN retransmits, seconds later.
     """
     return [f"{e}:backlog={LISTEN_BACKLOG}" if e.startswith("tcp:") and ":backlog=" not in e else e
-            for e in build_endpoint_description_strings(*args, **kwargs)]
+            for e in endpoints]
+
+
+def _with_backlog(*args: Any, **kwargs: Any) -> list[str]:
+    """daphne's endpoint strings for -b/-p (build_endpoint_description_strings), with :func:`_backlog`."""
+    return _backlog(build_endpoint_description_strings(*args, **kwargs))
 
 
 def install() -> None:
@@ -501,6 +515,28 @@ def install() -> None:
     daphne.server.WebSocketFactory = ClosingWebSocketFactory
     daphne.cli.build_endpoint_description_strings = _with_backlog
     daphne.cli.CommandLineInterface.server_class = DrainingServer
+
+
+def install_runserver() -> None:
+    """Make daphne's ``manage.py runserver`` this runner, whole: :func:`install`, and a :class:`DrainingServer` for
+    its server (direct writes and reads, flow control, fair reads, the drain, the backlog), so that what the guide's
+    development server does is what ``python -m lowlat_mw.servers.daphne`` does.
+
+    For a server built from now on, the command's ``server_cls``. The one being built as this is called is daphne's
+    own: runserver looks its server class up before it imports the application, and so the Channels adapter that
+    calls this (``self.server_cls(application=self.get_application(options), ...)``); it becomes a DrainingServer as
+    it starts, when it builds its HTTP factory, before it listens or takes a connection (:func:`_adopt`)."""
+    runserver = importlib.import_module(DAPHNE_RUNSERVER)
+    install()
+    runserver.Command.server_cls = DrainingServer
+    BoundedHTTPFactory.adopts = True
+
+
+def _adopt(server: daphne.server.Server) -> None:
+    """Make daphne's `server` a :class:`DrainingServer` (which adds no state of its own, only methods) and give its
+    TCP endpoints the runner's backlog: called as its ``run`` builds its HTTP factory, before it uses any of them."""
+    server.__class__ = DrainingServer
+    server.endpoints = _backlog(list(server.endpoints))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,9 +18,9 @@ from ..protocol import events as ev
 from ..protocol.codec import codec_for
 from ..settings import Settings
 
-__all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "check_server", "daphne_args",
-           "gunicorn_args", "log_config", "run", "run_options", "several_workers", "too_big_message",
-           "transport_limit", "uvicorn_args", "uvicorn_options"]
+__all__ = ["DAPHNE_RUNSERVER", "HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment",
+           "check_server", "daphne_args", "daphne_runserver", "gunicorn_args", "log_config", "run", "run_options",
+           "several_workers", "too_big_message", "transport_limit", "uvicorn_args", "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
@@ -236,6 +236,27 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
             server.run()
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises the SIGINT it caught once it has shut down (as uvicorn.run,
         pass  # the end of a stop asked for, not a traceback)
+
+
+DAPHNE_RUNSERVER = "daphne.management.commands.runserver"  # daphne's `manage.py runserver`: imported to run it
+
+
+def daphne_runserver() -> bool:
+    """Under daphne's ``manage.py runserver`` ("daphne" in INSTALLED_APPS), serve with lowlat-mw's daphne runner,
+    whole (:func:`lowlat_mw.servers.daphne.install_runserver`); True if so, False (nothing changed) anywhere else.
+
+    The Channels adapter calls it as runserver imports the application. It keys on the command that runs: its
+    module is imported only to run it (or print its help). Not on daphne being imported: daphne's app config imports
+    ``daphne.server`` in every process of a project that lists it, one served by uvicorn too; and plain ``daphne`` is
+    left as it is (production runs ``python -m lowlat_mw.servers.daphne``: docs/django.md says what daphne lacks)."""
+    import sys
+
+    if DAPHNE_RUNSERVER not in sys.modules:
+        return False
+    from .daphne import install_runserver
+
+    install_runserver()
+    return True
 
 
 SEVERAL_WORKERS = (

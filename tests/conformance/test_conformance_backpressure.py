@@ -65,11 +65,11 @@ def _small_receive_buffer(port: int) -> socket.socket:
     return sock
 
 
-async def _logged(srv: ServerProcess, needle: str, since: int, bound: float) -> bool:
-    """Whether `needle` appears in the server's stderr after byte `since` within `bound` seconds."""
+async def _logged(path: Path, needle: str, since: int, bound: float) -> bool:
+    """Whether `needle` appears in the file at `path` (a server's stderr) after byte `since` within `bound` seconds."""
     deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
-        with open(srv.stderr_path, "rb") as f:
+        with open(path, "rb") as f:
             f.seek(since)
             if needle.encode() in f.read():
                 return True
@@ -77,22 +77,24 @@ async def _logged(srv: ServerProcess, needle: str, since: int, bound: float) -> 
     return False
 
 
-async def test_a_client_that_sends_no_acks_and_stops_reading_gets_4003_with_bounded_server_memory(slow):
-    pid = serving_pid(slow)
-    since = slow.stderr_path.stat().st_size
-    sock = _small_receive_buffer(slow.port)
+async def no_ack_client_gets_4003(name: str, url: str, port: int, pid: int, stderr: Path, request: ev.Request) -> None:
+    """A client that sends no Acks asks for `request` (far more output than any socket buffer holds) and stops reading:
+    the server (process `pid`, logging to `stderr`) logs that it closes a slow consumer within its slow_consumer_timeout
+    (SLOW_CONSUMER_TIMEOUT, plus slack), its peak RSS stays within RSS_BOUND, and the client, reading again, gets what
+    the buffers held, then close 4003."""
+    since = stderr.stat().st_size
+    sock = _small_receive_buffer(port)
     # max_queue=1: the client library stops reading its socket once one message waits for the application
-    async with raw_connect(slow.url, [PROTO], sock=sock, max_queue=1) as ws:
+    async with raw_connect(url, [PROTO], sock=sock, max_queue=1) as ws:
         welcome = await hello(ws)  # (Hello.flow_window 0: this client sends no Acks)
         assert welcome.flow_window == 0
         with PeakRSS(pid) as rss:
-            await ws.send(codec_of(ws).encode(ev.Request(stream_id=1, model="agen", text="much",
-                                                         params={"n": str(CHUNKS), "size": str(CHUNK)})))
+            await ws.send(codec_of(ws).encode(request))
             # The client reads nothing from here on. The server's send stays blocked: slow_consumer_timeout later it
             # logs that it closes the connection (bounded wait: the timeout, plus generous scheduling slack).
-            blocked = await _logged(slow, BLOCKED_LINE, since, SLOW_CONSUMER_TIMEOUT + 30)
+            blocked = await _logged(stderr, BLOCKED_LINE, since, SLOW_CONSUMER_TIMEOUT + 30)
         assert blocked, f"no {BLOCKED_LINE!r} within {SLOW_CONSUMER_TIMEOUT + 30:.0f} s; peak RSS " \
-                        f"+{rss.growth / MiB:.1f} MiB\n{slow.output()[-3000:]}"
+                        f"+{rss.growth / MiB:.1f} MiB\n{stderr.read_text(errors='replace')[-3000:]}"
         # Reading again, the client gets what the buffers held, then the close: 4003, the session resumable.
         deltas = 0
         try:
@@ -103,9 +105,15 @@ async def test_a_client_that_sends_no_acks_and_stops_reading_gets_4003_with_boun
         except ConnectionClosed:
             pass
         code = ws.close_code
-    measure(f"no-ack slow consumer {slow.name.removeprefix('backpressure-')}",
+    measure(f"no-ack slow consumer {name}",
             f"{CHUNKS * CHUNK // MiB} MiB of output, the client not reading: peak RSS +{rss.growth / MiB:.1f} MiB "
             f"({rss.method}), then {deltas} Deltas ({deltas * CHUNK / MiB:.1f} MiB) buffered and close {code}")
     assert code == CloseCode.SLOW_CONSUMER, (code, deltas)
     assert deltas < CHUNKS  # the model was held back, not run to its end
     assert rss.growth < RSS_BOUND, f"server peak RSS grew {rss.growth / MiB:.1f} MiB while the client did not read"
+
+
+async def test_a_client_that_sends_no_acks_and_stops_reading_gets_4003_with_bounded_server_memory(slow):
+    request = ev.Request(stream_id=1, model="agen", text="much", params={"n": str(CHUNKS), "size": str(CHUNK)})
+    await no_ack_client_gets_4003(slow.name.removeprefix("backpressure-"), slow.url, slow.port, serving_pid(slow),
+                                  slow.stderr_path, request)

@@ -28,10 +28,11 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
   ``slow_consumer_timeout`` setting instead of the server queueing the whole output; the socket is not read
   meanwhile (as Twisted's own HTTP channel does), so a client cannot pile up answers it does not read either;
 * reads are fair: autobahn parses a whole socket read (64 KiB, thousands of tiny frames) in one callback and daphne
-  queues every message for the application without a bound. Here reads go to autobahn READ_SLICE bytes at a time,
-  at most READ_BUDGET seconds of them per callback, and reading pauses while the application has messages queued
-  (as uvicorn does); each whole message goes to lowlat-mw's driver directly (:class:`DaphneDirect`, direct reads),
-  not through a Channels consumer's dispatch: a burst of 10,000 Pings no longer stalls every other connection;
+  queues every message for the application without a bound. Here reads go to autobahn by the read rule of all our
+  servers (:func:`lowlat_mw.servers.serving.read_slices`): READ_SLICE bytes at a time, at most READ_BUDGET seconds
+  of them per callback, none while the application has messages queued (as under our uvicorn protocols); each
+  whole message goes to lowlat-mw's driver directly (:class:`DaphneDirect`, direct reads), not through a Channels
+  consumer's dispatch: a burst of 10,000 Pings no longer stalls every other connection;
 * the application learns the close code autobahn failed a connection with (1007 for a text frame that is not
   UTF-8, 1002, 1009): autobahn reports 1006 when a second check of the same frame drops the connection;
 * it offers lowlat-mw direct writes (the ``lowlat.transport`` scope extension,
@@ -71,13 +72,20 @@ except ImportError as _missing:  # (the Django extra brings them)
 
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.drivers.direct import EXTENSION
-from lowlat_mw.servers.serving import DAPHNE_RUNSERVER, HeaderBudget, add_fragment, app_timeout, too_big_message
+from lowlat_mw.servers.serving import (
+    DAPHNE_RUNSERVER,
+    READ_BUDGET,
+    READ_SLICE,
+    HeaderBudget,
+    add_fragment,
+    app_timeout,
+    read_slices,
+    too_big_message,
+)
 
 __all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect",
            "DrainingServer", "OneBufferWebSocketProtocol", "install", "install_runserver", "main"]
 
-READ_SLICE = 2 * 1024  # bytes of a socket read handed to autobahn at a time
-READ_BUDGET = 0.002  # seconds of parsing per reactor callback; the rest of the read waits for the next loop turn
 # Why the socket is not read: input waits (for the application's queue, or the next loop turn); output waits for the
 # socket; the driver asked (DirectReads.pause_reading).
 _HELD_READING, _HELD_WRITING, _HELD_APP = 1, 2, 4
@@ -137,7 +145,8 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
       the uvicorn shim). The size limits (checked by autobahn as each frame begins) are unchanged.
     * Reads: autobahn parses all it is given at once, copying what is left of its buffer after every frame, and
       daphne queues each message for the application without a bound: one 64 KiB read of tiny frames held the
-      reactor for 100-700 ms. Here a read goes to autobahn READ_SLICE bytes at a time; after a slice that queued
+      reactor for 100-700 ms. Here a read goes to autobahn by the servers' read rule
+      (:func:`~lowlat_mw.servers.serving.read_slices`): READ_SLICE bytes at a time; after a slice that queued
       a message the socket is not read until the application has taken what is queued (as uvicorn does), and
       past READ_BUDGET seconds in one callback the rest waits for the next loop turn. With direct reads
       (:meth:`DaphneDirect.set_receiver`) messages go to the driver instead of the queue, and the driver pauses the
@@ -149,7 +158,7 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
     """
 
     _lowlat_holds = 0  # _HELD_READING | _HELD_WRITING | _HELD_APP: why the transport's reading is paused
-    _lowlat_pending: bytes | None = None  # the rest of a read, held back (reading paused) while not None
+    _lowlat_pending: memoryview | None = None  # the rest of a read, held back (reading paused) while not None
     _lowlat_waiting = False  # held until the application has taken every queued message
     _lowlat_receiver: Any = None  # direct reads: the driver's feed(message, n) (DaphneDirect.set_receiver)
     _lowlat_burst = 0  # messages handed to the receiver in this callback
@@ -167,37 +176,36 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             register(self.flow, True)
 
     def dataReceived(self, data: bytes) -> None:
-        if self._lowlat_pending is not None:  # held back: after what waits (daphne resumes reading after an upgrade)
-            self._lowlat_pending += data
+        pending = self._lowlat_pending
+        if pending is not None:  # held back: after what waits (daphne resumes reading after an upgrade)
+            self._lowlat_pending = memoryview(bytes(pending) + data)
             self._lowlat_hold(_HELD_READING, True, again=True)
             return
         self._lowlat_feed(data)
 
-    def _lowlat_feed(self, data: bytes) -> None:
-        """Hand `data` to autobahn a slice at a time until it is done, the application has messages queued, or this
-        callback's READ_BUDGET is spent; what is left waits, with reading paused."""
-        began = time.perf_counter()
-        end = len(data)
-        pos = 0
+    def _lowlat_feed(self, data: bytes | memoryview) -> None:
+        """Hand `data` to autobahn by the servers' read rule (:func:`~lowlat_mw.servers.serving.read_slices`): what
+        is left waits, with reading paused, until the application took its input or the next loop turn."""
         self._lowlat_burst = 0
-        while pos < end:
-            piece = data if end <= READ_SLICE else data[pos:pos + READ_SLICE]
-            pos += len(piece)
-            super().dataReceived(piece)
-            if self.state == self.STATE_CLOSED:
-                return
+        rest = read_slices(data, super().dataReceived, self._lowlat_stop)
+        if rest is None or self.state == self.STATE_CLOSED:
+            return
+        if not self._lowlat_holds & _HELD_APP:  # (the driver has messages waiting: it resumes, resume_reading)
             inbox = getattr(self, "application_queue", None)
-            if self._lowlat_holds & _HELD_APP:  # the driver has messages waiting: it resumes (resume_reading)
-                pass
-            elif isinstance(inbox, _Inbox) and not inbox.empty():  # the application has input: read on once it took it
+            if isinstance(inbox, _Inbox) and not inbox.empty():  # the application has input: read on once it took it
                 self._lowlat_waiting = True
-            elif pos == end or time.perf_counter() - began < READ_BUDGET:
-                continue
             else:  # this callback's budget is spent: the rest in the next loop turn
                 reactor.callLater(0, self._lowlat_read_on)
-            self._lowlat_pending = data[pos:]
-            self._lowlat_hold(_HELD_READING, True)
-            return
+        self._lowlat_pending = rest
+        self._lowlat_hold(_HELD_READING, True)
+
+    def _lowlat_stop(self) -> bool:
+        """Whether autobahn's input has to wait: the connection is closed, or the application has messages waiting
+        (the driver's, with direct reads; daphne's queue otherwise)."""
+        if self.state == self.STATE_CLOSED or self._lowlat_holds & _HELD_APP:
+            return True
+        inbox = getattr(self, "application_queue", None)
+        return isinstance(inbox, _Inbox) and not inbox.empty()
 
     def _lowlat_drained(self) -> None:
         """The application took every message queued (from its `receive`): read on in a callback of its own."""

@@ -39,7 +39,14 @@ from websockets.protocol import State as _WebSocketState
 from lowlat_mw.drivers.aio import drain_all, drain_on_shutdown
 from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
 from lowlat_mw.observability.logs import CLIENT_LOGS
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, several_workers, too_big_message
+from lowlat_mw.servers.serving import (
+    HeaderBudget,
+    add_fragment,
+    app_timeout,
+    read_slices,
+    several_workers,
+    too_big_message,
+)
 
 __all__ = ["DrainingServer", "H11Protocol", "Http", "HttpToolsProtocol", "WSProtoProtocol", "WebSocketProtocol",
            "no_delay"]
@@ -165,20 +172,83 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-READ_SLICE = 16 * 1024  # bytes handed to the WebSocket parser at a time
 LINGER = 5.0  # seconds a connection failed by a bad frame keeps reading (and dropping) before it closes
 
 
-def _in_slices(data: bytes, feed: Callable[[Any], None], done: Callable[[], bool]) -> None:
-    """Hand a socket read to `feed` READ_SLICE bytes at a time, stopping once `done()` (the connection failed)."""
-    if len(data) <= READ_SLICE:
-        feed(data)
-        return
-    view = memoryview(data)
-    for start in range(0, len(data), READ_SLICE):
-        if start and done():
+class _FairReads:
+    """Mixin: socket reads go to the WebSocket parser by the servers' read rule
+    (:func:`~lowlat_mw.servers.serving.read_slices`, as in the daphne runner): a slice at a time, none while the
+    application has messages waiting (uvicorn's ``read_paused``: its queue; the driver's ``pause_reading``: direct
+    reads) or once the connection failed, at most READ_BUDGET of them per callback; the rest is held, reading paused,
+    until the application took its input or the next loop turn. uvicorn hands a whole read (up to 256 KiB) to its
+    parser, which parses it and queues every message of it in one callback (wsproto: ~20 ms per 16 KiB of tiny
+    frames), every other connection of the process waiting."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    _lowlat_direct: _Direct | None
+    _lowlat_rest: memoryview | None = None  # the rest of a read, held back (reading paused) while not None
+    _lowlat_read_paused = False
+
+    @property
+    def read_paused(self) -> bool:
+        """uvicorn's: the application has messages queued; reading is paused until its ``receive`` took them."""
+        return self._lowlat_read_paused
+
+    @read_paused.setter
+    def read_paused(self, paused: bool) -> None:
+        self._lowlat_read_paused = paused
+        if not paused and self._lowlat_rest is not None:  # uvicorn reads on: what is held goes first
+            self.loop.call_soon(self._lowlat_read_on)
+
+    def _lowlat_behind(self, data: bytes) -> None:
+        """A read while one is held (reading was resumed meanwhile): it waits behind it."""
+        self._lowlat_rest = memoryview(bytes(self._lowlat_rest or b"") + data)
+        self.transport.pause_reading()
+
+    def _lowlat_slices(self, data: bytes | memoryview, parse: Callable[[bytes], None]) -> None:
+        """`data` to `parse` by the read rule; what is left is held."""
+        rest = read_slices(data, parse, self._lowlat_stop)
+        if rest is None or self._lowlat_failed():
             return
-        feed(view[start:start + READ_SLICE])
+        self._lowlat_rest = rest
+        self.transport.pause_reading()
+        if not self._lowlat_waiting():  # this callback's budget is spent: the rest in the next loop turn
+            self.loop.call_soon(self._lowlat_read_on)
+
+    def _lowlat_waiting(self) -> bool:
+        """The application has messages waiting: queued for its ``receive``, or in the driver (direct reads)."""
+        direct = self._lowlat_direct
+        return self._lowlat_read_paused or (direct is not None and direct.held)
+
+    def _lowlat_failed(self) -> bool:
+        """Nothing more is to be parsed: the connection is closing (or failed)."""
+        return self.transport.is_closing()
+
+    def _lowlat_stop(self) -> bool:
+        return self._lowlat_waiting() or self._lowlat_failed()
+
+    def _lowlat_read_on(self) -> None:
+        rest = self._lowlat_rest
+        if rest is None or self._lowlat_waiting():
+            return  # (whoever waits reads on)
+        self._lowlat_rest = None
+        if not self._lowlat_failed():
+            self.data_received(rest)  # type: ignore[attr-defined]
+        if self._lowlat_rest is None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _lowlat_pause(self, pause: bool) -> None:
+        """The driver's DirectReads.pause_reading / resume_reading: it has messages waiting to be handled."""
+        direct = self._lowlat_direct
+        if direct is not None:
+            direct.held = pause
+        if pause:
+            self.transport.pause_reading()
+        elif self._lowlat_rest is not None:
+            self.loop.call_soon(self._lowlat_read_on)
+        elif not self._lowlat_read_paused:
+            self.transport.resume_reading()
 
 
 class _DrainOnShutdown:
@@ -215,8 +285,8 @@ class _Direct:
     dictionary has too many keys for the interpreter's fast attribute access: each read there is a dictionary
     lookup, several per read of a heartbeat's Pong)."""
 
-    __slots__ = ("_protocol", "_transport", "burst", "closing", "expect", "idle", "is_writable", "limit",
-                 "pause_reading", "receiver", "resume_reading", "wait_writable", "write")
+    __slots__ = ("_protocol", "_transport", "burst", "closing", "expect", "held", "idle", "is_writable", "limit",
+                 "receiver", "wait_writable", "write")
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
@@ -230,8 +300,17 @@ class _Direct:
         self.write = transport.write
         self.is_writable = protocol.writable.is_set  # uvicorn's pause_writing / resume_writing set it
         self.wait_writable = protocol.writable.wait
-        self.pause_reading = transport.pause_reading
-        self.resume_reading = transport.resume_reading
+        self.held = False  # the driver paused reading: it has messages waiting (_FairReads)
+
+    def pause_reading(self) -> None:
+        protocol = self._protocol
+        if protocol is not None:
+            protocol._lowlat_pause(True)
+
+    def resume_reading(self) -> None:
+        protocol = self._protocol
+        if protocol is not None:
+            protocol._lowlat_pause(False)
 
     def is_closing(self) -> bool:
         return self.closing or self._transport.is_closing()
@@ -393,21 +472,24 @@ class _OffersDirect:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
-class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOProtocol):
+class WebSocketProtocol(_FairReads, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
     (``--ws lowlat_mw.servers.uvicorn:WebSocketProtocol``; ``lowlat_mw.servers.serving`` uses it.) uvicorn
     parses a whole socket read (up to 256 KiB) into frame objects before handling any, and keeps
     every fragment of a message as a bytes object of its own until the last one arrives: about
     120 bytes of memory per one-byte fragment, 12+ MiB for a 100 KB message sent one byte a frame.
-    Here reads are parsed 16 KiB at a time and small fragments are appended to one buffer, so a
-    fragmented message costs about its own size, as with wsproto. Message size limits are websockets' own
-    (``--ws-max-size``), unchanged.
+    Here reads are parsed by the servers' read rule (:class:`_FairReads`) and small fragments are appended to one
+    buffer, so a fragmented message costs about its own size, as with wsproto. Message size limits are websockets'
+    own (``--ws-max-size``), unchanged.
     """
 
     _lowlat_lingering = False  # failed (close frame sent): reading and dropping until the peer or LINGER ends it
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
+        if self._lowlat_rest is not None:
+            self._lowlat_behind(data)  # type: ignore[arg-type]
+            return
         direct = self._lowlat_direct
         if direct is not None and direct.idle:  # direct reads: whole one-frame messages straight to the driver
             expect = direct.expect  # the heartbeat's Pong, awaited: known by its bytes, not parsed
@@ -427,8 +509,7 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOP
             return
         elif direct is not None:
             direct.burst = 0
-        _in_slices(data, super().data_received,
-                   lambda: self.conn.parser_exc is not None or self.transport.is_closing())
+        self._lowlat_slices(data, super().data_received)
         direct = self._lowlat_direct  # (the rest went to websockets' parser: is it still between two messages?)
         if direct is not None and direct.receiver is not None:
             direct.idle = not direct.closing and parser_idle(self.conn)
@@ -451,8 +532,12 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOP
             message, pos = found
             direct.burst = burst = direct.burst + 1
             receiver(message, burst)  # type: ignore[misc]
-            if pos == end or not direct.idle or direct.receiver is not receiver or transport.is_closing():
-                return pos  # (the rest, if any: websockets', as if it had parsed it)
+            if pos == end or not direct.idle or direct.held or direct.receiver is not receiver \
+                    or transport.is_closing():
+                return pos  # (the rest, if any: websockets', as if it had parsed it; held while the driver is)
+
+    def _lowlat_failed(self) -> bool:
+        return self._lowlat_lingering or self.conn.parser_exc is not None or self.transport.is_closing()
 
     def handle_parser_exception(self) -> None:
         """A frame failed the connection (too big, bad UTF-8, a protocol violation): the close frame goes out
@@ -518,6 +603,9 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOP
         if receiver is None:
             self.queue.put_nowait({"type": "websocket.receive", "text": message} if type(message) is str
                                   else {"type": "websocket.receive", "bytes": message})
+            if not self.read_paused:  # (as uvicorn: not read on until the app's receive took what is queued)
+                self.read_paused = True
+                self.transport.pause_reading()
             return
         direct.burst = burst = direct.burst + 1  # type: ignore[union-attr]
         receiver(message, burst)
@@ -551,7 +639,7 @@ else:
                 self.refused()
                 raise
 
-    class WSProtoProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _WSProtoProtocol):
+    class WSProtoProtocol(_FairReads, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
         (``--ws lowlat_mw.servers.uvicorn:WSProtoProtocol``; ``lowlat_mw.servers.serving`` uses it for
@@ -562,14 +650,17 @@ else:
           connection without a close frame (the client sees 1006). Here the server sends that close
           frame (1002, 1007...) first, as RFC 6455 7.1.7 asks.
         * uvicorn hands a whole socket read (up to 256 KiB) to wsproto, which copies it into its buffer
-          and turns it into message chunks before uvicorn counts any against ``--ws-max-size``. Here
-          reads are parsed 16 KiB at a time and parsing stops as soon as the connection is closing, so
-          refusing a message over the limit costs about the limit, not the limit plus what was in flight.
+          and turns it into message chunks before uvicorn counts any against ``--ws-max-size``, and queues every
+          message of it in one callback. Here reads are parsed by the servers' read rule (:class:`_FairReads`):
+          parsing stops as soon as the connection is closing, so refusing a message over the limit costs about the
+          limit, not the limit plus what was in flight, and while the application has messages queued.
         """
 
-        def data_received(self, data: bytes) -> None:
-            feed = super().data_received
-            _in_slices(data, lambda piece: feed(bytes(piece)), self.transport.is_closing)
+        def data_received(self, data: bytes | memoryview) -> None:
+            if self._lowlat_rest is not None:
+                self._lowlat_behind(data)  # type: ignore[arg-type]
+                return
+            self._lowlat_slices(data, super().data_received)
 
         _lowlat_subprotocol: str | None = None
 

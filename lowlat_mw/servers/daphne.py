@@ -25,8 +25,11 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
 * writes have flow control: the connection's Twisted transport pauses the runner (``registerProducer``) while
   more than its buffer size (64 KiB) waits to go out, so direct writes and the ASGI ``websocket.send`` wait
   (:class:`DaphneDirect`, :meth:`DrainingServer.handle_reply`) and a client that stops reading gets 4003 after the
-  ``slow_consumer_timeout`` setting instead of the server queueing the whole output; the socket is not read
-  meanwhile (as Twisted's own HTTP channel does), so a client cannot pile up answers it does not read either;
+  ``slow_consumer_timeout`` setting instead of the server queueing the whole output. The socket is read on
+  meanwhile, as uvicorn does: such a client's Cancel, Ack or close is handled, while the driver's own rule (it stops
+  reading while an answer waits for the socket) and the control budget bound what it can pile up; of the protocol
+  Pings it sends meanwhile only the latest is answered, once the socket takes it (RFC 6455 5.5.3), not one Pong kept
+  per Ping;
 * reads are fair: autobahn parses a whole socket read (64 KiB, thousands of tiny frames) in one callback and daphne
   queues every message for the application without a bound. Here reads go to autobahn by the read rule of all our
   servers (:func:`lowlat_mw.servers.serving.read_slices`): READ_SLICE bytes at a time, at most READ_BUDGET seconds
@@ -86,9 +89,9 @@ from lowlat_mw.servers.serving import (
 __all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect",
            "DrainingServer", "OneBufferWebSocketProtocol", "install", "install_runserver", "main"]
 
-# Why the socket is not read: input waits (for the application's queue, or the next loop turn); output waits for the
-# socket; the driver asked (DirectReads.pause_reading).
-_HELD_READING, _HELD_WRITING, _HELD_APP = 1, 2, 4
+# Why the socket is not read: input waits (for the application's queue, or the next loop turn); the driver asked
+# (DirectReads.pause_reading). Not that output waits for the socket: the socket is read on meanwhile, as under uvicorn.
+_HELD_READING, _HELD_APP = 1, 2
 
 
 def _handshake_timeout() -> float:
@@ -99,7 +102,8 @@ def _handshake_timeout() -> float:
 class _Flow:
     """A connection's writability, kept by its Twisted transport: registered as the transport's streaming producer,
     it is paused while more than the transport's buffer size (64 KiB) waits to be sent, and resumed once all of it
-    went to the socket. Writers wait on `writable`; the socket is not read meanwhile."""
+    went to the socket. Writers wait on `writable`; the socket is read on meanwhile (the protocol answers only the
+    latest protocol Ping then, once it is resumed: OneBufferWebSocketProtocol.onPing)."""
 
     __slots__ = ("protocol", "writable")
 
@@ -109,13 +113,11 @@ class _Flow:
         self.writable.set()
 
     def pauseProducing(self) -> None:
-        if self.writable.is_set():
-            self.writable.clear()
-            self.protocol._lowlat_hold(_HELD_WRITING, True)
+        self.writable.clear()
 
     def resumeProducing(self) -> None:
         self.writable.set()
-        self.protocol._lowlat_hold(_HELD_WRITING, False)
+        self.protocol._lowlat_writable()
 
     def stopProducing(self) -> None:  # the connection is lost: nothing waits for it any more
         self.writable.set()
@@ -153,11 +155,15 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
       reads while it has messages waiting. Messages that arrive after our close frame are dropped, as uvicorn drops
       them.
     * Writes: the transport's producer is the connection's :class:`_Flow` (``writable``), not daphne's HTTP
-      channel, which ignored it; while the transport holds more than its buffer size the socket is not read.
+      channel, which ignored it. While the transport holds more than its buffer size the socket is read on, as under
+      uvicorn (Twisted resumes a producer only once its buffer is empty, which a client that stopped reading never
+      lets happen: its Cancels, Acks and close went unread until the 4003); only the latest protocol Ping is answered
+      then (:meth:`onPing`).
     * Closes: :meth:`onClose` reports the code autobahn failed the connection with (see there).
     """
 
-    _lowlat_holds = 0  # _HELD_READING | _HELD_WRITING | _HELD_APP: why the transport's reading is paused
+    _lowlat_holds = 0  # _HELD_READING | _HELD_APP: why the transport's reading is paused
+    _lowlat_pong: bytes | None = None  # the payload of the latest protocol Ping, to answer once the socket takes it
     _lowlat_pending: memoryview | None = None  # the rest of a read, held back (reading paused) while not None
     _lowlat_waiting = False  # held until the application has taken every queued message
     _lowlat_receiver: Any = None  # direct reads: the driver's feed(message, n) (DaphneDirect.set_receiver)
@@ -255,6 +261,23 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
         self.last_ping = time.time()  # (as daphne's onMessage)
         self._lowlat_burst = burst = self._lowlat_burst + 1
         receiver(payload if isBinary else payload.decode("utf8"), burst)  # (autobahn validated the UTF-8)
+
+    def onPing(self, payload: bytes) -> None:
+        """A protocol-level Ping: autobahn answers it at once. While the socket takes nothing more (the flow paused)
+        only the latest is answered, once it does (RFC 6455 5.5.3 allows that): a client that sends Pings and reads
+        nothing would otherwise make the server keep a Pong for each, the socket being read on meanwhile."""
+        flow = self.flow
+        if flow is not None and not flow.writable.is_set():
+            self._lowlat_pong = payload
+            return
+        super().onPing(payload)
+
+    def _lowlat_writable(self) -> None:
+        """The socket took all that was written (the flow resumed): the latest Ping held meanwhile is answered."""
+        pong = self._lowlat_pong
+        if pong is not None:
+            self._lowlat_pong = None
+            super().onPing(pong)  # (autobahn's: a Pong while the connection is open)
 
     def onMessageFrame(self, payload: Any) -> None:
         if not self.failedByMe:

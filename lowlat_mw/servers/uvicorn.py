@@ -251,6 +251,30 @@ class _FairReads:
             self.transport.resume_reading()
 
 
+PONG_HEAD = b"\x8a"  # the first byte of a server's Pong frame (FIN, opcode 10; control frames are never compressed)
+
+
+class _LatestPong:
+    """Mixin: while the transport takes nothing more (uvicorn's writes paused), only the latest protocol Ping is
+    answered, once it takes writes again (RFC 6455 5.5.3 allows that). uvicorn reads on while its writes are paused,
+    and answered every Ping at once: a client that sends Pings and reads nothing made it keep a Pong for each (+25 MiB
+    for 32 MiB of Pings under websockets-sansio, +43 MiB under wsproto). The shims keep the latest in `_lowlat_pong`
+    (handle_ping); the daphne runner does the same (OneBufferWebSocketProtocol.onPing)."""
+
+    transport: asyncio.Transport
+    writable: asyncio.Event
+    close_sent: bool
+    _lowlat_pong: bytes | None = None  # the latest Pong frame, held while writes are paused
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        pong = self._lowlat_pong
+        if pong is not None:
+            self._lowlat_pong = None
+            if not self.close_sent and not self.transport.is_closing():
+                self.transport.write(pong)
+
+
 class _DrainOnShutdown:
     """Mixin: on server shutdown, lowlat-mw connections are drained before uvicorn's 1012.
 
@@ -472,7 +496,7 @@ class _OffersDirect:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
-class WebSocketProtocol(_FairReads, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOProtocol):
+class WebSocketProtocol(_FairReads, _LatestPong, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
     (``--ws lowlat_mw.servers.uvicorn:WebSocketProtocol``; ``lowlat_mw.servers.serving`` uses it.) uvicorn
@@ -561,12 +585,19 @@ class WebSocketProtocol(_FairReads, _OffersDirect, _DrainOnShutdown, _ClosesWith
         self.loop.call_later(LINGER, transport.close)
 
     def handle_ping(self) -> None:
-        """websockets queued the Pong: written, unless the connection failed earlier in the same read (nothing
-        goes after the close frame and its FIN: the write raised "Cannot call write() after write_eof()")."""
+        """websockets queued the Pong (with those of the other Pings of the same read): written, unless the
+        connection failed earlier in the same read (nothing goes after the close frame and its FIN: the write raised
+        "Cannot call write() after write_eof()"); while writes are paused only the latest Pong, once they resume
+        (:class:`_LatestPong`)."""
+        output = self.conn.data_to_send()  # (one frame each)
         if self._lowlat_lingering:
-            self.conn.data_to_send()  # (dropped)
-            return
-        super().handle_ping()
+            return  # (dropped)
+        if not self.writable.is_set():
+            pongs = [frame for frame in output if frame[:1] == PONG_HEAD]
+            if pongs:
+                self._lowlat_pong = pongs[-1]
+                output = [frame for frame in output if frame[:1] != PONG_HEAD]
+        self.transport.write(b"".join(output))
 
     def handle_cont(self, event: Any) -> None:
         add_fragment(self.frames, event.data)
@@ -639,7 +670,7 @@ else:
                 self.refused()
                 raise
 
-    class WSProtoProtocol(_FairReads, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _WSProtoProtocol):
+    class WSProtoProtocol(_FairReads, _LatestPong, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
         (``--ws lowlat_mw.servers.uvicorn:WSProtoProtocol``; ``lowlat_mw.servers.serving`` uses it for
@@ -663,6 +694,15 @@ else:
             self._lowlat_slices(data, super().data_received)
 
         _lowlat_subprotocol: str | None = None
+
+        def handle_ping(self, event: Any) -> None:
+            """A protocol Ping: answered at once, as by uvicorn, or while writes are paused only the latest, once
+            they resume (:class:`_LatestPong`)."""
+            pong = self.conn.send(event.response())
+            if self.writable.is_set():
+                self.transport.write(pong)
+            else:
+                self._lowlat_pong = pong
 
         async def send(self, message: Any) -> None:
             if message["type"] == "websocket.accept":

@@ -712,7 +712,7 @@ PROBE_EVERY = 0.02  # and the client sends a Ping every 20 ms (the control budge
 # queued every message of it, so it had 150 ms (its gap p99 during bursts was 177-224 ms, one run over that). Every
 # server of ours now reads by one rule (lowlat_mw.servers.serving.read_slices: 2 KiB slices, at most 2 ms a callback,
 # none while the application has input waiting); daphne's also hands messages to the driver directly. Measured
-# attacked p99 (2026-12-07, 3 runs): daphne 42-65 ms (mixed), 25-27 ms (bursts); wsproto 40-46 ms (mixed), 21-39 ms
+# attacked p99 (2026-12-07, 6 runs): daphne 51-65 ms (mixed), 25-27 ms (bursts); wsproto 38-48 ms (mixed), 20-39 ms
 # (bursts).
 # * gunicorn gthread (Flask): every frame and every send crosses threads (reader thread -> shared loop ->
 #   send pool), and each handoff waits for the GIL that the attack's connection threads hold for up to the
@@ -721,9 +721,9 @@ ISOLATION_BOUND = {"starlette": (5.0, 0.050), "fastapi": (5.0, 0.050), "wsproto"
                    "flask": (5.0, 0.250), "django": (5.0, 0.050)}
 # The Pings' round trips during control bursts: p99 < 5x baseline p99 + this. A stall of the whole server shows in every
 # Ping sent during it, where the gaps between deltas show it once (a few stalls of 0.5-1 s left daphne's gap p99 at
-# 14-43 ms, its round-trip p99 at 526-1113 ms). Measured during bursts (2026-12-07, 3 runs each, reads by the rule
-# above): uvicorn websockets-sansio 6-11 ms (34-37 ms before it), daphne 13-14 ms, the ASGI path 7-15 ms (107-145 ms
-# before), wsproto 9-45 ms (161-288 ms before), gunicorn 43-70 ms; the same bound for every asyncio server, gunicorn's
+# 14-43 ms, its round-trip p99 at 526-1113 ms). Measured during bursts (2026-12-07, 6 runs each, reads by the rule
+# above): uvicorn websockets-sansio 5-11 ms (34-37 ms before it), daphne 13-15 ms, the ASGI path 6-15 ms (107-145 ms
+# before), wsproto 9-45 ms (161-288 ms before), gunicorn 43-75 ms; the same bound for every asyncio server, gunicorn's
 # from its measurements.
 PROBE_BOUND = {"starlette": 0.250, "fastapi": 0.250, "django": 0.250, "asgi": 0.250, "flask": 0.400, "wsproto": 0.250}
 

@@ -14,7 +14,6 @@ this consumer hands Channels' messages to them.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from channels.consumer import AsyncConsumer
@@ -30,17 +29,11 @@ from lowlat_mw.drivers.shared import open_endpoint
 from lowlat_mw.endpoint import Endpoint, settings_from_config
 from lowlat_mw.errors import app_close_code
 from lowlat_mw.model import Models, ModelSpec
+from lowlat_mw.servers.serving import daphne_runserver
 
 __all__ = ["LowLatConsumer", "client_urlpatterns", "client_view", "metrics_view"]
 
-if "daphne.server" in sys.modules:
-    # Served by daphne: Django's runserver ("daphne" in INSTALLED_APPS) or plain daphne, which import the application
-    # (and so this module) before they build their protocol factories. lowlat-mw's daphne fixes apply there too, as
-    # under `python -m lowlat_mw.servers.daphne`: a message over daphne's size limit gets Error message_too_big and
-    # close 1009 instead of a dropped connection, the opening request a deadline (lowlat_mw.servers.daphne.install).
-    from lowlat_mw.servers.daphne import install as _install_daphne_fixes
-
-    _install_daphne_fixes()
+daphne_runserver()  # under daphne's `manage.py runserver`, which imports the application: lowlat-mw's daphne runner
 
 _generation = [0]  # bumped when settings.LOWLAT_MW changes
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from lowlat_mw.servers.serving import (
     HANDSHAKE_HEADER_LIMIT,
+    READ_BUDGET,
+    READ_SLICE,
     SMALL_FRAGMENT,
     UVICORN_WS,
     UVICORN_WSPROTO,
@@ -15,6 +17,7 @@ from lowlat_mw.servers.serving import (
     add_fragment,
     daphne_args,
     log_config,
+    read_slices,
     run_options,
     transport_limit,
     uvicorn_args,
@@ -201,3 +204,74 @@ def test_the_servers_own_bounds_follow_the_apps_settings(monkeypatch):
     assert serving.app_timeout("close_timeout") == 1.5
     assert serving.app_timeout("handshake_timeout") == 4.0
     del first, second
+
+
+# ---------------------------------------------------------------- the servers' read rule (read_slices)
+class _Reader:
+    """A parser that records what it is given, a fake clock that each parse moves on by `cost`, and a stop rule."""
+
+    def __init__(self, cost: float = 0.0, stop_after: int | None = None) -> None:
+        self.pieces: list[bytes] = []
+        self.now = 0.0
+        self.cost = cost
+        self.stop_after = stop_after  # stop() once this many pieces were parsed
+        self.closing = False
+
+    def parse(self, piece: bytes) -> None:
+        assert type(piece) is bytes  # (autobahn and wsproto take bytes)
+        self.pieces.append(piece)
+        self.now += self.cost
+
+    def stop(self) -> bool:
+        return self.closing or (self.stop_after is not None and len(self.pieces) >= self.stop_after)
+
+    def feed(self, data: bytes | memoryview) -> memoryview | None:
+        return read_slices(data, self.parse, self.stop, clock=lambda: self.now)
+
+
+def test_a_small_read_is_parsed_whole_and_reading_goes_on():
+    r = _Reader()
+    assert r.feed(b"abc") is None and r.pieces == [b"abc"]
+
+
+def test_a_big_read_is_parsed_a_slice_at_a_time_within_the_budget():
+    data = bytes(range(256)) * (5 * READ_SLICE // 256) + b"tail"
+    r = _Reader(cost=READ_BUDGET / 10)
+    assert r.feed(data) is None  # five slices and a bit: within the budget
+    assert [len(p) for p in r.pieces] == [READ_SLICE] * 5 + [4] and b"".join(r.pieces) == data
+
+
+def test_past_the_budget_the_rest_is_handed_back():
+    data = b"x" * (10 * READ_SLICE)
+    r = _Reader(cost=READ_BUDGET / 2.5)  # the budget is spent after three slices
+    rest = r.feed(data)
+    assert len(r.pieces) == 3 and rest is not None and bytes(rest) == data[3 * READ_SLICE:]
+    r.now = 0.0
+    assert r.feed(rest) is not None and len(r.pieces) == 6  # the next loop turn: three more
+
+
+def test_once_the_application_has_input_waiting_the_rest_waits_too():
+    data = b"y" * (4 * READ_SLICE)
+    r = _Reader(stop_after=1)
+    rest = r.feed(data)
+    assert r.pieces == [data[:READ_SLICE]] and rest is not None and bytes(rest) == data[READ_SLICE:]
+    assert r.feed(rest) is not None and len(r.pieces) == 1  # still waiting: not a byte parsed
+    r.stop_after = None
+    assert r.feed(rest) is None and b"".join(r.pieces) == data
+
+
+def test_a_read_that_made_the_application_wait_holds_the_next_one():
+    # All of it parsed, but what it queued waits: an empty rest, so that the caller keeps reading paused.
+    r = _Reader(stop_after=1)
+    rest = r.feed(b"z" * 10)
+    assert r.pieces == [b"z" * 10] and rest is not None and len(rest) == 0
+    r = _Reader(stop_after=2)
+    rest = r.feed(b"w" * (2 * READ_SLICE))
+    assert len(r.pieces) == 2 and rest is not None and len(rest) == 0
+
+
+def test_a_closing_connection_parses_nothing_more():
+    r = _Reader()
+    r.closing = True
+    assert r.feed(b"abc") is not None and r.pieces == []
+    assert r.feed(b"a" * (3 * READ_SLICE)) is not None and r.pieces == []

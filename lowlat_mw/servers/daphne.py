@@ -25,13 +25,17 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
 * writes have flow control: the connection's Twisted transport pauses the runner (``registerProducer``) while
   more than its buffer size (64 KiB) waits to go out, so direct writes and the ASGI ``websocket.send`` wait
   (:class:`DaphneDirect`, :meth:`DrainingServer.handle_reply`) and a client that stops reading gets 4003 after the
-  ``slow_consumer_timeout`` setting instead of the server queueing the whole output; the socket is not read
-  meanwhile (as Twisted's own HTTP channel does), so a client cannot pile up answers it does not read either;
+  ``slow_consumer_timeout`` setting instead of the server queueing the whole output. The socket is read on
+  meanwhile, as uvicorn does: such a client's Cancel, Ack or close is handled, while the driver's own rule (it stops
+  reading while an answer waits for the socket) and the control budget bound what it can pile up; of the protocol
+  Pings it sends meanwhile only the latest is answered, once the socket takes it (RFC 6455 5.5.3), not one Pong kept
+  per Ping;
 * reads are fair: autobahn parses a whole socket read (64 KiB, thousands of tiny frames) in one callback and daphne
-  queues every message for the application without a bound. Here reads go to autobahn READ_SLICE bytes at a time,
-  at most READ_BUDGET seconds of them per callback, and reading pauses while the application has messages queued
-  (as uvicorn does); each whole message goes to lowlat-mw's driver directly (:class:`DaphneDirect`, direct reads),
-  not through a Channels consumer's dispatch: a burst of 10,000 Pings no longer stalls every other connection;
+  queues every message for the application without a bound. Here reads go to autobahn by the read rule of all our
+  servers (:func:`lowlat_mw.servers.serving.read_slices`): READ_SLICE bytes at a time, at most READ_BUDGET seconds
+  of them per callback, none while the application has messages queued (as under our uvicorn protocols); each
+  whole message goes to lowlat-mw's driver directly (:class:`DaphneDirect`, direct reads), not through a Channels
+  consumer's dispatch: a burst of 10,000 Pings no longer stalls every other connection;
 * the application learns the close code autobahn failed a connection with (1007 for a text frame that is not
   UTF-8, 1002, 1009): autobahn reports 1006 when a second check of the same frame drops the connection;
 * it offers lowlat-mw direct writes (the ``lowlat.transport`` scope extension,
@@ -47,6 +51,7 @@ never accepts it.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -70,16 +75,24 @@ except ImportError as _missing:  # (the Django extra brings them)
 
 from lowlat_mw.drivers.aio import drain_all
 from lowlat_mw.drivers.direct import EXTENSION
-from lowlat_mw.servers.serving import HeaderBudget, add_fragment, app_timeout, close_timeout_of, too_big_message
+from lowlat_mw.servers.serving import (
+    DAPHNE_RUNSERVER,
+    READ_BUDGET,
+    READ_SLICE,
+    HeaderBudget,
+    add_fragment,
+    app_timeout,
+    close_timeout_of,
+    read_slices,
+    too_big_message,
+)
 
 __all__ = ["READ_BUDGET", "READ_SLICE", "BoundedHTTPFactory", "ClosingWebSocketFactory", "DaphneDirect",
-           "DrainingServer", "OneBufferWebSocketProtocol", "install", "main"]
+           "DrainingServer", "OneBufferWebSocketProtocol", "install", "install_runserver", "main"]
 
-READ_SLICE = 2 * 1024  # bytes of a socket read handed to autobahn at a time
-READ_BUDGET = 0.002  # seconds of parsing per reactor callback; the rest of the read waits for the next loop turn
-# Why the socket is not read: input waits (for the application's queue, or the next loop turn); output waits for the
-# socket; the driver asked (DirectReads.pause_reading).
-_HELD_READING, _HELD_WRITING, _HELD_APP = 1, 2, 4
+# Why the socket is not read: input waits (for the application's queue, or the next loop turn); the driver asked
+# (DirectReads.pause_reading). Not that output waits for the socket: the socket is read on meanwhile, as under uvicorn.
+_HELD_READING, _HELD_APP = 1, 2
 
 
 def _handshake_timeout() -> float:
@@ -90,7 +103,8 @@ def _handshake_timeout() -> float:
 class _Flow:
     """A connection's writability, kept by its Twisted transport: registered as the transport's streaming producer,
     it is paused while more than the transport's buffer size (64 KiB) waits to be sent, and resumed once all of it
-    went to the socket. Writers wait on `writable`; the socket is not read meanwhile."""
+    went to the socket. Writers wait on `writable`; the socket is read on meanwhile (the protocol answers only the
+    latest protocol Ping then, once it is resumed: OneBufferWebSocketProtocol.onPing)."""
 
     __slots__ = ("protocol", "writable")
 
@@ -100,13 +114,11 @@ class _Flow:
         self.writable.set()
 
     def pauseProducing(self) -> None:
-        if self.writable.is_set():
-            self.writable.clear()
-            self.protocol._lowlat_hold(_HELD_WRITING, True)
+        self.writable.clear()
 
     def resumeProducing(self) -> None:
         self.writable.set()
-        self.protocol._lowlat_hold(_HELD_WRITING, False)
+        self.protocol._lowlat_writable()
 
     def stopProducing(self) -> None:  # the connection is lost: nothing waits for it any more
         self.writable.set()
@@ -136,19 +148,24 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
       the uvicorn shim). The size limits (checked by autobahn as each frame begins) are unchanged.
     * Reads: autobahn parses all it is given at once, copying what is left of its buffer after every frame, and
       daphne queues each message for the application without a bound: one 64 KiB read of tiny frames held the
-      reactor for 100-700 ms. Here a read goes to autobahn READ_SLICE bytes at a time; after a slice that queued
+      reactor for 100-700 ms. Here a read goes to autobahn by the servers' read rule
+      (:func:`~lowlat_mw.servers.serving.read_slices`): READ_SLICE bytes at a time; after a slice that queued
       a message the socket is not read until the application has taken what is queued (as uvicorn does), and
       past READ_BUDGET seconds in one callback the rest waits for the next loop turn. With direct reads
       (:meth:`DaphneDirect.set_receiver`) messages go to the driver instead of the queue, and the driver pauses the
       reads while it has messages waiting. Messages that arrive after our close frame are dropped, as uvicorn drops
       them.
     * Writes: the transport's producer is the connection's :class:`_Flow` (``writable``), not daphne's HTTP
-      channel, which ignored it; while the transport holds more than its buffer size the socket is not read.
+      channel, which ignored it. While the transport holds more than its buffer size the socket is read on, as under
+      uvicorn (Twisted resumes a producer only once its buffer is empty, which a client that stopped reading never
+      lets happen: its Cancels, Acks and close went unread until the 4003); only the latest protocol Ping is answered
+      then (:meth:`onPing`).
     * Closes: :meth:`onClose` reports the code autobahn failed the connection with (see there).
     """
 
-    _lowlat_holds = 0  # _HELD_READING | _HELD_WRITING | _HELD_APP: why the transport's reading is paused
-    _lowlat_pending: bytes | None = None  # the rest of a read, held back (reading paused) while not None
+    _lowlat_holds = 0  # _HELD_READING | _HELD_APP: why the transport's reading is paused
+    _lowlat_pong: bytes | None = None  # the payload of the latest protocol Ping, to answer once the socket takes it
+    _lowlat_pending: memoryview | None = None  # the rest of a read, held back (reading paused) while not None
     _lowlat_waiting = False  # held until the application has taken every queued message
     _lowlat_receiver: Any = None  # direct reads: the driver's feed(message, n) (DaphneDirect.set_receiver)
     _lowlat_burst = 0  # messages handed to the receiver in this callback
@@ -166,37 +183,36 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
             register(self.flow, True)
 
     def dataReceived(self, data: bytes) -> None:
-        if self._lowlat_pending is not None:  # held back: after what waits (daphne resumes reading after an upgrade)
-            self._lowlat_pending += data
+        pending = self._lowlat_pending
+        if pending is not None:  # held back: after what waits (daphne resumes reading after an upgrade)
+            self._lowlat_pending = memoryview(bytes(pending) + data)
             self._lowlat_hold(_HELD_READING, True, again=True)
             return
         self._lowlat_feed(data)
 
-    def _lowlat_feed(self, data: bytes) -> None:
-        """Hand `data` to autobahn a slice at a time until it is done, the application has messages queued, or this
-        callback's READ_BUDGET is spent; what is left waits, with reading paused."""
-        began = time.perf_counter()
-        end = len(data)
-        pos = 0
+    def _lowlat_feed(self, data: bytes | memoryview) -> None:
+        """Hand `data` to autobahn by the servers' read rule (:func:`~lowlat_mw.servers.serving.read_slices`): what
+        is left waits, with reading paused, until the application took its input or the next loop turn."""
         self._lowlat_burst = 0
-        while pos < end:
-            piece = data if end <= READ_SLICE else data[pos:pos + READ_SLICE]
-            pos += len(piece)
-            super().dataReceived(piece)
-            if self.state == self.STATE_CLOSED:
-                return
+        rest = read_slices(data, super().dataReceived, self._lowlat_stop)
+        if rest is None or self.state == self.STATE_CLOSED:
+            return
+        if not self._lowlat_holds & _HELD_APP:  # (the driver has messages waiting: it resumes, resume_reading)
             inbox = getattr(self, "application_queue", None)
-            if self._lowlat_holds & _HELD_APP:  # the driver has messages waiting: it resumes (resume_reading)
-                pass
-            elif isinstance(inbox, _Inbox) and not inbox.empty():  # the application has input: read on once it took it
+            if isinstance(inbox, _Inbox) and not inbox.empty():  # the application has input: read on once it took it
                 self._lowlat_waiting = True
-            elif pos == end or time.perf_counter() - began < READ_BUDGET:
-                continue
             else:  # this callback's budget is spent: the rest in the next loop turn
                 reactor.callLater(0, self._lowlat_read_on)
-            self._lowlat_pending = data[pos:]
-            self._lowlat_hold(_HELD_READING, True)
-            return
+        self._lowlat_pending = rest
+        self._lowlat_hold(_HELD_READING, True)
+
+    def _lowlat_stop(self) -> bool:
+        """Whether autobahn's input has to wait: the connection is closed, or the application has messages waiting
+        (the driver's, with direct reads; daphne's queue otherwise)."""
+        if self.state == self.STATE_CLOSED or self._lowlat_holds & _HELD_APP:
+            return True
+        inbox = getattr(self, "application_queue", None)
+        return isinstance(inbox, _Inbox) and not inbox.empty()
 
     def _lowlat_drained(self) -> None:
         """The application took every message queued (from its `receive`): read on in a callback of its own."""
@@ -246,6 +262,23 @@ class OneBufferWebSocketProtocol(WebSocketProtocol):
         self.last_ping = time.time()  # (as daphne's onMessage)
         self._lowlat_burst = burst = self._lowlat_burst + 1
         receiver(payload if isBinary else payload.decode("utf8"), burst)  # (autobahn validated the UTF-8)
+
+    def onPing(self, payload: bytes) -> None:
+        """A protocol-level Ping: autobahn answers it at once. While the socket takes nothing more (the flow paused)
+        only the latest is answered, once it does (RFC 6455 5.5.3 allows that): a client that sends Pings and reads
+        nothing would otherwise make the server keep a Pong for each, the socket being read on meanwhile."""
+        flow = self.flow
+        if flow is not None and not flow.writable.is_set():
+            self._lowlat_pong = payload
+            return
+        super().onPing(payload)
+
+    def _lowlat_writable(self) -> None:
+        """The socket took all that was written (the flow resumed): the latest Ping held meanwhile is answered."""
+        pong = self._lowlat_pong
+        if pong is not None:
+            self._lowlat_pong = None
+            super().onPing(pong)  # (autobahn's: a Pong while the connection is open)
 
     def onMessageFrame(self, payload: Any) -> None:
         if not self.failedByMe:
@@ -392,6 +425,12 @@ class BoundedHTTPFactory(HTTPFactory):
     """
 
     handshake_timeout: float | None = None
+    adopts = False  # install_runserver: a daphne Server that builds this factory becomes a DrainingServer
+
+    def __init__(self, server: Any) -> None:
+        if self.adopts and type(server) is daphne.server.Server:
+            _adopt(server)
+        super().__init__(server)
 
     def buildProtocol(self, addr: Any) -> Any:
         if self.handshake_timeout is None:
@@ -454,7 +493,9 @@ class DrainingServer(daphne.server.Server):
     """daphne's server, draining lowlat-mw connections before it cancels the applications on shutdown; it stops
     listening first, as uvicorn and gunicorn do: a new connection is refused, so a balancer passes it on to
     another server at once (nginx's next or backup upstream) instead of the client being closed with 4002 and
-    coming back, again and again, while the drain runs (thousands of reconnects in a failover run)."""
+    coming back, again and again, while the drain runs (thousands of reconnects in a failover run).
+
+    It keeps no state of its own from ``__init__`` (:func:`_adopt` turns runserver's daphne Server into one)."""
 
     def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
         """daphne's, for a WebSocket of ours with the direct-writes extension and an :class:`_Inbox` as the
@@ -500,15 +541,20 @@ class DrainingServer(daphne.server.Server):
 LISTEN_BACKLOG = 2048  # as uvicorn's and gunicorn's; Twisted's default for daphne's -b/-p is 50
 
 
-def _with_backlog(*args: Any, **kwargs: Any) -> list[str]:
-    """daphne's endpoint strings for -b/-p, listening with a backlog of LISTEN_BACKLOG.
+def _backlog(endpoints: list[str]) -> list[str]:
+    """daphne's endpoint strings, a TCP one listening with a backlog of LISTEN_BACKLOG.
 
     With Twisted's default of 50, a burst of connections (200 at once in the transport suite)
     overflows the accept queue: the kernel drops the handshakes it cannot queue, and those
     clients are accepted only after SYN retransmits, seconds later.
     """
     return [f"{e}:backlog={LISTEN_BACKLOG}" if e.startswith("tcp:") and ":backlog=" not in e else e
-            for e in build_endpoint_description_strings(*args, **kwargs)]
+            for e in endpoints]
+
+
+def _with_backlog(*args: Any, **kwargs: Any) -> list[str]:
+    """daphne's endpoint strings for -b/-p (build_endpoint_description_strings), with :func:`_backlog`."""
+    return _backlog(build_endpoint_description_strings(*args, **kwargs))
 
 
 def install() -> None:
@@ -518,6 +564,28 @@ def install() -> None:
     daphne.server.WebSocketFactory = ClosingWebSocketFactory
     daphne.cli.build_endpoint_description_strings = _with_backlog
     daphne.cli.CommandLineInterface.server_class = DrainingServer
+
+
+def install_runserver() -> None:
+    """Make daphne's ``manage.py runserver`` this runner, whole: :func:`install`, and a :class:`DrainingServer` for
+    its server (direct writes and reads, flow control, fair reads, the drain, the backlog), so that what the guide's
+    development server does is what ``python -m lowlat_mw.servers.daphne`` does.
+
+    For a server built from now on, the command's ``server_cls``. The one being built as this is called is daphne's
+    own: runserver looks its server class up before it imports the application, and so the Channels adapter that
+    calls this (``self.server_cls(application=self.get_application(options), ...)``); it becomes a DrainingServer as
+    it starts, when it builds its HTTP factory, before it listens or takes a connection (:func:`_adopt`)."""
+    runserver = importlib.import_module(DAPHNE_RUNSERVER)
+    install()
+    runserver.Command.server_cls = DrainingServer
+    BoundedHTTPFactory.adopts = True
+
+
+def _adopt(server: daphne.server.Server) -> None:
+    """Make daphne's `server` a :class:`DrainingServer` (which adds no state of its own, only methods) and give its
+    TCP endpoints the runner's backlog: called as its ``run`` builds its HTTP factory, before it uses any of them."""
+    server.__class__ = DrainingServer
+    server.endpoints = _backlog(list(server.endpoints))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ..endpoint import Endpoint
@@ -18,10 +20,10 @@ from ..protocol import events as ev
 from ..protocol.codec import codec_for
 from ..settings import Settings
 
-__all__ = ["HANDSHAKE_HEADER_LIMIT", "SMALL_FRAGMENT", "HeaderBudget", "add_fragment", "check_server",
-           "close_timeout_of", "daphne_args",
-           "gunicorn_args", "log_config", "run", "run_options", "several_workers", "too_big_message",
-           "transport_limit", "uvicorn_args", "uvicorn_options"]
+__all__ = ["DAPHNE_RUNSERVER", "HANDSHAKE_HEADER_LIMIT", "READ_BUDGET", "READ_SLICE", "SMALL_FRAGMENT", "HeaderBudget",
+           "add_fragment", "check_server", "close_timeout_of", "daphne_args", "daphne_runserver", "gunicorn_args",
+           "log_config", "read_slices", "run", "run_options", "several_workers", "too_big_message", "transport_limit",
+           "uvicorn_args", "uvicorn_options"]
 
 # Bytes of request line + headers a WebSocket handshake may take (daphne's and h11's own limit).
 HANDSHAKE_HEADER_LIMIT = 16 * 1024
@@ -105,6 +107,46 @@ def add_fragment(parts: list[Any], data: Any) -> None:
             parts.append(bytearray(data))
     else:
         parts.append(data)
+
+
+READ_SLICE = 2 * 1024  # bytes of a socket read handed to a WebSocket parser at a time
+READ_BUDGET = 0.002  # seconds of parsing per callback; the rest of the read waits for the next loop turn
+_NOTHING = memoryview(b"")
+
+
+def read_slices(data: bytes | memoryview, parse: Callable[[bytes], None], stop: Callable[[], bool], *,
+                size: int = READ_SLICE, budget: float = READ_BUDGET,
+                clock: Callable[[], float] = time.perf_counter) -> memoryview | None:
+    """Hand a socket read to a WebSocket parser by the read rule of our servers' WebSocket protocols (the uvicorn
+    shims and the daphne runner): `size` bytes at a time, while `stop()` is false (the application has messages
+    waiting, the connection is failing or closing) and until `budget` seconds of this call are spent. Returns what
+    it did not parse, for the caller to hold with reading paused until the application took its input (or, when the
+    budget is spent, the next loop turn); empty when all of it was parsed but `stop()` holds what comes next; None
+    when all of it was parsed and reading goes on. Nothing but the calls: no socket, no loop (`clock` is asked).
+
+    Why: a parser handed a whole read (64-256 KiB: thousands of tiny frames) parses it, and queues every message,
+    in one callback (autobahn 100-700 ms measured, wsproto ~20 ms per 16 KiB), while every other connection of the
+    process waits; and what it queues has no bound. A 2 KiB slice of tiny frames takes 1-2 ms on the slowest."""
+    end = len(data)
+    if end <= size:
+        if stop():
+            return memoryview(data)
+        if end:
+            parse(data if type(data) is bytes else bytes(data))
+        return _NOTHING if stop() else None
+    view = memoryview(data)
+    began = clock()
+    pos = 0
+    while True:
+        if stop():
+            return view[pos:]
+        if pos >= end:
+            return None
+        if pos and clock() - began >= budget:
+            return view[pos:]
+        piece = bytes(view[pos:pos + size])
+        pos += len(piece)
+        parse(piece)
 
 
 def transport_limit(settings: Settings) -> int:
@@ -246,6 +288,27 @@ def run(app: Any, *, drain_grace: float | None = None, settings: Settings | None
             server.run()
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises the SIGINT it caught once it has shut down (as uvicorn.run,
         pass  # the end of a stop asked for, not a traceback)
+
+
+DAPHNE_RUNSERVER = "daphne.management.commands.runserver"  # daphne's `manage.py runserver`: imported to run it
+
+
+def daphne_runserver() -> bool:
+    """Under daphne's ``manage.py runserver`` ("daphne" in INSTALLED_APPS), serve with lowlat-mw's daphne runner,
+    whole (:func:`lowlat_mw.servers.daphne.install_runserver`); True if so, False (nothing changed) anywhere else.
+
+    The Channels adapter calls it as runserver imports the application. It keys on the command that runs: its
+    module is imported only to run it (or print its help). Not on daphne being imported: daphne's app config imports
+    ``daphne.server`` in every process of a project that lists it, one served by uvicorn too; and plain ``daphne`` is
+    left as it is (production runs ``python -m lowlat_mw.servers.daphne``: docs/django.md says what daphne lacks)."""
+    import sys
+
+    if DAPHNE_RUNSERVER not in sys.modules:
+        return False
+    from .daphne import install_runserver
+
+    install_runserver()
+    return True
 
 
 SEVERAL_WORKERS = (

@@ -44,6 +44,7 @@ from lowlat_mw.servers.serving import (
     add_fragment,
     app_timeout,
     close_timeout_of,
+    read_slices,
     several_workers,
     too_big_message,
 )
@@ -172,20 +173,107 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-READ_SLICE = 16 * 1024  # bytes handed to the WebSocket parser at a time
 LINGER = 5.0  # seconds a connection failed by a bad frame keeps reading (and dropping) before it closes
 
 
-def _in_slices(data: bytes, feed: Callable[[Any], None], done: Callable[[], bool]) -> None:
-    """Hand a socket read to `feed` READ_SLICE bytes at a time, stopping once `done()` (the connection failed)."""
-    if len(data) <= READ_SLICE:
-        feed(data)
-        return
-    view = memoryview(data)
-    for start in range(0, len(data), READ_SLICE):
-        if start and done():
+class _FairReads:
+    """Mixin: socket reads go to the WebSocket parser by the servers' read rule
+    (:func:`~lowlat_mw.servers.serving.read_slices`, as in the daphne runner): a slice at a time, none while the
+    application has messages waiting (uvicorn's ``read_paused``: its queue; the driver's ``pause_reading``: direct
+    reads) or once the connection failed, at most READ_BUDGET of them per callback; the rest is held, reading paused,
+    until the application took its input or the next loop turn. uvicorn hands a whole read (up to 256 KiB) to its
+    parser, which parses it and queues every message of it in one callback (wsproto: ~20 ms per 16 KiB of tiny
+    frames), every other connection of the process waiting."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    _lowlat_direct: _Direct | None
+    _lowlat_rest: memoryview | None = None  # the rest of a read, held back (reading paused) while not None
+    _lowlat_read_paused = False
+
+    @property
+    def read_paused(self) -> bool:
+        """uvicorn's: the application has messages queued; reading is paused until its ``receive`` took them."""
+        return self._lowlat_read_paused
+
+    @read_paused.setter
+    def read_paused(self, paused: bool) -> None:
+        self._lowlat_read_paused = paused
+        if not paused and self._lowlat_rest is not None:  # uvicorn reads on: what is held goes first
+            self.loop.call_soon(self._lowlat_read_on)
+
+    def _lowlat_behind(self, data: bytes) -> None:
+        """A read while one is held (reading was resumed meanwhile): it waits behind it."""
+        self._lowlat_rest = memoryview(bytes(self._lowlat_rest or b"") + data)
+        self.transport.pause_reading()
+
+    def _lowlat_slices(self, data: bytes | memoryview, parse: Callable[[bytes], None]) -> None:
+        """`data` to `parse` by the read rule; what is left is held."""
+        rest = read_slices(data, parse, self._lowlat_stop)
+        if rest is None or self._lowlat_failed():
             return
-        feed(view[start:start + READ_SLICE])
+        self._lowlat_rest = rest
+        self.transport.pause_reading()
+        if not self._lowlat_waiting():  # this callback's budget is spent: the rest in the next loop turn
+            self.loop.call_soon(self._lowlat_read_on)
+
+    def _lowlat_waiting(self) -> bool:
+        """The application has messages waiting: queued for its ``receive``, or in the driver (direct reads)."""
+        direct = self._lowlat_direct
+        return self._lowlat_read_paused or (direct is not None and direct.held)
+
+    def _lowlat_failed(self) -> bool:
+        """Nothing more is to be parsed: the connection is closing (or failed)."""
+        return self.transport.is_closing()
+
+    def _lowlat_stop(self) -> bool:
+        return self._lowlat_waiting() or self._lowlat_failed()
+
+    def _lowlat_read_on(self) -> None:
+        rest = self._lowlat_rest
+        if rest is None or self._lowlat_waiting():
+            return  # (whoever waits reads on)
+        self._lowlat_rest = None
+        if not self._lowlat_failed():
+            self.data_received(rest)  # type: ignore[attr-defined]
+        if self._lowlat_rest is None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _lowlat_pause(self, pause: bool) -> None:
+        """The driver's DirectReads.pause_reading / resume_reading: it has messages waiting to be handled."""
+        direct = self._lowlat_direct
+        if direct is not None:
+            direct.held = pause
+        if pause:
+            self.transport.pause_reading()
+        elif self._lowlat_rest is not None:
+            self.loop.call_soon(self._lowlat_read_on)
+        elif not self._lowlat_read_paused:
+            self.transport.resume_reading()
+
+
+PONG_HEAD = b"\x8a"  # the first byte of a server's Pong frame (FIN, opcode 10; control frames are never compressed)
+
+
+class _LatestPong:
+    """Mixin: while the transport takes nothing more (uvicorn's writes paused), only the latest protocol Ping is
+    answered, once it takes writes again (RFC 6455 5.5.3 allows that). uvicorn reads on while its writes are paused,
+    and answered every Ping at once: a client that sends Pings and reads nothing made it keep a Pong for each (+22 MiB
+    of RSS for 24 MiB of Pings under websockets-sansio, +33 MiB under wsproto). The shims keep the latest in
+    `_lowlat_pong` (handle_ping); the daphne runner does the same (OneBufferWebSocketProtocol.onPing)."""
+
+    transport: asyncio.Transport
+    writable: asyncio.Event
+    close_sent: bool
+    _lowlat_pong: bytes | None = None  # the latest Pong frame, held while writes are paused
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        pong = self._lowlat_pong
+        if pong is not None:
+            self._lowlat_pong = None
+            if not self.close_sent and not self.transport.is_closing():
+                self.transport.write(pong)
 
 
 class _DrainOnShutdown:
@@ -222,8 +310,8 @@ class _Direct:
     dictionary has too many keys for the interpreter's fast attribute access: each read there is a dictionary
     lookup, several per read of a heartbeat's Pong)."""
 
-    __slots__ = ("_protocol", "_transport", "burst", "closing", "expect", "idle", "is_writable", "limit",
-                 "pause_reading", "receiver", "resume_reading", "wait_writable", "write")
+    __slots__ = ("_protocol", "_transport", "burst", "closing", "expect", "held", "idle", "is_writable", "limit",
+                 "receiver", "wait_writable", "write")
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
@@ -237,8 +325,17 @@ class _Direct:
         self.write = transport.write
         self.is_writable = protocol.writable.is_set  # uvicorn's pause_writing / resume_writing set it
         self.wait_writable = protocol.writable.wait
-        self.pause_reading = transport.pause_reading
-        self.resume_reading = transport.resume_reading
+        self.held = False  # the driver paused reading: it has messages waiting (_FairReads)
+
+    def pause_reading(self) -> None:
+        protocol = self._protocol
+        if protocol is not None:
+            protocol._lowlat_pause(True)
+
+    def resume_reading(self) -> None:
+        protocol = self._protocol
+        if protocol is not None:
+            protocol._lowlat_pause(False)
 
     def is_closing(self) -> bool:
         return self.closing or self._transport.is_closing()
@@ -411,21 +508,24 @@ class _OffersDirect:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
-class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOProtocol):
+class WebSocketProtocol(_FairReads, _LatestPong, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOProtocol):
     """uvicorn's websockets-sansio protocol, with what a flood of tiny fragments may cost bounded.
 
     (``--ws lowlat_mw.servers.uvicorn:WebSocketProtocol``; ``lowlat_mw.servers.serving`` uses it.) uvicorn
     parses a whole socket read (up to 256 KiB) into frame objects before handling any, and keeps
     every fragment of a message as a bytes object of its own until the last one arrives: about
     120 bytes of memory per one-byte fragment, 12+ MiB for a 100 KB message sent one byte a frame.
-    Here reads are parsed 16 KiB at a time and small fragments are appended to one buffer, so a
-    fragmented message costs about its own size, as with wsproto. Message size limits are websockets' own
-    (``--ws-max-size``), unchanged.
+    Here reads are parsed by the servers' read rule (:class:`_FairReads`) and small fragments are appended to one
+    buffer, so a fragmented message costs about its own size, as with wsproto. Message size limits are websockets'
+    own (``--ws-max-size``), unchanged.
     """
 
     _lowlat_lingering = False  # failed (close frame sent): reading and dropping until the peer or LINGER ends it
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
+        if self._lowlat_rest is not None:
+            self._lowlat_behind(data)  # type: ignore[arg-type]
+            return
         direct = self._lowlat_direct
         if direct is not None and direct.idle:  # direct reads: whole one-frame messages straight to the driver
             expect = direct.expect  # the heartbeat's Pong, awaited: known by its bytes, not parsed
@@ -445,8 +545,7 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOP
             return
         elif direct is not None:
             direct.burst = 0
-        _in_slices(data, super().data_received,
-                   lambda: self.conn.parser_exc is not None or self.transport.is_closing())
+        self._lowlat_slices(data, super().data_received)
         direct = self._lowlat_direct  # (the rest went to websockets' parser: is it still between two messages?)
         if direct is not None and direct.receiver is not None:
             direct.idle = not direct.closing and parser_idle(self.conn)
@@ -469,8 +568,12 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOP
             message, pos = found
             direct.burst = burst = direct.burst + 1
             receiver(message, burst)  # type: ignore[misc]
-            if pos == end or not direct.idle or direct.receiver is not receiver or transport.is_closing():
-                return pos  # (the rest, if any: websockets', as if it had parsed it)
+            if pos == end or not direct.idle or direct.held or direct.receiver is not receiver \
+                    or transport.is_closing():
+                return pos  # (the rest, if any: websockets', as if it had parsed it; held while the driver is)
+
+    def _lowlat_failed(self) -> bool:
+        return self._lowlat_lingering or self.conn.parser_exc is not None or self.transport.is_closing()
 
     def handle_parser_exception(self) -> None:
         """A frame failed the connection (too big, bad UTF-8, a protocol violation): the close frame goes out
@@ -494,12 +597,19 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOP
         self.loop.call_later(LINGER, transport.close)
 
     def handle_ping(self) -> None:
-        """websockets queued the Pong: written, unless the connection failed earlier in the same read (nothing
-        goes after the close frame and its FIN: the write raised "Cannot call write() after write_eof()")."""
+        """websockets queued the Pong (with those of the other Pings of the same read): written, unless the
+        connection failed earlier in the same read (nothing goes after the close frame and its FIN: the write raised
+        "Cannot call write() after write_eof()"); while writes are paused only the latest Pong, once they resume
+        (:class:`_LatestPong`)."""
+        output = self.conn.data_to_send()  # (one frame each)
         if self._lowlat_lingering:
-            self.conn.data_to_send()  # (dropped)
-            return
-        super().handle_ping()
+            return  # (dropped)
+        if not self.writable.is_set():
+            pongs = [frame for frame in output if frame[:1] == PONG_HEAD]
+            if pongs:
+                self._lowlat_pong = pongs[-1]
+                output = [frame for frame in output if frame[:1] != PONG_HEAD]
+        self.transport.write(b"".join(output))
 
     def handle_cont(self, event: Any) -> None:
         add_fragment(self.frames, event.data)
@@ -536,6 +646,9 @@ class WebSocketProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _SansIOP
         if receiver is None:
             self.queue.put_nowait({"type": "websocket.receive", "text": message} if type(message) is str
                                   else {"type": "websocket.receive", "bytes": message})
+            if not self.read_paused:  # (as uvicorn: not read on until the app's receive took what is queued)
+                self.read_paused = True
+                self.transport.pause_reading()
             return
         direct.burst = burst = direct.burst + 1  # type: ignore[union-attr]
         receiver(message, burst)
@@ -569,7 +682,7 @@ else:
                 self.refused()
                 raise
 
-    class WSProtoProtocol(_OffersDirect, _DrainOnShutdown, _ClosesWithin, _WSProtoProtocol):
+    class WSProtoProtocol(_FairReads, _LatestPong, _OffersDirect, _DrainOnShutdown, _ClosesWithin, _WSProtoProtocol):
         """uvicorn's wsproto protocol, closing with the right code on bad frames and bounded while reassembling.
 
         (``--ws lowlat_mw.servers.uvicorn:WSProtoProtocol``; ``lowlat_mw.servers.serving`` uses it for
@@ -580,16 +693,28 @@ else:
           connection without a close frame (the client sees 1006). Here the server sends that close
           frame (1002, 1007...) first, as RFC 6455 7.1.7 asks.
         * uvicorn hands a whole socket read (up to 256 KiB) to wsproto, which copies it into its buffer
-          and turns it into message chunks before uvicorn counts any against ``--ws-max-size``. Here
-          reads are parsed 16 KiB at a time and parsing stops as soon as the connection is closing, so
-          refusing a message over the limit costs about the limit, not the limit plus what was in flight.
+          and turns it into message chunks before uvicorn counts any against ``--ws-max-size``, and queues every
+          message of it in one callback. Here reads are parsed by the servers' read rule (:class:`_FairReads`):
+          parsing stops as soon as the connection is closing, so refusing a message over the limit costs about the
+          limit, not the limit plus what was in flight, and while the application has messages queued.
         """
 
-        def data_received(self, data: bytes) -> None:
-            feed = super().data_received
-            _in_slices(data, lambda piece: feed(bytes(piece)), self.transport.is_closing)
+        def data_received(self, data: bytes | memoryview) -> None:
+            if self._lowlat_rest is not None:
+                self._lowlat_behind(data)  # type: ignore[arg-type]
+                return
+            self._lowlat_slices(data, super().data_received)
 
         _lowlat_subprotocol: str | None = None
+
+        def handle_ping(self, event: Any) -> None:
+            """A protocol Ping: answered at once, as by uvicorn, or while writes are paused only the latest, once
+            they resume (:class:`_LatestPong`)."""
+            pong = self.conn.send(event.response())
+            if self.writable.is_set():
+                self.transport.write(pong)
+            else:
+                self._lowlat_pong = pong
 
         async def send(self, message: Any) -> None:
             if message["type"] == "websocket.accept":

@@ -6,6 +6,7 @@ Django-only by nature (Channels middleware), so these tests are not parametrized
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 import subprocess
 import sys
@@ -29,10 +30,12 @@ from conformance_servers import (
 from conformance_support import MODES, PROTO, raw_connect
 from guide_support import guide_block
 from loopback import wait_listening  # (tests/: the guides' code blocks)
+from test_conformance_backpressure import CHUNK, CHUNKS, SLOW_CONSUMER_TIMEOUT, no_ack_client_gets_4003
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import Backoff, ConnectionClosed, ErrorCode, StreamError
 from lowlat_mw.client import connect
+from lowlat_mw.protocol import events as ev
 from lowlat_mw.testing import LoggedProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -129,15 +132,16 @@ GUIDE_MODEL = '''async def generate(req):
 '''
 
 
-def _new_project(tmp_path: Path, env: dict[str, str], settings_block: str) -> Path:
+def _new_project(tmp_path: Path, env: dict[str, str], settings_block: str, model: str = GUIDE_MODEL) -> Path:
     """`django-admin startproject mysite` + `startapp myapp`, then the guide's routing.py, asgi.py and
-    `settings_block` (appended to settings.py), with a model that streams three words."""
+    `settings_block` (appended to settings.py), with `model` as myapp/ai.py (default: a model that streams three
+    words)."""
     tmp_path.mkdir(parents=True)
     _run([str(VENV_BIN / "django-admin"), "startproject", "mysite", str(tmp_path)], env, "startproject")
     subprocess.run([sys.executable, "manage.py", "startapp", "myapp"], cwd=tmp_path, env=env, check=True,
                    capture_output=True, timeout=120)
     (tmp_path / "myapp" / "routing.py").write_text(guide_block("django.md", "# routing.py"))
-    (tmp_path / "myapp" / "ai.py").write_text(GUIDE_MODEL)
+    (tmp_path / "myapp" / "ai.py").write_text(model)
     (tmp_path / "mysite" / "asgi.py").write_text(guide_block("django.md", "# asgi.py"))
     with open(tmp_path / "mysite" / "settings.py", "a") as f:
         f.write("\n" + settings_block)
@@ -228,6 +232,113 @@ async def test_a_request_over_1_mib_under_runserver_gets_message_too_big(tmp_pat
                 assert refused.value.code is ErrorCode.MESSAGE_TOO_BIG
                 assert await client.complete("hi") == "hello from runserver"
             assert client.connections == 1 and client.resumes == 0
+    finally:
+        proc.stop()
+
+
+# ---------------------------------------------------------------- which server runs lowlat-mw's daphne runner
+# The adapter used to call lowlat_mw.servers.daphne.install() whenever daphne.server was imported, and daphne's app
+# config imports it in every process of a project with "daphne" in INSTALLED_APPS (the guide's): a project served by
+# uvicorn got daphne patched (and daphne.cli imported), plain `daphne` silently became our runner, and runserver got
+# half of it (daphne's own Server with our protocol). Now only runserver gets the runner, whole.
+
+# Run before the server's own code (python -c): at exit, one line saying what the process did to daphne.
+REPORT = """\
+import atexit, json, signal, sys
+
+SERVED = []
+
+def _report():
+    state = {"adapter imported": "lowlat_mw.adapters.channels" in sys.modules,
+             "daphne.server imported": "daphne.server" in sys.modules,
+             "daphne.cli imported": "daphne.cli" in sys.modules,
+             "runner imported": "lowlat_mw.servers.daphne" in sys.modules}
+    if state["daphne.server imported"]:
+        import daphne.server
+        from daphne.http_protocol import HTTPFactory
+        from daphne.ws_protocol import WebSocketFactory
+        state["daphne's factories"] = (daphne.server.HTTPFactory is HTTPFactory
+                                       and daphne.server.WebSocketFactory is WebSocketFactory)
+    if state["daphne.cli imported"]:
+        import daphne.cli
+        import daphne.endpoints
+        endpoints = daphne.endpoints.build_endpoint_description_strings
+        state["daphne's cli"] = (daphne.cli.CommandLineInterface.server_class is daphne.server.Server
+                                 and daphne.cli.build_endpoint_description_strings is endpoints)
+    if SERVED:
+        state["server class"] = type(SERVED[0].server).__module__ + "." + type(SERVED[0].server).__name__
+    print("REPORT " + json.dumps(state), flush=True)
+
+atexit.register(_report)
+# uvicorn raises the SIGTERM it caught again once it has shut down: exit then (the report runs), not by the signal
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+"""
+UNDER_UVICORN = REPORT + "import uvicorn\nuvicorn.main()\n"  # (click: sys.argv[1:] are uvicorn's arguments)
+UNDER_DAPHNE = REPORT + ("from daphne.cli import CommandLineInterface\n"  # what the `daphne` command does
+                         "SERVED.append(CommandLineInterface())\nSERVED[0].run(sys.argv[1:])\n")
+
+
+async def _served_then_reported(project: Path, env: dict[str, str], logdir: Path, name: str,
+                                argv: list[str], port: int) -> dict[str, object]:
+    """Run `argv` (a server of the guide's project on `port`), stream one reply through it, stop it (SIGTERM): the
+    state its REPORT printed at exit."""
+    proc = LoggedProcess(name, argv, logdir=logdir, env=env, cwd=project)
+    try:
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
+        async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
+            assert await client.complete("hi") == "hello from runserver"
+    finally:
+        proc.stop()
+    lines = [line for line in proc.stdout_path.read_text().splitlines() if line.startswith("REPORT ")]
+    assert len(lines) == 1, proc.output()
+    return json.loads(lines[0].removeprefix("REPORT "))
+
+
+async def test_a_project_served_by_uvicorn_leaves_daphne_as_it_is(tmp_path, conformance_dir):
+    # (a) The guide's project ("daphne" in INSTALLED_APPS) served by uvicorn: daphne.server is imported (daphne's app
+    # config), the adapter too (the routing), and nothing of daphne is changed or imported by lowlat-mw.
+    env = _project_env(conformance_dir)
+    project = _new_project(tmp_path / "site", env, guide_block("django.md", "# settings.py", "ASGI_APPLICATION"))
+    port = free_port()
+    state = await _served_then_reported(project, env, conformance_dir / "logs", "django-guide-under-uvicorn",
+                                        [sys.executable, "-c", UNDER_UVICORN, "--host", "127.0.0.1", "--port",
+                                         str(port), "mysite.asgi:application"], port)
+    assert state == {"adapter imported": True, "daphne.server imported": True, "daphne.cli imported": False,
+                     "runner imported": False, "daphne's factories": True}, state
+
+
+async def test_plain_daphne_stays_plain_daphne(tmp_path, conformance_dir):
+    # (b) The guide's project under `daphne` itself: daphne's Server, factories and command line, not our runner's
+    # (production runs `python -m lowlat_mw.servers.daphne`; docs/django.md says what plain daphne lacks).
+    env = _project_env(conformance_dir)
+    project = _new_project(tmp_path / "site", env, guide_block("django.md", "# settings.py", "ASGI_APPLICATION"))
+    port = free_port()
+    state = await _served_then_reported(project, env, conformance_dir / "logs", "django-guide-under-daphne",
+                                        [sys.executable, "-c", UNDER_DAPHNE, "-b", "127.0.0.1", "-p", str(port),
+                                         "mysite.asgi:application"], port)
+    assert state == {"adapter imported": True, "daphne.server imported": True, "daphne.cli imported": True,
+                     "runner imported": False, "daphne's factories": True, "daphne's cli": True,
+                     "server class": "daphne.server.Server"}, state
+
+
+BIG_MODEL = f'''async def generate(req):
+    for _ in range({CHUNKS}):
+        yield "x" * {CHUNK}
+'''
+
+
+async def test_a_client_that_stops_reading_under_runserver_gets_4003_with_bounded_memory(tmp_path, conformance_dir):
+    # (c) runserver gets the runner whole: its server is the runner's DrainingServer (direct writes, flow control),
+    # not daphne's own Server with our protocol, whose ASGI send never waited (the whole output queued, no 4003). As
+    # test_conformance_backpressure.py on every server, here on the guide's project under `manage.py runserver`.
+    env = {**_project_env(conformance_dir), "LOWLAT_SLOW_CONSUMER_TIMEOUT": str(SLOW_CONSUMER_TIMEOUT)}
+    project = _new_project(tmp_path / "slow", env, guide_block("django.md", "# settings.py", "ASGI_APPLICATION"),
+                           model=BIG_MODEL)
+    proc, port = _runserver(project, env, conformance_dir / "logs", "django-runserver-slow-consumer")
+    try:
+        assert wait_listening(port, proc.alive, proc.output), proc.output()
+        await no_ack_client_gets_4003("runserver", f"ws://127.0.0.1:{port}/ws", port, proc.proc.pid,
+                                      proc.stderr_path, ev.Request(stream_id=1, text="much"))
     finally:
         proc.stop()
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import select
 import socket
 import statistics
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -116,8 +118,13 @@ def frame(opcode: int, payload: bytes, *, fin: bool = True, rsv1: bool = False) 
 class RawWS:
     """A blocking raw WebSocket connection (frames by hand; the server's frames parsed by hand)."""
 
-    def __init__(self, port: int, *, extensions: str | None = None) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    def __init__(self, port: int, *, extensions: str | None = None, rcvbuf: int | None = None) -> None:
+        """`rcvbuf`: the socket's kernel receive buffer (no autotuning), for a client that stops reading."""
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(10)
+        self.sock.connect(("127.0.0.1", port))
         self.sock.sendall(_upgrade_request(port, extensions=extensions))
         self.buf = b""
         while b"\r\n\r\n" not in self.buf:
@@ -632,3 +639,73 @@ async def test_clients_that_never_close_do_not_stall_the_server(srv):
             f"{len(times)} handshakes while 5 answered clients kept their sockets open: max {max(times) * 1000:.1f} ms")
     assert all(a.startswith(b"HTTP/1.1 ") for a in answers), answers
     assert max(times) < 0.5, times
+
+
+PING_FLOOD = 24 * MiB  # of protocol-level Pings: a Pong kept for each would hold about as much
+PING_FLOOD_BOUND = 8 * MiB  # peak RSS growth allowed meanwhile
+STALLED = 3.0  # seconds the server takes nothing: it stopped reading (a server may, while its Pongs cannot go out)
+
+
+def _flood(sock: socket.socket, chunk: bytes, total: int) -> tuple[int, bytes]:
+    """Send `chunk` again and again, `total` bytes, as fast as the server reads; stop early once it took nothing for
+    STALLED seconds. (bytes sent, what is left of the chunk under way: its frames still to go, the first maybe cut.)"""
+    sock.setblocking(False)
+    sent, pending = 0, memoryview(chunk)
+    progress = time.monotonic()
+    while sent < total:
+        try:
+            n = sock.send(pending)
+        except BlockingIOError:
+            n = 0
+        if n:
+            sent += n
+            progress = time.monotonic()
+            pending = pending[n:] or memoryview(chunk)
+        elif time.monotonic() - progress > STALLED:
+            break
+        else:
+            select.select([], [sock], [], 0.1)
+    sock.setblocking(True)
+    return sent, bytes(pending) if len(pending) != len(chunk) else b""
+
+
+@SHIPPED
+def test_a_client_that_floods_protocol_pings_and_reads_nothing_costs_bounded_memory(srv):
+    """A client sends WebSocket Pings (125-byte payloads) as fast as the server reads them and reads nothing. A server
+    that reads on while its writes are held (uvicorn does, and so does the daphne runner) would queue a Pong for each
+    Ping (+25 MiB under uvicorn for 32 MiB of Pings, +43 MiB with wsproto); here the server keeps only the latest
+    Pong while its socket takes nothing (RFC 6455 5.5.3 allows answering only the most recent Ping), or stops reading
+    (gunicorn's reader thread waits on its Pong). Reading again, the client gets a Pong for its last Ping, and the
+    connection serves requests."""
+    ws = RawWS(srv.port, rcvbuf=4 * KiB)
+    try:
+        ws.hello()
+        chunk = frame(9, b"p" * 125) * 512
+        with PeakRSS(serving_pid(srv)) as rss:
+            sent, rest = _flood(ws.sock, chunk, PING_FLOOD)
+            time.sleep(0.5)  # (what the server read last is handled)
+        ws.sock.settimeout(30)
+        last = b"the last ping"
+        seen: dict[str, int] = {"pongs": 0}
+
+        def read() -> None:  # until the Pong of the last Ping (the server may answer every Ping before it, or not)
+            while True:
+                opcode, payload = ws.recv_frame()
+                if opcode == 10:
+                    seen["pongs"] += 1
+                    if payload == last:
+                        return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        ws.sock.sendall(rest + frame(9, last))
+        reader.join(60)
+        assert not reader.is_alive(), "no Pong for the last Ping"
+        ws.send_event(ev.Request(stream_id=1, model="sync", text="after the flood"))
+        assert served(ws)
+    finally:
+        ws.close()
+    measure(f"transport protocol-ping flood {srv.variant}",  # type: ignore[attr-defined]
+            f"{sent / MiB:.1f} MiB of Pings from a client not reading: server peak RSS +{rss.growth / MiB:.2f} MiB "
+            f"(bound {PING_FLOOD_BOUND / MiB:.0f} MiB, {rss.method}); then {seen['pongs']} Pongs as it read")
+    assert rss.growth < PING_FLOOD_BOUND, f"peak RSS +{rss.growth / MiB:.1f} MiB during a flood of protocol Pings"

@@ -222,6 +222,25 @@ def test_an_estimate_larger_than_the_lumped_time_is_scaled_down() -> None:
     assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
 
 
+def test_one_preempted_sample_does_not_take_the_models_time_from_a_short_stream() -> None:
+    """A stream shorter than SAMPLE_EVERY has one sample: when a busy machine preempted it (5 ms of send for a
+    frame that costs 0.1 ms), charging that to each unsampled Delta took the model's time (a 2 ms sleep before
+    each Delta) for "send". Each is charged at most the cheapest timed Delta's cost."""
+    clock = FakeClock()
+    timer = StreamTimer(clock, clock.now)
+    clock.advance(0.002)
+    timer.tick(clock.now - 0.0001, clock.now - 0.00005, clock.now)  # the first: 2 ms model, 0.1 ms to send
+    clock.advance(0.002 + 0.005)
+    timer.tick(clock.now - 0.005, clock.now - 0.005, clock.now)  # the second: preempted, 5 ms in its send
+    for _ in range(8):
+        clock.advance(0.0021)  # 2 ms of model, 0.1 ms to send
+        unsampled(timer)
+    ms = timer.timings_ms()
+    assert ms["model"] == pytest.approx(1.9 + 2 + 8 * 2.0)  # the first Delta's 0.1 ms went to its encode and send
+    assert ms["send"] == pytest.approx(0.05 + 5 + 8 * 0.1)
+    assert stage_sum(ms) == pytest.approx((clock.now - timer.start) * 1000)
+
+
 # ================================================================================ export
 def test_histograms_export_cumulative_buckets_with_le_semantics() -> None:
     registry = CollectorRegistry()

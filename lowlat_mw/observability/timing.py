@@ -7,6 +7,7 @@ the client in End.timings_ms, to the metrics and to the stream's span.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,10 +53,10 @@ class StreamTimer:
     read on every Delta. `ttfd` and `gaps` are the metrics' histograms (None: metrics off).
     """
 
-    __slots__ = ("clock", "compress", "counted", "decode", "encode", "every", "first_delta", "flow", "gaps", "last",
-                 "last_sampled", "last_sent", "left", "lumped", "lumped_deltas", "mark", "model", "model_first_chunk",
-                 "model_started", "queue", "sampled", "sampled_compress", "sampled_encode", "sampled_send", "send",
-                 "start", "ttfd")
+    __slots__ = ("cheapest", "clock", "compress", "counted", "decode", "encode", "every", "first_delta", "flow",
+                 "gaps", "last", "last_sampled", "last_sent", "left", "lumped", "lumped_deltas", "mark", "model",
+                 "model_first_chunk", "model_started", "queue", "sampled", "sampled_compress", "sampled_encode",
+                 "sampled_send", "send", "start", "ttfd")
 
     def __init__(self, clock: Callable[[], float], start: float, ttfd: Any = None, gaps: Any = None) -> None:
         self.clock = clock
@@ -69,6 +70,7 @@ class StreamTimer:
         self.counted = 0  # Deltas accounted for by a lap or tick (`deltas` adds those since)
         self.sampled = 0  # Deltas timed stage by stage after the first, and their encode, compress and send time
         self.sampled_encode = self.sampled_compress = self.sampled_send = 0.0
+        self.cheapest = math.inf  # the least encode + compress + send time of any timed Delta (the first included)
         self.lumped = 0.0  # the whole time of the unsampled Deltas (and the model time between them), not split yet
         self.lumped_deltas = 0
         self.first_delta: float | None = None
@@ -133,6 +135,8 @@ class StreamTimer:
         if self.model_first_chunk is None and self.model_started is not None:
             self.model_first_chunk = produced
         took = encoded - produced
+        if sent - produced < self.cheapest:
+            self.cheapest = sent - produced
         if compressed:
             compressed = took if compressed > took else compressed
             self.compress += compressed
@@ -178,13 +182,18 @@ class StreamTimer:
         if self.mark != self.left:  # unsampled Deltas since the last lap (the drivers lap at the end)
             self.lap("model")
         n = self.lumped_deltas
-        if n:  # split the lumped time: each unsampled Delta is charged the sampled ones' mean encode, compress
-            lumped, sampled = self.lumped, self.sampled  # and send time (scaled down if more than was lumped),
-            self.lumped, self.lumped_deltas = 0.0, 0  # model the rest
+        if n:
+            # Split the lumped time: each unsampled Delta is charged the sampled ones' mean encode, compress and send
+            # time, the model the rest. The charge is bounded by what was lumped, and by the cheapest timed Delta's
+            # cost per Delta: a short stream has one sample, and one that a busy machine preempted (milliseconds
+            # of "send") is not what a frame costs; charged to every unsampled Delta it took the model's time.
+            lumped, sampled = self.lumped, self.sampled
+            self.lumped, self.lumped_deltas = 0.0, 0
             per = n / sampled if sampled else 0.0
             encode, compress, send = self.sampled_encode * per, self.sampled_compress * per, self.sampled_send * per
-            if encode + compress + send > lumped:
-                scale = lumped / (encode + compress + send) if lumped > 0 else 0.0
+            charged, bound = encode + compress + send, min(lumped, n * self.cheapest)
+            if charged > bound:
+                scale = bound / charged if bound > 0 else 0.0
                 encode, compress, send = encode * scale, compress * scale, send * scale
             self.encode += encode
             self.compress += compress

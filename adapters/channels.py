@@ -8,7 +8,7 @@
 Settings come from ``settings.LOWLAT_MW`` (read lazily, re-read on ``setting_changed``), under
 keyword arguments to ``as_asgi``. It composes with ``AllowedHostsOriginValidator`` and
 ``AuthMiddlewareStack``; the authenticated ``scope["user"]`` reaches the model as
-``req.session.user``. Admission and the connection are the core's (:func:`lowlat_mw.drivers.asgi.accept`);
+``req.session.user``. Admission and the connection are the core's (:func:`lowlat_mw.runtime.asgi.accept`);
 this consumer hands Channels' messages to them.
 """
 
@@ -23,12 +23,12 @@ from django.core.signals import setting_changed
 from django.http import HttpRequest, HttpResponse
 
 from lowlat_mw import static_files as static
-from lowlat_mw.drivers.aio import ConnectionDriver
-from lowlat_mw.drivers.asgi import accept
-from lowlat_mw.drivers.shared import open_endpoint
 from lowlat_mw.endpoint import Endpoint, settings_from_config
 from lowlat_mw.errors import app_close_code
 from lowlat_mw.model import Models, ModelSpec
+from lowlat_mw.runtime.asgi import accept
+from lowlat_mw.runtime.connection import ConnectionDriver
+from lowlat_mw.runtime.shared import open_endpoint
 from lowlat_mw.servers.serving import daphne_runserver
 
 __all__ = ["LowLatConsumer", "client_urlpatterns", "client_view", "metrics_view"]

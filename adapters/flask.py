@@ -26,10 +26,10 @@ from wsproto.frame_protocol import CloseReason
 
 from lowlat_mw import static_files as static
 from lowlat_mw.asyncapi import asyncapi_json
-from lowlat_mw.drivers.shared import open_endpoint
-from lowlat_mw.drivers.threads import SharedSocket, ThreadDriver, facts_from_environ
 from lowlat_mw.endpoint import Endpoint, Refuse, settings_from_config
 from lowlat_mw.model import ModelSpec
+from lowlat_mw.runtime.shared import open_endpoint
+from lowlat_mw.runtime.threads import SharedSocket, ThreadDriver, facts_from_environ
 from lowlat_mw.servers.serving import too_big_message, transport_limit
 
 __all__ = ["LowLat"]
@@ -207,7 +207,7 @@ class _Server(Server):
     Frames reach the wire in the order wsproto made them, and none after the close frame: the driver's writes (send
     pool), simple-websocket's reader thread (Pongs, the answer to the peer's close) and the connection's thread
     (:func:`_finish`) all write at once. Each wsproto event is made and written under the lock of the connection's
-    :class:`~lowlat_mw.drivers.threads.SharedSocket` (``sock``), which the driver's direct writes take too;
+    :class:`~lowlat_mw.runtime.threads.SharedSocket` (``sock``), which the driver's direct writes take too;
     simple-websocket wrote a frame after letting go of it, so frames made by two threads could go out in the other
     order: a Delta after the close frame. Its close is idempotent: a close once one went out (or came in and was
     answered) sends nothing; simple-websocket's own ``close`` raised wsproto's ``LocalProtocolError`` for the second

@@ -13,7 +13,7 @@
 Every scope that is not a WebSocket at `path` (or, with ``metrics_path`` set, an HTTP request for
 it: a Prometheus scrape; with ``client_path`` set, an HTTP request for one of the browser client's
 files under it, docs/browser.md) passes through to the wrapped app untouched. The work is the core's
-:class:`~lowlat_mw.drivers.asgi.LowLatASGI`; this module gives it Starlette's names and types.
+:class:`~lowlat_mw.runtime.asgi.LowLatASGI`; this module gives it Starlette's names and types.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp
 from starlette.websockets import WebSocket
 
-from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.model import ModelSpec
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.settings import Settings
 
 __all__ = ["LowLatEndpoint", "LowLatMiddleware", "document_websocket", "lowlat_route", "metrics_route"]

@@ -333,7 +333,7 @@ Other load on the machine (see the load average above) hits every framework alik
 Starlette and FastAPI run the same `LowLatMiddleware` under the same uvicorn, and FastAPI adds nothing
 on the WebSocket path (the middleware answers before FastAPI's router), so the gap between those two
 rows is this run's noise floor. Flask runs each connection on the thread driver
-(`lowlat_mw/drivers/threads.py`): the protocol and the model run on one background event loop, every outgoing
+(`lowlat_mw/runtime/threads.py`): the protocol and the model run on one background event loop, every outgoing
 frame is handed to a send thread (`run_in_executor` per frame) that writes it with simple-websocket, and
 every incoming frame waits for the loop (`run_coroutine_threadsafe`): thread hops per delta and per
 request. Django Channels under daphne frames the WebSocket in Python (autobahn on Twisted) and passes

@@ -580,7 +580,7 @@ connections x cost per heartbeat / interval, so 1% of a core for {TARGET_IDLE:,}
 {DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat. The floor on this machine, measured apart: a uvloop
 protocol that writes 8 bytes to each of 10,000 connections every 30 s (on the same 0.25 s grid) and only
 counts the 8-byte answers costs 3.2 µs of user and 12.5 µs of system CPU per round trip (0.52% of a
-core). What lowlat-mw adds is Python: the timer wheel's step (`lowlat_mw.drivers.timers`: connections
+core). What lowlat-mw adds is Python: the timer wheel's step (`lowlat_mw.runtime.timers`: connections
 due at one grid time share a slot), the protocol's rules (is a Ping due, is the peer dead, is the
 connection idle), the Ping taken from a table made once per Ping id and written from the timer callback
 as a frame made once, the Pong the transport was told to await recognised in `data_received` (one
@@ -610,7 +610,7 @@ rounds side by side): 0.94x the CPU per heartbeat, the median of the per-round r
 {per_hb_direct}. Tried and dropped: the hot modules compiled unchanged with Cython (no gain, 43 vs 35 µs user per
 heartbeat: compiled code calls CPython's generic attribute and method lookups, which Python 3.11's specializing
 interpreter caches; a gain needs typed extension classes, a second implementation of the protocol core); mypyc on
-`protocol/heartbeat.py` and `drivers/timers.py` (-2.7% instructions; the rest of a heartbeat runs in modules that
+`protocol/heartbeat.py` and `runtime/timers.py` (-2.7% instructions; the rest of a heartbeat runs in modules that
 do not type-check yet). The margin under 1% is small, a few percent, within this measure's run-to-run spread: the
 seven runs before these cuts measured 30-36 µs.
 

@@ -2,7 +2,7 @@
 
 The core is framework-free: the wire protocol as sans-IO machines (:mod:`lowlat_mw.protocol`), the
 Endpoint that admits connections (:mod:`lowlat_mw.endpoint`), the drivers that run them
-(:mod:`lowlat_mw.drivers`), observability, the Python client (:mod:`lowlat_mw.client`) and what runs
+(:mod:`lowlat_mw.runtime`), observability, the Python client (:mod:`lowlat_mw.client`) and what runs
 servers (:mod:`lowlat_mw.servers`); adapters for Starlette/FastAPI, Django Channels and Flask live in
 :mod:`lowlat_mw.adapters`. See README.md, docs/architecture.md and docs/.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from ._version import __version__
 from .client import AsyncClient, Backoff, Stream, StreamTimings, SyncClient, connect, connect_sync
-from .drivers.push import PublishError, apublish, join, leave, publish
 from .errors import (
     ClientError,
     CloseCode,
@@ -32,6 +31,7 @@ from .model import InputEnded, Inputs, ModelRequest, SessionInfo
 from .observability.metrics import Metrics
 from .observability.timing import STAGES
 from .protocol.events import Delta, End, Push, ToolCall, ToolResult
+from .runtime.push import PublishError, apublish, join, leave, publish
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 __all__ = [

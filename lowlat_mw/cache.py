@@ -7,7 +7,7 @@ with the same model, input and params (the key: :func:`request_key`) gets the sa
 once, then its End, without the model running. Bounded by bytes (least recently used first out) and by
 ``cache_ttl`` seconds. One cache per endpoint, in process memory, shared by its connections' threads.
 With the Redis session store (``session_store``), a second tier in Redis is shared by every process
-(drivers/shared.py): a reply one process kept, another finds there; its replies travel as :func:`pack_reply`
+(runtime/shared.py): a reply one process kept, another finds there; its replies travel as :func:`pack_reply`
 bytes.
 
 Time is passed in (``now``): the cache reads no clock.

@@ -6,7 +6,7 @@ Every adapter makes one Endpoint per mounted app (the Starlette middleware or ro
 in that order, with the answer to give (HTTP 403 before accepting, or a close code after).
 It holds the settings, the models, the metrics, the session store and the connections, so
 :meth:`Endpoint.drain` can drain them; :attr:`Endpoint.instances` is the process's registry that
-servers drain on shutdown (:func:`lowlat_mw.drivers.aio.drain_all`).
+servers drain on shutdown (:func:`lowlat_mw.runtime.drain.drain_all`).
 
 Settings from a framework's configuration go through :func:`settings_from_config` (Flask's
 ``app.config``, Django's ``settings``): one reading of ``LOWLAT_MW`` and ``LOWLAT_*`` keys.

@@ -1,7 +1,7 @@
 """What security rules need, framework-free: the Origin check and what the ``authenticate`` hook sees.
 
 The Endpoint applies them (:meth:`lowlat_mw.endpoint.Endpoint.admit`); the driver runs the hook
-(:func:`lowlat_mw.drivers.aio.run_authenticator`).
+(:func:`lowlat_mw.runtime.auth.run_authenticator`).
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ class Settings:
     max_batch_size: int = 16
     """Micro-batching: at most this many requests in one call of a model marked batch-capable
     (``generate.batch = True``: it takes a list of requests and returns one reply per request;
-    lowlat_mw/drivers/batch.py)."""
+    lowlat_mw/runtime/batch.py)."""
     max_batch_wait: float = 0.002
     """Micro-batching: seconds the first request of a batch waits for more to join it (a full batch goes at once)."""
     cache_size: int = 0

@@ -28,7 +28,7 @@ LAYERS = {
     "lowlat_mw.observability": 2,
     "lowlat_mw.model": 3, "lowlat_mw.security": 3, "lowlat_mw.static_files": 3, "lowlat_mw.endpoint": 3,
     "lowlat_mw.demo": 3, "lowlat_mw.docs": 3, "lowlat_mw.asyncapi": 3, "lowlat_mw.cache": 3,
-    "lowlat_mw.drivers": 4,
+    "lowlat_mw.runtime": 4,
     "lowlat_mw.client": 5, "lowlat_mw.testing": 5,
     "lowlat_mw.servers": 6, "lowlat_mw.testing.pytest_plugin": 6,
     "lowlat_mw.adapters": 7,
@@ -137,7 +137,7 @@ def test_admission_is_the_endpoints_alone() -> None:
     rules = ("negotiate_subprotocol", "origin_allowed", "ConnectionLimiter", "handshakes_refused", "check_handshake",
              "TRY_AGAIN_LATER", "1013", "DRAINING")
     outside = {**{f"adapters/{k}": v for k, v in sources_of(ADAPTERS).items()},
-               **{f"drivers/{k}": v for k, v in sources_of(PACKAGE / "drivers").items()},
+               **{f"runtime/{k}": v for k, v in sources_of(PACKAGE / "runtime").items()},
                **{f"servers/{k}": v for k, v in sources_of(PACKAGE / "servers").items()}}
     for name, text in outside.items():
         for rule in rules[:5]:
@@ -170,10 +170,10 @@ def test_one_registry_of_connections_and_one_drain() -> None:
     # (the metrics' WeakSet holds open connections' frame counters, read at scrape time: no connection)
     assert weak_sets == ["lowlat_mw/endpoint.py", "lowlat_mw/observability/metrics.py"]
     assert "WeakSet[FrameStats]" in (PACKAGE / "observability" / "metrics.py").read_text()
-    aio = (PACKAGE / "drivers" / "aio.py").read_text()
-    assert aio.count("Endpoint.drain_each(") == 1
+    runtime = "".join(sources_of(PACKAGE / "runtime").values())
+    assert runtime.count("Endpoint.drain_each(") == 1
     assert "await self.drain_each(" in (PACKAGE / "endpoint.py").read_text()
-    assert "drain_all(" in (PACKAGE / "drivers" / "threads.py").read_text()
+    assert "drain_all(" in (PACKAGE / "runtime" / "threads.py").read_text()
     for server in ("uvicorn.py", "daphne.py", "gunicorn.py", "serving.py"):
         text = (PACKAGE / "servers" / server).read_text()
         assert "drain_all" in text or "drain_on_shutdown" in text, server

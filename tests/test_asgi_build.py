@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from lowlat_mw.adapters.starlette import LowLatEndpoint, LowLatMiddleware, lowlat_route
-from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.errors import SettingsError
+from lowlat_mw.runtime.asgi import LowLatASGI
 
 
 async def _model(req: Any) -> str:

@@ -10,9 +10,9 @@ import pytest
 from starlette.applications import Starlette
 
 from lowlat_mw.adapters.starlette import LowLatMiddleware
-from lowlat_mw.drivers.batch import is_batched
 from lowlat_mw.errors import ErrorCode, SettingsError, StreamError
 from lowlat_mw.model import ModelRequest
+from lowlat_mw.runtime.batch import is_batched
 from lowlat_mw.settings import Settings
 from lowlat_mw.testing.inprocess import AppClient
 
@@ -109,7 +109,7 @@ async def until(condition: Any, timeout: float = 10.0) -> None:
 
 
 async def test_a_request_cancelled_while_it_waits_leaves_its_batch() -> None:
-    from lowlat_mw.drivers import batch
+    from lowlat_mw.runtime import batch
 
     model = Batched()
     async with AppClient(app_of(model, max_batch_size=2, max_batch_wait=5.0), "/ws") as client:
@@ -144,7 +144,7 @@ class Held:
 
 
 async def test_a_reply_answered_then_cancelled_before_it_is_read_is_closed() -> None:
-    from lowlat_mw.drivers.batch import Batcher
+    from lowlat_mw.runtime.batch import Batcher
 
     replies: list[Held] = []
     task: asyncio.Task[Any]
@@ -164,7 +164,7 @@ async def test_a_reply_answered_then_cancelled_before_it_is_read_is_closed() -> 
 async def test_replies_of_a_failed_batch_are_closed_and_the_loop_is_not_held() -> None:
     import gc
 
-    from lowlat_mw.drivers import batch
+    from lowlat_mw.runtime import batch
 
     made: list[Held] = []
 

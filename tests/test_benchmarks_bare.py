@@ -66,7 +66,7 @@ def test_bare_suite_quick_writes_every_row(quick_bench: Any) -> None:
 
 
 def test_profile_categories() -> None:
-    assert _category("/x/lowlat_mw/drivers/aio.py") == "lowlat_mw.drivers.aio"
+    assert _category("/x/lowlat_mw/runtime/connection.py") == "lowlat_mw.runtime.connection"
     assert _category("/x/lowlat_mw/proto/lowlat_v1_pb2.py") == "lowlat_mw.lowlat_v1_pb2"
     assert _category("/repo/adapters/starlette.py") == "lowlat_mw.adapters.starlette"
     assert _category("/v/lib/python3.11/site-packages/uvicorn/protocols/x.py") == "uvicorn"

@@ -25,7 +25,7 @@ pytest.importorskip("starlette")
 from uvicorn_support import WAIT, InProcessServer
 
 from benchmarks.soak import churn_cycle, resume_cycle
-from lowlat_mw.drivers.aio import ConnectionDriver
+from lowlat_mw.runtime.connection import ConnectionDriver
 from lowlat_mw.servers import uvicorn as shims
 
 WARMUP = 60  # cycles before the baseline: pools, caches and the codec's tables fill

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lowlat_mw import AsyncClient, Delta, End, StreamError, connect, connect_sync
-from lowlat_mw.drivers.asgi import LowLatASGI
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.testing import AppClient
 from lowlat_mw.testing.pytest_plugin import RunningServer
 

@@ -348,7 +348,7 @@ def test_the_sync_client_edits_a_document_and_continues_a_stream() -> None:
     from prometheus_client import CollectorRegistry
 
     from lowlat_mw.client.sync import connect_sync
-    from lowlat_mw.drivers.asgi import LowLatASGI
+    from lowlat_mw.runtime.asgi import LowLatASGI
     from lowlat_mw.testing.pytest_plugin import RunningServer
 
     server = RunningServer(LowLatASGI(context_model, registry=CollectorRegistry()), path="/").start()

@@ -1,4 +1,4 @@
-"""Direct writes (lowlat_mw.drivers.direct): frames built by the driver and written to the server's transport.
+"""Direct writes (lowlat_mw.runtime.direct): frames built by the driver and written to the server's transport.
 
 The frames are checked with the `websockets` library's own parser; the driver is run with a fake
 transport that logs its writes and the ASGI messages in one list, so the order on the wire is what
@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from lowlat_mw.drivers import aio
-from lowlat_mw.drivers.aio import ConnectionDriver
-from lowlat_mw.drivers.asgi import accept
-from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, expected, frame_header, next_message
-from lowlat_mw.drivers.timers import MAX_SLACK
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.runtime import connection as runtime_connection
+from lowlat_mw.runtime.asgi import accept
+from lowlat_mw.runtime.connection import ConnectionDriver
+from lowlat_mw.runtime.direct import BURST, CORK_LIMIT, EXTENSION, Turns, expected, frame_header, next_message
+from lowlat_mw.runtime.timers import MAX_SLACK
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 
@@ -366,7 +366,7 @@ async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_s
     the socket within close_timeout, and says so (disconnected). Until then the connection holds its place in the
     limits, however long that takes; its session waits for the resume from the close on (detached: its models pause
     once the replay buffer is full)."""
-    monkeypatch.setattr(aio, "CLOSE_SLACK", 0.0)
+    monkeypatch.setattr(runtime_connection, "CLOSE_SLACK", 0.0)
     conn = Conn(tokens, drops=True, slow_consumer_timeout=5.0, close_timeout=0.05)
     driver = conn.driver
     assert conn.direct.close_timeout == 0.05  # the server was told this connection's own
@@ -394,8 +394,8 @@ async def test_a_server_that_cannot_drop_gets_its_connection_released_after_clos
     transport, and no disconnect ever comes) gets no such wait: close_timeout and CLOSE_SLACK after the close, the
     driver lets the connection go itself (its place in the limits, its session), ends the task reading its ASGI
     receive, and says once per process that the server keeps such sockets."""
-    monkeypatch.setattr(aio, "CLOSE_SLACK", 0.0)
-    monkeypatch.setattr(aio, "_SAID_CANNOT_DROP", False, raising=False)
+    monkeypatch.setattr(runtime_connection, "CLOSE_SLACK", 0.0)
+    monkeypatch.setattr(runtime_connection, "_SAID_CANNOT_DROP", False, raising=False)
     conn = Conn(tokens, slow_consumer_timeout=5.0, close_timeout=0.05, resume_window=600)
     driver = conn.driver
     endpoint = driver.endpoint
@@ -741,7 +741,7 @@ def test_the_parser_is_idle_only_at_a_frame_boundary_not_after_a_header_whose_pa
     """websockets takes a frame's header and mask out of its buffer as it reads them: after a read that ends right
     after a header its buffer is empty, and its parser waits for the payload. Then the next read is that payload,
     not frames of their own (a payload that looks like a whole frame must not be read as one)."""
-    from lowlat_mw.drivers.direct import parser_idle
+    from lowlat_mw.runtime.direct import parser_idle
 
     conn = _open_pair()[0 if side == "server" else 1]
     masked = side == "server"  # (a server reads masked frames, a client unmasked ones)

@@ -1,6 +1,6 @@
 """The shutdown drain, driven directly (no server): what every server's shutdown hook relies on.
 
-:func:`lowlat_mw.drivers.aio.drain_all` drains every endpoint with connections on the running loop;
+:func:`lowlat_mw.runtime.drain.drain_all` drains every endpoint with connections on the running loop;
 :meth:`Endpoint.drain` one endpoint. Each test runs on its own event loop (pytest-asyncio), so the
 drain of one never reaches another's connections.
 """
@@ -12,9 +12,9 @@ from typing import Any
 
 from driver_support import Peer, endpoint_for
 
-from lowlat_mw.drivers.aio import drain_all, drain_on_shutdown
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
+from lowlat_mw.runtime.drain import drain_all, drain_on_shutdown
 
 
 async def ticks(req: Any) -> Any:

@@ -11,9 +11,9 @@ import weakref
 import pytest
 from driver_support import Peer, endpoint_for
 
-from lowlat_mw.drivers import eager
 from lowlat_mw.model import ModelRequest, stream_model
 from lowlat_mw.protocol import events as ev
+from lowlat_mw.runtime import eager
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 

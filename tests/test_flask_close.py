@@ -281,7 +281,7 @@ def test_the_drop_after_close_timeout_never_overlaps_the_sockets_close(held_clos
     got its number. They go one after the other: a shutdown under way holds the close back."""
     from driver_support import endpoint_for
 
-    from lowlat_mw.drivers.threads import ThreadDriver
+    from lowlat_mw.runtime.threads import ThreadDriver
 
     ws, _client, sock = held_close
     driver = ThreadDriver(endpoint_for(lambda req: ""), send=ws.send, close=lambda code, reason: ws.close(code),

@@ -18,8 +18,8 @@ from loopback import free_port
 from prometheus_client import CollectorRegistry
 
 from lowlat_mw import connect
-from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.endpoint import Endpoint, health
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.testing.pytest_plugin import RunningServer
 
 WAIT = 30.0

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowlat_mw.drivers.aio import run_authenticator
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.model import SessionInfo
 from lowlat_mw.protocol import events as ev
@@ -31,6 +30,7 @@ from lowlat_mw.protocol.server import (
     StartStream,
     request_size,
 )
+from lowlat_mw.runtime.auth import run_authenticator
 from lowlat_mw.security import Handshake, load_authenticator
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 from lowlat_mw.testing import ConnectionPair

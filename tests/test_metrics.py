@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lowlat_mw.drivers.aio import ConnectionDriver, ModelRunner
 from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.model import Models
 from lowlat_mw.observability.metrics import LATENCY_BUCKETS, Metrics, Snapshot, quantile
@@ -23,6 +22,8 @@ from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.base import FrameStats
 from lowlat_mw.protocol.codec import codec_for
 from lowlat_mw.protocol.selector import CompressionSelector
+from lowlat_mw.runtime.connection import ConnectionDriver
+from lowlat_mw.runtime.streams import ModelRunner
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from lowlat_mw.drivers.asgi import LowLatASGI
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.testing.pytest_plugin import RunningServer
 
 pytestmark = pytest.mark.timeout(180)

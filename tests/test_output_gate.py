@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.endpoint import Endpoint
+from lowlat_mw.runtime.connection import ConnectionDriver
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
 
 

@@ -20,13 +20,13 @@ from starlette.middleware import Middleware
 import lowlat_mw
 from lowlat_mw import Backoff, ClientError, StreamError
 from lowlat_mw.adapters.starlette import LowLatMiddleware
-from lowlat_mw.drivers import push
-from lowlat_mw.drivers.push import MAX_PUSH, principal_name
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.base import CloseConnection, SendFrame
 from lowlat_mw.protocol.codec import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.protocol.server import Membership, ServerProtocol
+from lowlat_mw.runtime import push
+from lowlat_mw.runtime.push import MAX_PUSH, principal_name
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
 from lowlat_mw.testing import AppClient, FaultProxy
 from lowlat_mw.testing.pytest_plugin import RunningServer
@@ -323,7 +323,7 @@ async def test_with_redis_down_a_subscribe_is_answered_at_once_and_pushes_come_b
     heartbeat timeouts, reconnect loops); once Redis is back, pushes published through it arrive."""
     from redis_support import RedisServer, require_redis_server
 
-    from lowlat_mw.drivers.aio import PUSH_LISTEN_WAIT
+    from lowlat_mw.runtime.connection import PUSH_LISTEN_WAIT
 
     require_redis_server()
     with RedisServer() as redis_server:
@@ -355,7 +355,7 @@ async def test_a_slow_client_is_pushed_in_order_up_to_the_backlog_and_the_rest_i
     not read loses the newest, in order and without unbounded memory, and gets pushes again once it reads."""
     from driver_support import Peer, endpoint_for
 
-    from lowlat_mw.drivers.aio import PUSH_BACKLOG
+    from lowlat_mw.runtime.connection import PUSH_BACKLOG
 
     gate = asyncio.Event()
 

@@ -1,4 +1,4 @@
-"""The shared session store's pure parts (lowlat_mw/drivers/shared.py): the journal records a session produces,
+"""The shared session store's pure parts (lowlat_mw/runtime/shared.py): the journal records a session produces,
 their packing, and a session rebuilt from them, with no gap and no repeat (tests/integration/test_shared_sessions.py
 runs it across real processes and a real Redis)."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from lowlat_mw.drivers.shared import RemoteSession, pack, principal_key, unpack
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.session import Session
+from lowlat_mw.runtime.shared import RemoteSession, pack, principal_key, unpack
 from lowlat_mw.settings import Settings
 
 
@@ -117,7 +117,7 @@ async def test_a_sessions_output_in_redis_is_bounded_by_bytes_and_resumes_from_w
     entries), and a resume from it starts where what is kept starts, with no gap up to the last Delta."""
     import redis.asyncio as aioredis
 
-    from lowlat_mw.drivers.shared import MIN_ENTRIES, SharedSessions
+    from lowlat_mw.runtime.shared import MIN_ENTRIES, SharedSessions
 
     settings = Settings(resume_buffer_size=64 * 1024, session_store=redis_url)
     shared = SharedSessions.for_loop(redis_url, settings)
@@ -151,7 +151,7 @@ async def test_many_followed_streams_share_one_redis_connection_and_each_arrives
 
     import redis.asyncio as aioredis
 
-    from lowlat_mw.drivers.shared import SharedSessions, process_id
+    from lowlat_mw.runtime.shared import SharedSessions, process_id
 
     settings = Settings(session_store=redis_url)
     loop = asyncio.get_running_loop()
@@ -211,7 +211,7 @@ async def test_the_caches_redis_tier_keeps_replies_within_its_bytes_least_recent
     import redis.asyncio as aioredis
 
     from lowlat_mw.cache import pack_reply
-    from lowlat_mw.drivers.shared import SharedSessions
+    from lowlat_mw.runtime.shared import SharedSessions
 
     capacity = 16 * 1024
     settings = Settings(session_store=redis_url, cache_size=capacity, cache_ttl=60)
@@ -241,7 +241,7 @@ async def test_the_caches_redis_tier_keeps_replies_within_its_bytes_least_recent
 async def test_a_cache_lookup_in_a_store_that_does_not_answer_is_a_quick_miss() -> None:
     """A hung Redis (it accepts and never answers): a lookup gives up after CACHE_TIMEOUT, not the pool's 5 s, and
     the next ones for a second do not ask at all; the request path never waits out the store's own timeouts."""
-    from lowlat_mw.drivers.shared import SharedSessions
+    from lowlat_mw.runtime.shared import SharedSessions
 
     received: list[bytes] = []
     held: list[asyncio.StreamWriter] = []

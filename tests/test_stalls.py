@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from driver_support import Peer, endpoint_for
 
-from lowlat_mw.drivers import stalls
-from lowlat_mw.drivers.timers import AsyncScheduler
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.protocol import events as ev
+from lowlat_mw.runtime import stalls
+from lowlat_mw.runtime.timers import AsyncScheduler
 from lowlat_mw.settings import Settings
 
 THRESHOLD = 0.05  # seconds: the setting, lowered (the default is 0.1)

@@ -19,12 +19,12 @@ import pytest
 from driver_support import Peer, endpoint_for
 from prometheus_client import CollectorRegistry
 
-from lowlat_mw.drivers.asgi import LowLatASGI
-from lowlat_mw.drivers.batch import batcher_for
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.client import ClientProtocol, ClientStream
 from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.runtime.asgi import LowLatASGI
+from lowlat_mw.runtime.batch import batcher_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON
 
 BOUND = 10.0  # seconds any wait below may take on a loaded machine (each ends at an event, long before)
@@ -246,7 +246,7 @@ async def test_a_relay_cut_by_anything_but_the_clients_cancel_sends_nothing() ->
     peer = Peer(endpoint_for(lambda req: "x"))
     await peer.receive(ev.Hello())
     runner_session = peer.driver.protocol.session
-    from lowlat_mw.drivers.aio import ModelRunner
+    from lowlat_mw.runtime.streams import ModelRunner
 
     runner = peer.driver.runner = ModelRunner(runner_session, peer.driver)
     relaying = asyncio.Event()

@@ -12,7 +12,7 @@ from starlette.middleware import Middleware
 
 from lowlat_mw import ConnectionClosed, StreamError
 from lowlat_mw.adapters.starlette import LowLatMiddleware
-from lowlat_mw.drivers.asgi import LowLatASGI
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.testing import AppClient, LifespanFailed
 
 WAIT = 30.0

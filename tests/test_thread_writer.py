@@ -1,4 +1,4 @@
-"""The thread bridge's SocketWriter (lowlat_mw.drivers.threads): order, flow control, a failed socket."""
+"""The thread bridge's SocketWriter (lowlat_mw.runtime.threads): order, flow control, a failed socket."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from lowlat_mw.drivers.threads import SocketWriter
+from lowlat_mw.runtime.threads import SocketWriter
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

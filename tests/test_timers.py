@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lowlat_mw.drivers.timers import MAX_SLACK, AsyncScheduler, DeadlineQueue, ThreadScheduler, fire_time
+from lowlat_mw.runtime.timers import MAX_SLACK, AsyncScheduler, DeadlineQueue, ThreadScheduler, fire_time
 
 INF = math.inf
 

@@ -144,8 +144,8 @@ async def test_a_pong_that_does_not_come_closes_at_its_timeout_through_the_watch
     """The awaited Pong's timeout is a watch of the scheduler's (the connection's timer is at the next Ping, where
     the Pong would leave it). With the timeout sooner than the next Ping, a client that never answers is closed
     with 4001 by the watch: it finds the Pong still awaited and makes the timer due at once."""
-    from lowlat_mw.drivers.aio import ConnectionDriver
     from lowlat_mw.errors import CloseCode
+    from lowlat_mw.runtime.connection import ConnectionDriver
 
     overdue: list[tuple[bool, bool]] = []
     on_watch = ConnectionDriver.on_watch

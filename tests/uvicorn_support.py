@@ -18,8 +18,8 @@ if str(ROOT) not in sys.path:  # benchmarks/ (its raw client) is a top-level fol
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.soak import Conn, client_frame  # noqa: E402
-from lowlat_mw.drivers.direct import EXTENSION  # noqa: E402
 from lowlat_mw.protocol import events as ev  # noqa: E402
+from lowlat_mw.runtime.direct import EXTENSION  # noqa: E402
 
 __all__ = ["WAIT", "Conn", "InProcessServer", "client_frame"]
 

@@ -36,8 +36,6 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.frames import Frame, Opcode
 
-from ..drivers.direct import message_limit, next_message, parser_idle
-from ..drivers.timers import AsyncScheduler, cpu_clock
 from ..errors import (
     ClientError,
     ConnectionClosed,
@@ -53,6 +51,8 @@ from ..protocol.base import CloseConnection, SendFrame
 from ..protocol.client import ClientProtocol, ClientStream, StreamBroken
 from ..protocol.context import ClientDocument
 from ..protocol.selector import CompressionSelector
+from ..runtime.direct import message_limit, next_message, parser_idle
+from ..runtime.timers import AsyncScheduler, cpu_clock
 from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from .backoff import Backoff
 
@@ -527,7 +527,7 @@ class _Connection(ClientConnection):
     deliver: Callable[[bytes | str], None] | None = None
 
     def data_received(self, data: bytes) -> None:
-        """Messages that are one whole frame each (most are) are read here (lowlat_mw.drivers.direct.next_message)
+        """Messages that are one whole frame each (most are) are read here (lowlat_mw.runtime.direct.next_message)
         while websockets' parser waits between messages with nothing buffered or queued; from the first
         frame that is not one (a control frame, a fragment, a partial frame), websockets' parser reads on."""
         deliver = self.deliver

@@ -54,14 +54,14 @@ def _parse_set(pairs: list[str]) -> dict[str, Any]:
 
 def build_app(model: Any = None, **options: Any) -> Any:
     """The ASGI app ``serve`` runs: `model` (default: the demo model) with `options` as settings, on a
-    home page. No web framework: :class:`~lowlat_mw.drivers.asgi.LowLatASGI` over a one-page ASGI app.
+    home page. No web framework: :class:`~lowlat_mw.runtime.asgi.LowLatASGI` over a one-page ASGI app.
 
     With ``client_path`` set, ``/`` is the browser demo page (lowlat_mw/static/demo.html);
     otherwise a short text page. Other paths are 404.
     """
     from .. import static_files as static
     from ..demo import demo_model
-    from ..drivers.asgi import LowLatASGI, refuse_handshake
+    from ..runtime.asgi import LowLatASGI, refuse_handshake
 
     settings = Settings.load(options)
     links = ""

@@ -20,7 +20,7 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
 * on shutdown (SIGTERM, SIGINT) it stops listening (new connections are refused, as by uvicorn and
   gunicorn: a balancer sends them elsewhere) and lowlat-mw connections are drained before daphne cancels
   its applications: GoAway, running streams finish within the ``drain_grace`` setting, close 4002
-  (:func:`lowlat_mw.drivers.aio.drain_all`). daphne alone cancels them at once and drops every
+  (:func:`lowlat_mw.runtime.drain.drain_all`). daphne alone cancels them at once and drops every
   connection without a close frame;
 * writes have flow control: the connection's Twisted transport pauses the runner (``registerProducer``) while
   more than its buffer size (64 KiB) waits to go out, so direct writes and the ASGI ``websocket.send`` wait
@@ -39,7 +39,7 @@ It takes every daphne option and runs daphne itself, with what daphne has no opt
 * the application learns the close code autobahn failed a connection with (1007 for a text frame that is not
   UTF-8, 1002, 1009): autobahn reports 1006 when a second check of the same frame drops the connection;
 * it offers lowlat-mw direct writes (the ``lowlat.transport`` scope extension,
-  :mod:`lowlat_mw.drivers.direct`): the driver frames its output and hands a loop turn's frames to
+  :mod:`lowlat_mw.runtime.direct`): the driver frames its output and hands a loop turn's frames to
   autobahn's ``sendData`` in one piece, instead of one ASGI ``send`` per frame through daphne's reply path
   and autobahn's message framing (a 500-token reply took about two and a half times as long as under uvicorn).
 
@@ -73,8 +73,8 @@ except ImportError as _missing:  # (the Django extra brings them)
         sys.exit(_why)  # (python -m lowlat_mw.servers.daphne: one line, no traceback)
     raise ImportError(_why, name=_missing.name) from _missing
 
-from lowlat_mw.drivers.aio import drain_all
-from lowlat_mw.drivers.direct import EXTENSION
+from lowlat_mw.runtime.direct import EXTENSION
+from lowlat_mw.runtime.drain import drain_all
 from lowlat_mw.servers.serving import (
     DAPHNE_RUNSERVER,
     READ_BUDGET,
@@ -338,7 +338,7 @@ def _abort(transport: Any) -> None:
 
 
 class DaphneDirect:
-    """A daphne WebSocket connection as a :class:`~lowlat_mw.drivers.direct.DirectReads`.
+    """A daphne WebSocket connection as a :class:`~lowlat_mw.runtime.direct.DirectReads`.
 
     Writes: whole frames go to autobahn's ``sendData``, Twisted's transport buffers them; writable while it holds at
     most its buffer size (the connection's :class:`_Flow`), so the driver waits, and a client that stops reading gets
@@ -529,7 +529,7 @@ class DrainingServer(daphne.server.Server):
 
     def kill_all_applications(self) -> defer.Deferred[Any]:
         # A "before shutdown" trigger: Twisted waits for the Deferred. New connections are refused from now on; one
-        # accepted just before is closed with 4002 at once (lowlat_mw.drivers.aio).
+        # accepted just before is closed with 4002 at once (lowlat_mw.runtime.connection).
         for port in getattr(self, "lowlat_ports", ()):
             port.stopListening()
         drained: defer.Deferred[Any] = defer.Deferred.fromFuture(asyncio.ensure_future(drain_all()))

@@ -44,8 +44,8 @@ from typing import Any
 from gunicorn.errors import AppImportError
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 
-from lowlat_mw.drivers.threads import drain_all_sync
 from lowlat_mw.errors import SettingsError
+from lowlat_mw.runtime.threads import drain_all_sync
 from lowlat_mw.servers.serving import several_workers
 from lowlat_mw.settings import Settings
 

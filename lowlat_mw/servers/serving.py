@@ -2,7 +2,7 @@
 
 uvicorn closes every WebSocket with 1012 as soon as it starts shutting down. ``run`` first stops
 accepting connections, then drains every lowlat-mw connection (GoAway, running streams finish for
-up to `drain_grace` seconds, close 4002 so clients reconnect: :func:`lowlat_mw.drivers.aio.drain_all`, as
+up to `drain_grace` seconds, close 4002 so clients reconnect: :func:`lowlat_mw.runtime.drain.drain_all`, as
 our ``--ws`` shims do), and only then lets uvicorn shut down.
 """
 
@@ -68,7 +68,7 @@ def app_timeout(name: str) -> float:
     settings); before any exists, the environment's (``LOWLAT_*``, read once) or the default. Our uvicorn shims and
     daphne runner bound the HTTP handshake with it, and the closes of connections no driver took (a refused
     handshake), so a value set in the app or by ``serve --set`` applies to them too. A connection's driver tells the
-    server its own endpoint's ``close_timeout`` (:class:`~lowlat_mw.drivers.direct.DropsCloses`): one app's short
+    server its own endpoint's ``close_timeout`` (:class:`~lowlat_mw.runtime.direct.DropsCloses`): one app's short
     bound does not cut another's closes."""
     endpoints = list(Endpoint.instances)
     if endpoints:

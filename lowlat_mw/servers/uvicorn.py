@@ -20,7 +20,7 @@ The WebSocket protocols (``WebSocketProtocol``, ``WSProtoProtocol``) bound what 
 may cost, drain lowlat-mw connections before uvicorn's 1012 on shutdown, drop a connection whose peer
 does not take its close within its app's ``close_timeout`` (5 s by default; ``_Direct.close_within``), and offer the
 application direct writes to the connection's transport (``scope["extensions"]["lowlat.transport"]``,
-:mod:`lowlat_mw.drivers.direct`).
+:mod:`lowlat_mw.runtime.direct`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol as _H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SansIOProtocol
 from websockets.protocol import State as _WebSocketState
 
-from lowlat_mw.drivers.aio import drain_all, drain_on_shutdown
-from lowlat_mw.drivers.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
 from lowlat_mw.observability.logs import CLIENT_LOGS
+from lowlat_mw.runtime.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
+from lowlat_mw.runtime.drain import drain_all, drain_on_shutdown
 from lowlat_mw.servers.serving import (
     HeaderBudget,
     add_fragment,
@@ -282,7 +282,7 @@ class _DrainOnShutdown:
     uvicorn asks every connection to shut down at once, and a WebSocket then sends 1012 at once:
     running streams are cut. Here the first such call starts the drain of every lowlat-mw connection
     of the process (GoAway, running streams finish within ``drain_grace``, close 4002:
-    :func:`lowlat_mw.drivers.aio.drain_all`), and each connection's own shutdown waits for it. Other
+    :func:`lowlat_mw.runtime.drain.drain_all`), and each connection's own shutdown waits for it. Other
     WebSocket routes of the app get their 1012 when the drain is over.
     """
 
@@ -303,9 +303,9 @@ class _DrainOnShutdown:
 
 
 class _Direct:
-    """The connection's transport as a :class:`~lowlat_mw.drivers.direct.DirectTransport` (uvicorn's own
+    """The connection's transport as a :class:`~lowlat_mw.runtime.direct.DirectTransport` (uvicorn's own
     WebSocket protocol object keeps the handshake, the close, pings and the frame parsing); on
-    :class:`WebSocketProtocol` also a :class:`~lowlat_mw.drivers.direct.DirectReads`, and the state of its direct
+    :class:`WebSocketProtocol` also a :class:`~lowlat_mw.runtime.direct.DirectReads`, and the state of its direct
     reads: read on every socket read, so kept here, in slots, not on uvicorn's protocol object (its instance
     dictionary has too many keys for the interpreter's fast attribute access: each read there is a dictionary
     lookup, several per read of a heartbeat's Pong)."""
@@ -467,7 +467,7 @@ class _ClosesWithin:
 
 
 class _OffersDirect:
-    """Mixin: offer the ``lowlat.transport`` scope extension (lowlat_mw.drivers.direct) to the app, and keep
+    """Mixin: offer the ``lowlat.transport`` scope extension (lowlat_mw.runtime.direct) to the app, and keep
     its ``closing`` flag current: set as the connection starts closing (:class:`_ClosesWithin`: uvicorn's
     ``close_sent`` is a property there), and as it is lost (the driver reads a plain attribute before every write)."""
 
@@ -552,7 +552,7 @@ class WebSocketProtocol(_FairReads, _LatestPong, _OffersDirect, _DrainOnShutdown
 
     def _lowlat_read(self, data: bytes, direct: _Direct) -> int:
         """Hand the driver the messages at the start of `data` that are one whole frame each
-        (:func:`~lowlat_mw.drivers.direct.next_message`), while websockets' parser waits between two
+        (:func:`~lowlat_mw.runtime.direct.next_message`), while websockets' parser waits between two
         messages with nothing buffered (`direct.idle`); returns the bytes taken. What it leaves (a control frame, a
         fragment, a partial frame, anything wrong) goes to websockets' parser, which meets it as it would
         have: at a frame boundary, in order."""

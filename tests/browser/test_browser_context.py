@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from test_browser_push import run
 
 from lowlat_mw import ModelRequest
-from lowlat_mw.drivers.asgi import LowLatASGI
+from lowlat_mw.runtime.asgi import LowLatASGI
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 import lowlat_mw
 from lowlat_mw.demo import demo_model
-from lowlat_mw.drivers.asgi import LowLatASGI
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.testing import FaultProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

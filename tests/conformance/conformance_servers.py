@@ -36,7 +36,7 @@ FRAMEWORKS = ("starlette", "fastapi", "django", "flask")
 # frames, merge, metrics, examples, startup) with the other frameworks.
 SERVERS = ("starlette", "django", "flask", "wsproto", "asgi")
 DIRECT_OFF = "asgi"
-# Where frames are written straight to the socket (lowlat_mw.drivers.direct): our uvicorn protocols, our daphne
+# Where frames are written straight to the socket (lowlat_mw.runtime.direct): our uvicorn protocols, our daphne
 # runner (lowlat_mw.servers.daphne.DaphneDirect) and the Flask adapter's thread bridge (SocketWriter).
 DIRECT_WRITES = frozenset({"starlette", "fastapi", "wsproto", "serve", "django", "flask"})
 DIRECT_READS = frozenset({"starlette", "fastapi", "serve", "django"})  # (our wsproto protocol offers writes only)

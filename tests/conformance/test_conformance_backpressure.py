@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 KiB, MiB = 1024, 1024 * 1024
 SLOW_CONSUMER_TIMEOUT = 2.0
 CHUNK, CHUNKS = 16 * KiB, 4096  # the model's output: 64 MiB, far more than any socket buffer holds
-BLOCKED_LINE = "closing slow consumer"  # the driver's warning as it sends 4003 (lowlat_mw.drivers.aio)
+BLOCKED_LINE = "closing slow consumer"  # the driver's warning as it sends 4003 (lowlat_mw.runtime.connection)
 # Peak RSS growth of the serving process while the client does not read. Measured (2026-12-07, 3 runs each): uvicorn
 # websockets-sansio +0.0-0.4 MiB, wsproto +0.0-0.3, the ASGI path +0.0-0.3, gunicorn +0.1-0.5, daphne +0.4-1.3 (it
 # used to queue the whole output: +100 MiB and more for these 64 MiB). The bound leaves room for the socket buffers,

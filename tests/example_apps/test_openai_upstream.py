@@ -18,8 +18,8 @@ from starlette.routing import Route
 
 from examples import openai_upstream
 from lowlat_mw import connect
-from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.errors import ErrorCode, StreamError
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.testing.pytest_plugin import RunningServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,9 +13,9 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 
-from lowlat_mw.drivers.asgi import LowLatASGI
 from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.model import ModelRequest
+from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.testing import FaultProxy
 
 

@@ -419,7 +419,7 @@ async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_onc
 
 
 def test_a_store_that_does_not_answer_stops_the_app_when_it_is_built() -> None:
-    from lowlat_mw.drivers.asgi import LowLatASGI
+    from lowlat_mw.runtime.asgi import LowLatASGI
 
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     with pytest.raises(SettingsError, match=r"cannot reach Redis at redis://127\.0\.0\.1"):

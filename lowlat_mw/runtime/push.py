@@ -103,13 +103,13 @@ def _message(kind: int, target: str, body: bytes) -> bytes:
 
 def cancel_message(session_id: str, stream_id: int) -> bytes:
     """What the channel carries to stop stream `stream_id` of `session_id` in the process running its model (its
-    client cancelled it while another process relayed it: drivers.shared)."""
+    client cancelled it while another process relayed it: runtime.shared)."""
     return _message(_CANCEL, f"session:{session_id}", stream_id.to_bytes(4, "big"))
 
 
 def input_message(session_id: str, inp: Any) -> bytes:
     """What the channel carries to hand a client's Input (protocol v1.3) to the process running its stream's model
-    (the client resumed on another process, which relays the stream: drivers.shared). The body is the Input's
+    (the client resumed on another process, which relays the stream: runtime.shared). The body is the Input's
     binary frame."""
     from ..protocol.codec import PROTO_CODEC
 

@@ -57,7 +57,7 @@ class DropsCloses(Protocol):
     connection whose close is not over in time. Our uvicorn shims, daphne runner and Flask thread bridge do, with or
     without direct writes; a server without it (plain uvicorn, gunicorn's UvicornWorker, hypercorn) may keep such a
     socket for good, and the driver then releases the connection itself
-    (:class:`~lowlat_mw.drivers.aio.ConnectionDriver`, docs/protocol.md 12)."""
+    (:class:`~lowlat_mw.runtime.connection.ConnectionDriver`, docs/protocol.md 12)."""
 
     def close_within(self, seconds: float) -> None:
         """Abort this connection (its unsent output dropped, its socket closed) if it is still there `seconds` after

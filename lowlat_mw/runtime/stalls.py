@@ -6,7 +6,7 @@ Ping waited 2.5 s behind one ``time.sleep(2.5)``. Nothing fails; everything is l
 per model, naming it.
 
 How, without a clock read per token. Each event loop's :class:`LoopWatch` belongs to the loop's scheduler
-(``AsyncScheduler.stalls``, drivers/timers.py). The driver names each model's task (:data:`TASK_PREFIX` and the
+(``AsyncScheduler.stalls``, runtime/timers.py). The driver names each model's task (:data:`TASK_PREFIX` and the
 model's name) and, for an async model of an endpoint whose ``slow_step_warning`` is on, enters the task in its
 loop's watch with that endpoint's threshold while it runs (a sync model's steps run in worker threads: they cannot
 hold the loop, and are not watched). While a loop's watch holds any task, the process's one watching thread
@@ -43,7 +43,7 @@ class LoopWatch:
     """One event loop's watch, owned by the loop's scheduler: the async model tasks running on the loop, each with
     its endpoint's threshold, and what the watching thread saw of the loop (fields written by that thread alone).
 
-    The driver, on the loop's thread (no call of ours per request: drivers/aio.py ``ModelRunner``): before a model
+    The driver, on the loop's thread (no call of ours per request: runtime/streams.py ``ModelRunner``): before a model
     runs there, ``WATCHER.watch(w)`` unless ``w.epoch == WATCHER.epoch``; for each async model's task, from its start
     to the top of one ``finally``, an entry ``w.running[task] = threshold``, and the first entry sets ``w.wake``
     (unless set) so that the sleeping thread looks at the loop.

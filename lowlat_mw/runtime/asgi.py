@@ -21,8 +21,9 @@ from ..endpoint import Endpoint, Refuse
 from ..errors import CloseCode, SettingsError
 from ..model import ModelSpec
 from ..settings import Settings
-from .aio import ConnectionDriver, drain_all
+from .connection import ConnectionDriver
 from .direct import EXTENSION
+from .drain import drain_all
 from .shared import open_endpoint
 
 __all__ = ["LowLatASGI", "accept", "cut_streams"]

@@ -2,12 +2,12 @@
 
 Each connection's own thread only reads frames and blocks on them. Everything else (protocol,
 models, timers) runs on ONE process-wide asyncio loop in a daemon thread, through the same
-:class:`~lowlat_mw.drivers.aio.ConnectionDriver` the ASGI adapters use, so heartbeats and reaping
+:class:`~lowlat_mw.runtime.connection.ConnectionDriver` the ASGI adapters use, so heartbeats and reaping
 come from that loop's single scheduler, async models run natively and sync models run in the
 shared worker pool. Blocking socket writes go to a small send pool, never onto the loop.
 
 Given the connection's socket (and the ``direct_writes`` setting on), the driver writes its frames
-through a :class:`SocketWriter`, a :class:`~lowlat_mw.drivers.direct.DirectTransport` over that
+through a :class:`SocketWriter`, a :class:`~lowlat_mw.runtime.direct.DirectTransport` over that
 blocking socket: frames are built on the loop, a loop turn's frames are queued as one piece, and one
 job of the send pool at a time writes whatever is queued. Without it every frame was a round trip
 from the loop to a pool thread and back, and the loop waited for each one (a third of a millisecond
@@ -25,7 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..endpoint import Endpoint
-from .aio import ConnectionDriver, drain_all
+from .connection import ConnectionDriver
+from .drain import drain_all
 
 __all__ = ["SharedSocket", "SocketWriter", "ThreadDriver", "background_loop", "drain_all_sync"]
 
@@ -124,7 +125,7 @@ class SharedSocket:
 
 
 class SocketWriter:
-    """A :class:`~lowlat_mw.drivers.direct.DirectTransport` over a blocking socket, written from the send pool.
+    """A :class:`~lowlat_mw.runtime.direct.DirectTransport` over a blocking socket, written from the send pool.
 
     :meth:`write` (on the loop, never blocking) queues bytes; one pool job at a time writes everything
     queued, in order, joined into one ``sendall``. :meth:`call` queues a function (simple-websocket's
@@ -238,7 +239,7 @@ class ThreadDriver:
     Given `sock`, a connection still open ``close_timeout`` after the driver closed it is shut down: a peer that
     stopped reading otherwise holds a blocked write (the close frame waits behind it), the connection's thread,
     its reader thread and the socket for good. The shutdown fails the blocked write and ends both threads' reads.
-    (So the driver waits for :meth:`disconnected`: a :class:`~lowlat_mw.drivers.direct.DropsCloses`.) Pass it as
+    (So the driver waits for :meth:`disconnected`: a :class:`~lowlat_mw.runtime.direct.DropsCloses`.) Pass it as
     a :class:`SharedSocket` that the WebSocket library writes and closes through as well: its frames and the driver's
     then reach the wire in order, and the shutdown never meets a descriptor the library closed meanwhile.
     """
@@ -315,7 +316,7 @@ class ThreadDriver:
 
 
 def drain_all_sync(grace: float | None = None, reconnect_after_ms: int = 0) -> None:
-    """:func:`~lowlat_mw.drivers.aio.drain_all` for the thread-driven connections (a server shutting down;
+    """:func:`~lowlat_mw.runtime.drain.drain_all` for the thread-driven connections (a server shutting down;
     blocks until done, from any thread but the driver's loop). gunicorn's
     ``lowlat_mw.servers.gunicorn.ThreadWorker`` calls it on SIGTERM."""
     loop = _loop

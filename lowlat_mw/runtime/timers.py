@@ -4,7 +4,7 @@
 connection whose deadline moves costs nothing until its old entry reaches the top.
 `AsyncScheduler` drives it from one asyncio timer handle per event loop; `ThreadScheduler` from
 one daemon thread. Neither creates a task or thread per connection. A loop's scheduler also owns the
-loop's watch for async model steps that hold it (:class:`~lowlat_mw.drivers.stalls.LoopWatch`).
+loop's watch for async model steps that hold it (:class:`~lowlat_mw.runtime.stalls.LoopWatch`).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ class AsyncScheduler:
         # Stop driving a target: forget its deadline (a stale wake-up finds nothing due).
         self.cancel: Callable[[TimerTarget], None] = self._queue.discard
         self.stalls = LoopWatch(loop)
-        """The async model steps of this loop watched for holding it (drivers/stalls.py)."""
+        """The async model steps of this loop watched for holding it (runtime/stalls.py)."""
 
     @classmethod
     def current(cls) -> AsyncScheduler:

@@ -1,0 +1,40 @@
+"""The authenticate hook, run for a connection's handshake (sync hooks in an executor)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from ..security import Handshake
+
+__all__ = ["run_authenticator"]
+
+log = logging.getLogger("lowlat_mw")
+
+async def run_authenticator(hook: Callable[[Handshake], Any], handshake: Handshake,
+                            executor: Executor | None = None) -> tuple[Any, str]:
+    """Call the hook (async, or sync in `executor`): (principal or None, refusal reason).
+
+    A hook admits by returning anything but None/False and refuses by returning None/False or
+    raising PermissionError (its message becomes the reason); other exceptions refuse too and
+    are logged, so a broken hook fails closed.
+    """
+    try:
+        if inspect.iscoroutinefunction(hook):
+            principal = await hook(handshake)
+        else:
+            principal = await asyncio.get_running_loop().run_in_executor(executor, hook, handshake)
+            if inspect.isawaitable(principal):
+                principal = await principal
+    except PermissionError as exc:
+        return None, str(exc) or "authentication failed"
+    except Exception:
+        log.exception("authenticate hook failed")
+        return None, "authentication failed"
+    if principal is None or principal is False:
+        return None, "authentication failed"
+    return principal, ""

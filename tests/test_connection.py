@@ -551,6 +551,7 @@ def test_a_pong_that_comes_after_the_timeout_check_is_decoded_and_measures_nothi
 @pytest.mark.parametrize("subprotocol", BOTH)
 def test_ping_frames_are_made_once_for_every_connection_and_counted_as_framed(subprotocol: str) -> None:
     a, b = Pair.ready(subprotocol=subprotocol), Pair.ready(subprotocol=subprotocol)
+    b.conn.heartbeats = a.conn.heartbeats  # (as a loop's connections share their scheduler's: see the driver's test)
     sent_a, sent_b = a.conn.tick(T0 + 30), b.conn.tick(T0 + 30)
     assert sent_a[0] is sent_b[0]  # one SendFrame for Ping 1 on every connection
     assert sent_a[0].data == a.codec.encode(ev.Ping(id=1))

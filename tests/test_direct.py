@@ -22,11 +22,12 @@ from websockets.streams import StreamReader
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
-from lowlat_mw.runtime import connection as runtime_connection
+from lowlat_mw.runtime import closing as runtime_closing
 from lowlat_mw.runtime.asgi import accept
 from lowlat_mw.runtime.connection import ConnectionDriver
-from lowlat_mw.runtime.direct import BURST, CORK_LIMIT, EXTENSION, Turns, expected, frame_header, next_message
+from lowlat_mw.runtime.direct import BURST, CORK_LIMIT, EXTENSION, expected, frame_header, next_message
 from lowlat_mw.runtime.timers import MAX_SLACK
+from lowlat_mw.runtime.writer import Turns
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 
@@ -222,7 +223,7 @@ async def test_nothing_is_written_once_the_connection_is_closing(how: str) -> No
     await conn.send(ev.Request(stream_id=1, text="x", params={"n": 5}))
     await end_of_turn()
     await end_of_turn()
-    assert conn.driver._closing
+    assert conn.driver.writer.closing
     assert len(conn.writes()) == writes
     assert len(refused) <= 1  # the first refused write stops the rest
     await conn.driver.disconnected(1000)
@@ -234,7 +235,7 @@ async def test_a_paused_transport_holds_output_in_order_until_it_resumes() -> No
     await end_of_turn()
     conn.direct.writable.clear()  # the transport's buffer is over its high-water mark
     await conn.send(ev.Request(stream_id=1, text="x", params={"n": 30}))
-    await wait_for(lambda: conn.driver._sender is not None)  # the first Delta waits for the transport
+    await wait_for(lambda: conn.driver.writer.sender is not None)  # the first Delta waits for the transport
     # A Ping's Pong queues behind it (and, as through ASGI, reading waits while output is held back).
     ping = asyncio.create_task(conn.send(ev.Ping(id=7)))
     for _ in range(5):
@@ -290,6 +291,27 @@ async def test_a_heartbeat_is_a_written_ping_and_a_known_pong_that_leaves_the_ti
     await driver.disconnected(1000)
 
 
+async def test_a_loops_connections_share_one_made_once_ping_owned_by_its_scheduler() -> None:
+    """One cache of heartbeat Pings, owned by the loop's scheduler (no module-level memo): the machine's Ping and
+    Pong and the writer's frame of it are made by the first connection that pings, and written as they are by the
+    others."""
+    conns = [ReadConn(echo), ReadConn(echo)]
+    for conn in conns:
+        conn.read(ev.Hello())
+    await end_of_turn()
+    first, second = (conn.driver for conn in conns)
+    assert first.protocol.heartbeats is second.protocol.heartbeats is first.scheduler.heartbeats
+    for conn in conns:
+        conn.driver.on_timer(conn.driver.protocol.next_deadline())
+        assert conn.events()[-1] == ev.Ping(id=1)
+    made = first.protocol.ping_made
+    assert made is not None and second.protocol.ping_made is made
+    assert conns[0].log[-1][1] is conns[1].log[-1][1] is made.wire[0]  # one frame, written by both
+    assert conns[0].direct.expect is conns[1].direct.expect is made.wire[1]
+    for conn in conns:
+        await conn.driver.disconnected(1000)
+
+
 async def test_a_watched_pong_that_does_not_come_makes_the_timer_due_and_closes_with_4001() -> None:
     """The Pong's timeout is a watch, not the timer: when it comes with the Pong still awaited, the connection's
     timer runs then (not at the next Ping), and finds the peer dead. (Through a real server and the scheduler:
@@ -335,10 +357,10 @@ async def test_a_known_pong_keeps_a_deadline_move_that_waits_for_its_reschedule(
     assert driver.on_timer(now) == proto.heartbeat.next_ping_at > now + 2  # a Ping out: the timer at the next Ping
     conn.direct.writable.clear()  # the End will wait for the transport
     release.set()
-    await wait_for(lambda: driver._sender is not None)  # the stream ended: its End waits to be written
+    await wait_for(lambda: driver.writer.sender is not None)  # the stream ended: its End waits to be written
     conn.direct.receiver(conn.direct.expect.message, 1)  # the Pong, meanwhile
     conn.direct.writable.set()
-    await wait_for(lambda: driver._sender is None)
+    await wait_for(lambda: driver.writer.sender is None)
     await end_of_turn()
     assert driver._scheduled == proto.next_deadline() == now + 2  # the idle deadline
     await driver.disconnected(1000)
@@ -350,8 +372,8 @@ async def test_a_transport_paused_past_slow_consumer_timeout_closes_with_4003() 
     await end_of_turn()
     conn.direct.writable.clear()
     await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10}))
-    await wait_for(lambda: conn.driver._sender is not None)  # a write is waiting for the transport
-    since = conn.driver._send_since
+    await wait_for(lambda: conn.driver.writer.sender is not None)  # a write is waiting for the transport
+    since = conn.driver.writer.send_since
     conn.driver.on_timer(since + 4.0)
     await end_of_turn()
     assert conn.closed() is None  # not stuck for long enough yet
@@ -366,7 +388,7 @@ async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_s
     the socket within close_timeout, and says so (disconnected). Until then the connection holds its place in the
     limits, however long that takes; its session waits for the resume from the close on (detached: its models pause
     once the replay buffer is full)."""
-    monkeypatch.setattr(runtime_connection, "CLOSE_SLACK", 0.0)
+    monkeypatch.setattr(runtime_closing, "CLOSE_SLACK", 0.0)
     conn = Conn(tokens, drops=True, slow_consumer_timeout=5.0, close_timeout=0.05)
     driver = conn.driver
     assert conn.direct.close_timeout == 0.05  # the server was told this connection's own
@@ -377,8 +399,8 @@ async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_s
     await end_of_turn()
     conn.direct.writable.clear()
     await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10, "hold": True}))
-    await wait_for(lambda: driver._sender is not None)
-    driver.on_timer(driver._send_since + 5.0)
+    await wait_for(lambda: driver.writer.sender is not None)
+    driver.on_timer(driver.writer.send_since + 5.0)
     await wait_for(lambda: conn.closed() is not None)
     await wait_for(lambda: driver.runner is not None and driver.runner.driver is None)  # detached at the close
     assert conn.closed() == CloseCode.SLOW_CONSUMER
@@ -394,8 +416,8 @@ async def test_a_server_that_cannot_drop_gets_its_connection_released_after_clos
     transport, and no disconnect ever comes) gets no such wait: close_timeout and CLOSE_SLACK after the close, the
     driver lets the connection go itself (its place in the limits, its session), ends the task reading its ASGI
     receive, and says once per process that the server keeps such sockets."""
-    monkeypatch.setattr(runtime_connection, "CLOSE_SLACK", 0.0)
-    monkeypatch.setattr(runtime_connection, "_SAID_CANNOT_DROP", False, raising=False)
+    monkeypatch.setattr(runtime_closing, "CLOSE_SLACK", 0.0)
+    # (Said once per process through CLIENT_LOGS.once, which the autouse fixture resets for each test.)
     conn = Conn(tokens, slow_consumer_timeout=5.0, close_timeout=0.05, resume_window=600)
     driver = conn.driver
     endpoint = driver.endpoint
@@ -406,8 +428,8 @@ async def test_a_server_that_cannot_drop_gets_its_connection_released_after_clos
     await end_of_turn()
     conn.direct.writable.clear()
     await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10, "hold": True}))
-    await wait_for(lambda: driver._sender is not None)
-    driver.on_timer(driver._send_since + 5.0)
+    await wait_for(lambda: driver.writer.sender is not None)
+    driver.on_timer(driver.writer.send_since + 5.0)
     await wait_for(lambda: conn.closed() is not None)
     await wait_for(lambda: driver not in endpoint.connections and endpoint.limiter.total == 0)
     await wait_for(receiving.done)
@@ -557,7 +579,7 @@ async def test_a_burst_of_requests_in_one_turn_gets_every_first_delta_out_before
         conn.read(ev.Request(stream_id=sid, text="x"))
     assert [conn.kinds().count("write") for conn in conns] == [2, 2, 2]  # the Welcome, then the first Delta
     assert resumed == [1]  # only the turn's first stream went on; the others wait for the next turn
-    assert turns.scheduled and turns.held == [conns[0].driver] and turns.started == 3
+    assert turns.scheduled and turns.held == [conns[0].driver.writer] and turns.started == 3
     await wait_for(lambda: all(any(isinstance(e, ev.End) for e in conn.events()) for conn in conns))
     assert resumed == [1, 2, 3]
     assert turns.turn == before + 2 and not turns.held and turns.started == 0  # two turns, one callback each

@@ -1,4 +1,4 @@
-"""The ASGI send path's one-writer gate (ConnectionDriver._write): a write's frames stay together, writes go
+"""The ASGI send path's one-writer gate (Writer.write): a write's frames stay together, writes go
 out in the order they came, a writer cancelled while it waits gives its turn to the next, and a close goes
 after everything written before it. (It replaced an asyncio.Lock per connection: same guarantees, no
 lock calls per frame.)"""
@@ -10,6 +10,7 @@ from typing import Any
 
 from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.runtime.connection import ConnectionDriver
+from lowlat_mw.runtime.writer import Writer
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
 
 
@@ -42,39 +43,39 @@ async def test_writes_keep_their_frames_together_in_order_and_a_cancelled_waiter
     send = BlockingSend()
     driver = driver_for(send)
     send.block("a1")
-    first = asyncio.create_task(driver._write(["a1", "a2"]))
+    first = asyncio.create_task(driver.writer.write(["a1", "a2"]))
     await send.entered["a1"].wait()  # the first write holds the output, blocked in its first frame
-    second = asyncio.create_task(driver._write(["b1", "b2"]))
-    third = asyncio.create_task(driver._write(["c1"]))
+    second = asyncio.create_task(driver.writer.write(["b1", "b2"]))
+    third = asyncio.create_task(driver.writer.write(["c1"]))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-    assert driver._waiters is not None and len(driver._waiters) == 2  # both wait, in order
+    assert driver.writer.waiters is not None and len(driver.writer.waiters) == 2  # both wait, in order
     second.cancel()
     await asyncio.sleep(0)
-    fourth = asyncio.create_task(driver._write(["d1"]))
+    fourth = asyncio.create_task(driver.writer.write(["d1"]))
     send.hold["a1"].set()
     await asyncio.wait_for(asyncio.gather(first, third, fourth), 10)
     assert second.cancelled()
     assert send.sent == ["a1", "a2", "c1", "d1"]  # a2 right after a1; b's frames never; c before d
-    assert not driver._writing and not driver._waiters
+    assert not driver.writer.writing and not driver.writer.waiters
 
 
-async def test_a_writer_woken_then_cancelled_wakes_the_next() -> None:
+async def test_a_writer_woken_then_cancelled_wakes_the_next(monkeypatch) -> None:
     send = BlockingSend()
     driver = driver_for(send)
     send.block("a")
-    first = asyncio.create_task(driver._write(["a"]))
+    first = asyncio.create_task(driver.writer.write(["a"]))
     await send.entered["a"].wait()
-    second = asyncio.create_task(driver._write(["b"]))
-    third = asyncio.create_task(driver._write(["c"]))
+    second = asyncio.create_task(driver.writer.write(["b"]))
+    third = asyncio.create_task(driver.writer.write(["c"]))
     await asyncio.sleep(0)
-    wake = driver._wake_next
+    wake = Writer._wake_next
 
-    def wake_then_cancel() -> None:  # the first finishes and wakes the second, which is cancelled before it runs
-        wake()
+    def wake_then_cancel(writer: Writer) -> None:  # the first finishes and wakes the second, cancelled before it runs
+        wake(writer)
         second.cancel()
 
-    driver._wake_next = wake_then_cancel  # type: ignore[method-assign]
+    monkeypatch.setattr(Writer, "_wake_next", wake_then_cancel)
     send.hold["a"].set()
     await asyncio.wait_for(asyncio.gather(first, third), 10)  # the third must still go
     assert second.cancelled()
@@ -85,9 +86,9 @@ async def test_a_close_goes_after_the_write_before_it() -> None:
     send = BlockingSend()
     driver = driver_for(send)
     send.block("a1")
-    first = asyncio.create_task(driver._write(["a1", "a2"]))
+    first = asyncio.create_task(driver.writer.write(["a1", "a2"]))
     await send.entered["a1"].wait()
-    closing = asyncio.create_task(driver._close_socket(1001, "bye"))
+    closing = asyncio.create_task(driver.close_socket(1001, "bye"))
     await asyncio.sleep(0)
     assert not closing.done()  # waits for the write in progress
     send.hold["a1"].set()
@@ -102,9 +103,9 @@ async def test_a_close_waits_for_a_write_that_never_ends_at_most_close_timeout_t
     send = BlockingSend()
     driver = driver_for(send, Settings(close_timeout=0.2))
     send.block("a1")
-    first = asyncio.create_task(driver._write(["a1", "a2"]))
+    first = asyncio.create_task(driver.writer.write(["a1", "a2"]))
     await send.entered["a1"].wait()
-    await asyncio.wait_for(driver._close_socket(4001, "no pong"), 10)
+    await asyncio.wait_for(driver.close_socket(4001, "no pong"), 10)
     assert send.sent == ["websocket.close"]
     first.cancel()
     await driver.disconnected(1006)

@@ -27,7 +27,7 @@ from uvicorn_support import WAIT, InProcessServer, client_frame
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.codec import codec_for
-from lowlat_mw.runtime import connection
+from lowlat_mw.runtime import closing
 from lowlat_mw.settings import SUBPROTOCOL_PROTO
 
 CODEC = codec_for(SUBPROTOCOL_PROTO)
@@ -80,7 +80,7 @@ async def wait_for(predicate: Any, timeout: float = WAIT) -> None:
 @pytest.mark.parametrize("ws", ["websockets", "wsproto"])
 async def test_plain_uvicorn_releases_a_connection_whose_close_never_goes_out(ws: str, monkeypatch, caplog) -> None:
     pytest.importorskip(ws)
-    monkeypatch.setattr(connection, "_SAID_CANNOT_DROP", False, raising=False)  # (said once per process)
+    # (Said once per process through CLIENT_LOGS.once, which the autouse fixture resets for each test.)
     caplog.set_level(logging.WARNING, logger="lowlat_mw")
     server = InProcessServer(flood, ws=ws, plain=True, slow_consumer_timeout=SLOW, close_timeout=CLOSE,
                              max_connections_per_client=1)
@@ -95,7 +95,7 @@ async def test_plain_uvicorn_releases_a_connection_whose_close_never_goes_out(ws
             # waits for the paused transport), and no disconnect comes: the driver lets the connection go itself.
             await wait_for(lambda: endpoint.limiter.total == 0 and not endpoint.connections)
             print(f"\nplain uvicorn ({ws}): released {time.monotonic() - start:.2f} s after the stream began "
-                  f"(slow_consumer_timeout {SLOW} s, close_timeout {CLOSE} s + {connection.CLOSE_SLACK} s)")
+                  f"(slow_consumer_timeout {SLOW} s, close_timeout {CLOSE} s + {closing.CLOSE_SLACK} s)")
             await wait_for(lambda: server.returned == 1)  # the application's call ends too (not waiting on receive())
             said = [r for r in caplog.records if "cannot drop" in r.getMessage()]
             assert len(said) == 1, [r.getMessage() for r in caplog.records]

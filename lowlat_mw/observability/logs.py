@@ -33,12 +33,23 @@ class LogBudget:
         self._keys: dict[str | None, list[float]] = {}
         self._all: list[float] = [-float("inf"), 0, 0]  # the same, for every address together
         self._lock = threading.Lock()
+        self._said: set[str] = set()  # messages logged once (:meth:`once`)
 
     def reset(self) -> None:
-        """Forget every address and count (a test's fresh start)."""
+        """Forget every address and count, and what was said once (a test's fresh start)."""
         with self._lock:
             self._keys.clear()
             self._all = [-float("inf"), 0, 0]
+            self._said.clear()
+
+    def once(self, logger: logging.Logger, level: int, msg: str, *args: object) -> None:
+        """``logger.log(level, msg, *args)`` the first time `msg` comes here, never again (a fact about the process,
+        such as what its server cannot do, said once however many connections run into it)."""
+        with self._lock:
+            if msg in self._said:
+                return
+            self._said.add(msg)
+        logger.log(level, msg, *args)
 
     def log(self, logger: logging.Logger, level: int, address: str | None, msg: str, *args: object,
             **kwargs: object) -> None:

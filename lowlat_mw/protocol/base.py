@@ -18,7 +18,7 @@ from ..errors import CloseCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
 from .codec import JSON_CODEC, PROTO_CODEC
-from .heartbeat import Heartbeat, HeartbeatAction
+from .heartbeat import Heartbeat, HeartbeatAction, HeartbeatFrames, MadePing
 from .limits import TokenBucket
 from .selector import CompressionSelector
 from .state import ConnState
@@ -54,12 +54,8 @@ class Measured:
     value: float
 
 
-# Made-once heartbeat frames: (the Ping's SendFrame, its Pong) per codec and Ping id. Every connection numbers
-# its Pings 1, 2, 3..., so all idle connections share the same few (a Ping a connection every 30 s: 4096
-# ids last more than a day). A Ping's payload is at most 8 bytes: never compressed unless the compressor's
-# min_size is at most that (then it is framed as any message).
-_HEARTBEATS: dict[object, dict[int, tuple[SendFrame, bytes | str]]] = {}
-_HEARTBEAT_IDS = 4096
+# A Ping's payload is at most 8 bytes: never compressed unless the compressor's min_size is at most that (then it is
+# framed as any message, not made once: HeartbeatFrames).
 _PING_MAX = 8
 
 
@@ -137,8 +133,10 @@ class Protocol:
     PEER_DEAD_REASON: ClassVar[str] = "no pong within heartbeat_timeout"
 
     def __init__(self, subprotocol: str | None, *, state: ConnState, max_frame_size: int,
-                 max_decompressed_size: int, meter: Callable[[], float] | None = None) -> None:
-        """`meter`: a CPU clock the compressor times its own work with (None: its priors, deterministic)."""
+                 max_decompressed_size: int, meter: Callable[[], float] | None = None,
+                 heartbeats: HeartbeatFrames | None = None) -> None:
+        """`meter`: a CPU clock the compressor times its own work with (None: its priors, deterministic);
+        `heartbeats`: where Pings are made once, shared with other connections (None: this machine's own)."""
         self.subprotocol = subprotocol
         self.codec = PROTO_CODEC if subprotocol == SUBPROTOCOL_PROTO else JSON_CODEC  # (codec_for, inlined)
         self.state = state
@@ -158,6 +156,8 @@ class Protocol:
         # The Pong that answers the Ping out, as this codec encodes it (None: no Ping out): receive_data
         # knows it by its bytes and skips the decoding (every idle connection's heartbeat brings one).
         self.pong_frame: bytes | str | None = None
+        self.heartbeats = heartbeats if heartbeats is not None else HeartbeatFrames()
+        self.ping_made: MadePing | None = None  # the last Ping, if made once (its `wire` is the writer's)
         # A token bucket for the messages of the CONTROL kinds (and the undecodable ones that leave the connection
         # open): past it, _flooded() (the server's: Error rate_limited, close 1008). None: no budget.
         self.control: TokenBucket | None = None
@@ -300,16 +300,15 @@ class Protocol:
         ping_id = self.heartbeat.ping_id  # type: ignore[union-attr]
         codec = self.codec
         compressor = self.compressor
-        if (compressor is not None and compressor.min_size <= _PING_MAX) or ping_id > _HEARTBEAT_IDS:
+        made = None
+        if compressor is None or compressor.min_size > _PING_MAX:
+            made = self.heartbeats.get(codec, ping_id, lambda: (SendFrame(codec.encode(ev.Ping(id=ping_id))),
+                                                               codec.encode(ev.Pong(id=ping_id))))
+        self.ping_made = made
+        if made is None:
             self.pong_frame = codec.encode(ev.Pong(id=ping_id))
             return [SendFrame(self._frame(ev.Ping(id=ping_id)))]
-        made = _HEARTBEATS.get(codec)
-        if made is None:
-            made = _HEARTBEATS[codec] = {}
-        frames = made.get(ping_id)
-        if frames is None:
-            frames = made[ping_id] = (SendFrame(codec.encode(ev.Ping(id=ping_id))), codec.encode(ev.Pong(id=ping_id)))
-        send, self.pong_frame = frames
+        send, self.pong_frame = made.send, made.pong
         size = len(send.data)  # (uncompressed: the three counters of codec id 0)
         sent = self.stats.sent
         sent[0] += 1

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 
-__all__ = ["Heartbeat", "HeartbeatAction", "IdleReaper"]
+__all__ = ["Heartbeat", "HeartbeatAction", "HeartbeatFrames", "IdleReaper", "MadePing"]
 
 
 class HeartbeatAction(enum.Enum):
@@ -101,3 +102,37 @@ class IdleReaper:
     def expired(self, now: float, active_streams: int) -> bool:
         """True when the connection should be reaped now."""
         return not active_streams and now >= self.last_activity + self.timeout
+
+
+class MadePing:
+    """A heartbeat Ping made once (:class:`HeartbeatFrames`): its message, the Pong that answers it, and what a
+    transport makes of them (`wire`: set by the first writer that writes it, then shared; opaque here)."""
+
+    __slots__ = ("pong", "send", "wire")
+
+    def __init__(self, send: object, pong: bytes | str) -> None:
+        self.send = send  # the Ping's SendFrame
+        self.pong = pong  # the Pong message, as the codec encodes it
+        self.wire: object = None
+
+
+class HeartbeatFrames:
+    """Heartbeat Pings made once, per codec and Ping id, for every connection that shares this object (a loop's
+    scheduler hands one to each of its connections). Every connection numbers its Pings 1, 2, 3..., so all idle
+    connections share the same few; bounded by IDS per codec (a Ping a connection every 30 s: 4096 last more than a
+    day), past which Pings are made each time."""
+
+    __slots__ = ("made",)
+    IDS = 4096
+
+    def __init__(self) -> None:
+        self.made: dict[tuple[object, int], MadePing] = {}
+
+    def get(self, codec: object, ping_id: int, make: Callable[[], tuple[object, bytes | str]]) -> MadePing | None:
+        """The Ping `ping_id` of `codec`, made with `make` (its SendFrame and Pong) the first time; None past IDS."""
+        if ping_id > self.IDS:
+            return None
+        made = self.made.get((codec, ping_id))
+        if made is None:
+            made = self.made[(codec, ping_id)] = MadePing(*make())
+        return made

@@ -24,7 +24,7 @@ from . import events as ev
 from .base import CloseConnection, Measured, Protocol, SendFrame
 from .codec import PROTO_CODEC, encode_delta_frame, params_size
 from .compression import available_codecs
-from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
+from .heartbeat import Heartbeat, HeartbeatAction, HeartbeatFrames, IdleReaper
 from .limits import TokenBucket
 from .session import Session, StreamState, encoded_len, normalize_chunk, split_chunk, tool_call_for
 from .state import SERVER_RECEIVES, ConnState, handlers
@@ -141,11 +141,12 @@ class ServerProtocol(Protocol):
     CONTROL = frozenset(get_args(ev.Event)) - {ev.Request, ev.Hello}
 
     def __init__(self, settings: Settings, *, subprotocol: str | None, now: float, session_id: str, secret: str,
-                 meter: Callable[[], float] | None = None) -> None:
+                 meter: Callable[[], float] | None = None, heartbeats: HeartbeatFrames | None = None) -> None:
         """`session_id` and `secret` name the session a Hello without a (valid) resume token starts;
-        `meter`: a CPU clock the compressor times its own work with (None: its priors decide)."""
+        `meter`: a CPU clock the compressor times its own work with (None: its priors decide); `heartbeats`: where
+        Pings are made once, shared with the other connections of the loop (None: this machine's own)."""
         super().__init__(subprotocol, state=ConnState.AWAIT_HELLO, max_frame_size=settings.max_frame_size,
-                         max_decompressed_size=settings.max_decompressed_size, meter=meter)
+                         max_decompressed_size=settings.max_decompressed_size, meter=meter, heartbeats=heartbeats)
         self.settings = settings
         self._new_session = (session_id, secret)
         self.session_id = session_id  # the session's id (the one a new session gets, until Welcome says which)

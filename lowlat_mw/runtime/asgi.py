@@ -169,7 +169,9 @@ class LowLatASGI:
                 kind = message["type"]
                 if kind == "websocket.receive":
                     data = message.get("bytes")
-                    await driver.receive(data if data is not None else message.get("text") or "")
+                    rest = driver.feed(data if data is not None else message.get("text") or "")
+                    if rest is not None:
+                        await rest
                     # Servers queue every frame of a TCP read, and neither receive() nor send() yields
                     # while frames are queued: without this, a flooding client would hold the event
                     # loop for thousands of frames at a time and stall every other connection.

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..security import Handshake
+from ..observability.logs import CLIENT_LOGS
+from ..protocol.server import Authenticate
+from ..security import Handshake, load_authenticator
 
-__all__ = ["run_authenticator"]
+if TYPE_CHECKING:
+    from .connection import ConnectionDriver
+
+__all__ = ["authenticate", "run_authenticator"]
 
 log = logging.getLogger("lowlat_mw")
 
@@ -38,3 +44,16 @@ async def run_authenticator(hook: Callable[[Handshake], Any], handshake: Handsha
     if principal is None or principal is False:
         return None, "authentication failed"
     return principal, ""
+
+
+async def authenticate(driver: ConnectionDriver, action: Authenticate) -> None:
+    """The machine's Authenticate action: run the hook on the Hello's credentials, tell the machine the answer."""
+    hook = load_authenticator(driver.settings.authenticate)
+    principal, reason = await run_authenticator(hook, Handshake.from_info(driver.info, action.hello.auth),
+                                                 driver.endpoint.executor)
+    if principal is not None:
+        driver.info = dataclasses.replace(driver.info, principal=principal)
+    else:
+        CLIENT_LOGS.log(log, logging.WARNING, driver.address, "refused client %s: %s", driver.info.client, reason,
+                        extra={"session_id": driver.protocol.session_id, "client": driver.info.client})
+    await driver._act(driver.protocol.authenticated(principal, driver.monotonic(), reason))

@@ -13,13 +13,11 @@ driver's calls. Setting ``direct_writes=False`` keeps every frame on the ASGI pa
 
 from __future__ import annotations
 
-import asyncio
 import struct
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "DropsCloses", "Expected", "Turns",
+__all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "DropsCloses", "Expected",
            "apply_mask", "expected", "frame_header", "framed", "message_limit", "next_message", "parser_idle"]
 
 EXTENSION = "lowlat.transport"  # the key in scope["extensions"]
@@ -221,44 +219,3 @@ def message_limit(conn: Any) -> int | None:
         limit = fragment if limit is None else min(limit, fragment)
     return limit  # type: ignore[no-any-return]
 
-
-class Turns:
-    """Loop turns of one event loop, told apart for every connection with one callback per turn.
-
-    A connection writes its first output of a turn at once and holds what follows for one write at
-    the end of the turn. `turn` counts the end-of-turn callbacks (:meth:`end`) run so far: a connection
-    whose last write was in an earlier `turn` writes at once. The first write of a turn (any
-    connection's) schedules the callback, which writes out every connection in `held`. One handle per turn for all
-    connections, not one per connection and turn: with many streams each sending a token per turn,
-    those handles were a third of the objects the garbage collector saw per Delta.
-    """
-
-    __slots__ = ("__weakref__", "held", "scheduled", "started", "turn")
-    by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns] = weakref.WeakKeyDictionary()
-
-    def __init__(self) -> None:
-        self.turn = 0
-        self.scheduled = False
-        self.held: list[Any] = []  # connections holding frames (each has a ``_write_held()``)
-        # Streams whose first Delta went out in this turn: from the second on, a stream's model takes its next step
-        # in the next turn, so a burst of Requests read in one turn gets all its first Deltas out first.
-        self.started = 0
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> Turns:
-        """The turns of `loop` (created on first use)."""
-        turns = cls.by_loop.get(loop)
-        if turns is None:
-            turns = cls.by_loop[loop] = cls()
-        return turns
-
-    def end(self) -> None:
-        """The turn's end (scheduled with ``call_soon`` by its first write, which sets `scheduled`)."""
-        self.scheduled = False
-        self.turn += 1
-        self.started = 0
-        held = self.held
-        if held:
-            self.held = []
-            for conn in held:
-                conn._write_held()

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
+from ..protocol.heartbeat import HeartbeatFrames
 from .stalls import LoopWatch
 
 __all__ = ["AsyncScheduler", "DeadlineQueue", "ThreadScheduler", "TimerTarget", "Watcher", "cpu_clock"]
@@ -187,6 +188,7 @@ class AsyncScheduler:
         # Stop driving a target: forget its deadline (a stale wake-up finds nothing due).
         self.cancel: Callable[[TimerTarget], None] = self._queue.discard
         self.stalls = LoopWatch(loop)
+        self.heartbeats = HeartbeatFrames()  # the Pings of this loop's connections, made once
         """The async model steps of this loop watched for holding it (runtime/stalls.py)."""
 
     @classmethod

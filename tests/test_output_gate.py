@@ -109,3 +109,20 @@ async def test_a_close_waits_for_a_write_that_never_ends_at_most_close_timeout_t
     assert send.sent == ["websocket.close"]
     first.cancel()
     await driver.disconnected(1006)
+
+
+def test_every_action_of_the_machine_has_one_entry_in_the_drivers_action_table() -> None:
+    """One action table (runtime/connection.py): each kind of action the server machine returns is carried out at
+    once (_NOW), awaited (_LATER), or both (Membership: at once when no listener needs waiting for); frames are the
+    interpreter's own (they are batched). A new kind without an entry fails here, not at run time."""
+    import dataclasses
+
+    from lowlat_mw.protocol import base, server
+    from lowlat_mw.runtime import connection
+
+    kinds = {cls for module in (base, server) for cls in vars(module).values()
+             if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__}
+    assert kinds == {base.SendFrame, base.CloseConnection, base.Measured, server.StartStream, server.DeliverInput,
+                     server.CancelStream, server.Authenticate, server.ResumeSession, server.Membership}
+    assert set(connection._NOW) | set(connection._LATER) == kinds - {base.SendFrame}
+    assert set(connection._NOW) & set(connection._LATER) == {server.Membership}

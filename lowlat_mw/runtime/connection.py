@@ -141,7 +141,7 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
         self._handshake_span = tracing.start_handshake(self.tracer, subprotocol) if self.tracer else None
         # Where offered, messages skip the ASGI queue too (ASGI receive still brings the disconnect).
         reads = direct is not None and self.read_directly()
-        self.writer = writer = Writer(self, send) if direct is None else \
+        self.writer = writer = Writer(self, send, loop) if direct is None else \
             CorkedWriter(self, send, direct, loop, expects=reads and hasattr(direct, "expect"))
         self._turns = writer.turns  # (ModelRunner's fair pacing reads it)
         if self.metrics is not None:

@@ -42,13 +42,14 @@ class Writer:
     protocol frames them). Also the base of :class:`CorkedWriter`: the output gate (one write at a time, the rest in
     arrival order, as an asyncio.Lock would, without one), the slow-consumer watch and the close."""
 
-    __slots__ = ("closing", "conn", "send", "send_since", "sender", "stuck", "waiters", "writing")
+    __slots__ = ("closing", "conn", "loop", "send", "send_since", "sender", "stuck", "waiters", "writing")
 
     turns: Turns | None = None  # (only a corked writer holds frames for the end of a loop turn)
     expects = False  # (only a transport with direct reads awaits a heartbeat's Pong by its bytes)
 
-    def __init__(self, conn: ConnectionDriver, send: Send) -> None:
+    def __init__(self, conn: ConnectionDriver, send: Send, loop: asyncio.AbstractEventLoop) -> None:
         self.conn: ConnectionDriver | None = conn  # (None once the socket is gone: no cycle keeps a closed one)
+        self.loop = loop
         self.send = send  # the ASGI send: the close goes through it on every writer
         self.closing = False  # no frame may go out any more (a close was handed over, or the transport is going)
         self.writing = False  # a write holds the output
@@ -72,7 +73,7 @@ class Writer:
             try:
                 if self.closing:  # closed while this waited
                     return
-                self.sender = asyncio.current_task()
+                self.sender = asyncio.current_task(self.loop)
                 self.send_since = self.conn.send_began()  # type: ignore[union-attr]
                 await self._out(frames)
             finally:
@@ -143,7 +144,7 @@ class Writer:
         waiters = self.waiters
         if waiters is None:
             waiters = self.waiters = deque()
-        fut = asyncio.get_running_loop().create_future()
+        fut = self.loop.create_future()
         waiters.append(fut)
         try:
             try:
@@ -264,7 +265,7 @@ class CorkedWriter(Writer):
 
     def __init__(self, conn: ConnectionDriver, send: Send, direct: DirectTransport, loop: asyncio.AbstractEventLoop,
                  expects: bool = False) -> None:
-        super().__init__(conn, send)
+        super().__init__(conn, send, loop)
         self.direct = direct
         self.turns = Turns.of(loop)
         self.turn = -1  # the loop turn (Turns.turn) of this connection's last write
@@ -308,7 +309,7 @@ class CorkedWriter(Writer):
             self.turn = turns.turn
             if not turns.scheduled:  # the turn ends when the loop has run what is ready now
                 turns.scheduled = True
-                asyncio.get_running_loop().call_soon(turns.end)
+                self.loop.call_soon(turns.end)
             if len(frames) == 1:  # (most often a single Delta)
                 data = frames[0]
                 text = type(data) is not bytes

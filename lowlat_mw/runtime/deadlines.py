@@ -84,14 +84,10 @@ class Deadlines:
             self._scheduled = when
             self.scheduler.schedule(self, when)
 
-    def send_began(self: ConnectionDriver) -> float:
-        """A send that may block began (Writer.write): returns when. No loop timer per send (asyncio.timeout costs a
-        TimerHandle each time): the connection's own timer checks it. Its next deadline is normally the heartbeat's;
-        if none is due before this send's, one is armed, so a stuck send is caught between 1x and 1.5x
-        slow_consumer_timeout after it began."""
-        since = self.monotonic()
-        timeout = self.settings.slow_consumer_timeout
-        if self._scheduled > since + 1.5 * timeout:
-            self._scheduled = since + timeout
-            self.scheduler.schedule(self, self._scheduled)
-        return since
+    def watch_send(self: ConnectionDriver, since: float) -> None:
+        """A send that may block began at `since` (Writer.write) and no deadline of the connection comes before
+        1.5 x slow_consumer_timeout: the timer is armed for it. No loop timer per send (asyncio.timeout costs a
+        TimerHandle each time): the connection's own timer checks it (Writer.cancel_stuck), so a stuck send is caught
+        between 1x and 1.5x slow_consumer_timeout after it began."""
+        self._scheduled = since + self.settings.slow_consumer_timeout
+        self.scheduler.schedule(self, self._scheduled)

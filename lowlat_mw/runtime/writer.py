@@ -42,7 +42,7 @@ class Writer:
     protocol frames them). Also the base of :class:`CorkedWriter`: the output gate (one write at a time, the rest in
     arrival order, as an asyncio.Lock would, without one), the slow-consumer watch and the close."""
 
-    __slots__ = ("closing", "conn", "loop", "send", "send_since", "sender", "stuck", "waiters", "writing")
+    __slots__ = ("closing", "conn", "late", "loop", "send", "send_since", "sender", "stuck", "waiters", "writing")
 
     turns: Turns | None = None  # (only a corked writer holds frames for the end of a loop turn)
     expects = False  # (only a transport with direct reads awaits a heartbeat's Pong by its bytes)
@@ -59,6 +59,7 @@ class Writer:
         self.sender: asyncio.Task[Any] | None = None
         self.send_since = math.inf
         self.stuck: asyncio.Task[Any] | None = None  # the sender cancelled for it
+        self.late = 1.5 * conn.settings.slow_consumer_timeout  # a send the connection's timer must come back for
 
     # ------------------------------------------------------------------ writes
     async def write(self, frames: list[bytes | str]) -> None:
@@ -74,7 +75,10 @@ class Writer:
                 if self.closing:  # closed while this waited
                     return
                 self.sender = asyncio.current_task(self.loop)
-                self.send_since = self.conn.send_began()  # type: ignore[union-attr]
+                conn: Any = self.conn
+                self.send_since = since = conn.monotonic()
+                if conn._scheduled > since + self.late:  # (no deadline of the connection's comes before it is stuck)
+                    conn.watch_send(since)
                 await self._out(frames)
             finally:
                 self.sender = None

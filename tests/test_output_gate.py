@@ -126,3 +126,23 @@ def test_every_action_of_the_machine_has_one_entry_in_the_drivers_action_table()
                      server.CancelStream, server.Authenticate, server.ResumeSession, server.Membership}
     assert set(connection._NOW) | set(connection._LATER) == kinds - {base.SendFrame}
     assert set(connection._NOW) & set(connection._LATER) == {server.Membership}
+
+
+async def test_a_send_that_fails_because_the_socket_went_away_ends_the_output_not_the_stream() -> None:
+    """A server's send raises once the socket is gone (uvicorn: ClientDisconnected): the write takes it as the
+    disconnect (nothing more goes out, the model's chunk call returns), it does not fail the model with it."""
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        if message.get("text") == "gone":
+            raise OSError("the socket went away")  # (what ClientDisconnected is)
+        sent.append(message.get("text", message["type"]))
+
+    driver = ConnectionDriver(Endpoint(lambda req: "x", Settings(), registry=None), send=send,
+                              subprotocol=SUBPROTOCOL_JSON)
+    await asyncio.wait_for(driver.writer.write(["a"]), 10)
+    await asyncio.wait_for(driver.writer.write(["gone"]), 10)  # no exception
+    assert driver.writer.closing and not driver.writer.writing
+    await asyncio.wait_for(driver.writer.write(["b"]), 10)
+    assert sent == ["a"]
+    await driver.disconnected(1006)

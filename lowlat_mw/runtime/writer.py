@@ -93,6 +93,9 @@ class Writer:
             if task.uncancel() > 0:  # also cancelled for another reason
                 raise
             await self._stuck()
+        except Exception as exc:  # the socket went away under us
+            log.debug("send failed, treating as disconnect: %r", exc)
+            self.closing = True
 
     take: Callable[[Writer, list[bytes | str]], Awaitable[None] | None] = write  # type: ignore[assignment]
     """``take(frames)``: take `frames` for writing, in order after what was taken before. None if they were written,

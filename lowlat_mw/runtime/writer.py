@@ -378,5 +378,5 @@ class CorkedWriter(Writer):
         return True
 
     def gone(self) -> None:
-        self.closing = True
+        super().gone()
         self.held = []  # (if it is in Turns.held, the end of the turn finds nothing to write)

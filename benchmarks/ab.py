@@ -10,7 +10,7 @@ In each round every suite runs once per side, the side that goes first alternati
 and background load hit both alike. A side runs a suite through ``benchmarks.run_suites`` (present in every
 version of the harness) and hands back the suite's ``rows``; the ratios (columns named ``ratio`` or ``*_ratio``)
 of every round are compared: per ratio, the median over rounds for base and head, and head / base, marked when
-more than ``--threshold`` (5%) apart. docs/benchmarks.md, "A/B against another commit", says how to read it.
+more than ``--tolerance`` (5%) apart. docs/benchmarks.md, "A/B against another commit", says how to read it.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                                                               "(default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="the suites' quick sizes (a smoke test: quick ratios "
                                                              "are too noisy to judge 5%% by)")
-    parser.add_argument("--threshold", type=float, default=THRESHOLD, help="flag head / base beyond 1 +- this "
+    parser.add_argument("--tolerance", type=float, default=THRESHOLD, help="flag head / base beyond 1 +- this "
                                                                            "(default: %(default)s)")
     parser.add_argument("--repo", type=Path, default=ROOT, help="the git repository revisions are taken from "
                                                                "(default: this checkout's)")
@@ -274,13 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = {n: {"spec": s.spec, "commit": s.commit} for n, s in made.items()}
     compared = compare(samples)
     print(f"\nA/B, {args.rounds} rounds, {mode} size: base {args.base}, head {args.head or 'this working tree'}\n")
-    print(table(compared, args.threshold))
-    print(f"\n{summary(compared, args.threshold)}")
+    print(table(compared, args.tolerance))
+    print(f"\n{summary(compared, args.tolerance)}")
     if args.json:
         args.json.write_text(json.dumps({"sides": specs, "mode": mode, "rounds": args.rounds, "ratios": [
             {"suite": k[0], "row": k[1], "ratio": k[2], "base": samples["base"][k], "head": samples["head"].get(k, [])}
             for k in samples["base"]]}, indent=1, allow_nan=True) + "\n")
-    return 1 if any(c.flagged(args.threshold) for c in compared) else 0
+    return 1 if any(c.flagged(args.tolerance) for c in compared) else 0
 
 
 if __name__ == "__main__":

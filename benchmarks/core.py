@@ -59,7 +59,7 @@ INTRO = """# Benchmarks
 <!-- Written by `lowlat-mw bench` (`python -m benchmarks`): a run of every suite rewrites this file; a run of some
 suites (`--suite`) replaces only their sections. Do not edit by hand: the next run overwrites it. -->
 
-This file holds the latest run of each suite: its method, its tables and its verdicts, with the machine, commit
+This file has the latest run of each suite: its method, its tables and its verdicts, with the machine, commit
 and time in each section's first line. Earlier runs and what was tried along the way are in
 [benchmarks/results/](../benchmarks/results/) (a JSON record per run, and `history.md`); user-visible changes in
 [CHANGELOG.md](../CHANGELOG.md).
@@ -76,7 +76,7 @@ From the repository root with the project's virtualenv (`.venv/bin/lowlat-mw ben
 
 Each suite writes its section of this file (`--output` picks another file, `''` none) and prints its tables. A
 full-size run also writes its numbers, machine-readable, to `benchmarks/results/<date>-<commit>-full.json`
-(`--results DIR` picks another folder, `''` none; quick runs write none unless given one): per suite its sizes
+(`--results DIR` picks another directory, `''` none; quick runs write none unless given one): per suite its sizes
 (`config`) and its `rows`, each row's ratios and the raw medians they come from, beside the commit, the date
 and the machine. History accumulates there, not here.
 
@@ -93,17 +93,17 @@ it, measured interleaved on the same machine:
 
 ```sh
 .venv/bin/python -m benchmarks.ab --base main~3 --suite bare --suite scale --rounds 4
-.venv/bin/python -m benchmarks.ab --base v0.1 --head ../other-checkout --suite bare --quick --rounds 2
+.venv/bin/python -m benchmarks.ab --base HEAD~1 --head ../other-checkout --suite bare --quick --rounds 2
 ```
 
 It extracts each side (`--base REV`; `--head REV` or a checkout's path, by default this checkout's working tree)
-into a temporary folder (`git archive`: the repository and its worktrees are not written), then runs each suite
+into a temporary directory (`git archive`: the repository and its worktrees are not written), then runs each suite
 once per side per round, alternating which side goes first (A B, B A, A B, ...), so drift and load hit both. Each
 side runs with its own code: this virtualenv's Python and packages, with `PYTHONPATH` pointing at the side (and
 `lowlat_mw.adapters` mapped to its `adapters/`), which the suites' server and client processes inherit; it checks
 that before the first round. It collects every ratio (`rows` columns named `ratio` or `*_ratio`) of every round and
 prints, per ratio, the median over rounds for base and head and head / base, marking those more than 5% apart
-(`--threshold`); `--json PATH` keeps the rounds. A ratio's own noise shows in its spread over rounds: run enough
+(`--tolerance`); `--json PATH` keeps the rounds. A ratio's own noise shows in its spread over rounds: run enough
 rounds that a 5% move stands out of it. Suites that set `PYTHONPATH` for their children themselves (frameworks,
 overhead's cachegrind part) take `lowlat_mw.adapters` from the virtualenv's checkout: A/B them with a virtualenv
 per side.

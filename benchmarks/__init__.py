@@ -13,13 +13,14 @@ __all__ = ["MODES", "SUITE_MODULES", "Suite", "SuiteResult", "all_suites", "run_
 
 
 def run_suites(names: list[str] | None, mode: str, output: str | None,
-               results: str | None = None) -> list[SuiteResult]:
+               results: str | None = None, readme: str | None = None) -> list[SuiteResult]:
     """Run suites `names` (None: all) in `mode`, print them, write their sections into `output` (a run of every
-    suite rewrites it whole: it then holds this run alone) and the run's numbers as JSON into the folder `results`."""
+    suite rewrites it whole: it then holds this run alone), the run's numbers as JSON into the folder `results` and
+    its headline numbers into the table of `readme`."""
     import datetime as dt
     from pathlib import Path
 
-    from .core import keep_only, log, write_results
+    from .core import keep_only, log, update_headlines, write_results
 
     suites = all_suites()
     unknown = [n for n in names or () if n not in suites]
@@ -44,6 +45,8 @@ def run_suites(names: list[str] | None, mode: str, output: str | None,
         if results:  # after each suite, so a run that fails later keeps what it measured
             path = write_results(Path(results), done, mode, started)
             log(f"== wrote {path}")
+        if readme and (updated := update_headlines(Path(readme), [result])):
+            log(f"== wrote {len(updated)} headline number(s) into {readme}")
     if output and not names:
         keep_only(Path(output), [r.heading for r in done])
         log(f"== {output} holds this run alone")

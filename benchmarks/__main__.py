@@ -8,6 +8,7 @@ from pathlib import Path
 from . import all_suites, run_suites
 
 RESULTS = Path(__file__).resolve().parent / "results"  # this checkout's, from any directory
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=None, metavar="DIR",
                         help=f"folder for the run's JSON record (default: {RESULTS} for a full-size run, none for "
                              "--quick; '' for none)")
+    parser.add_argument("--readme", default=None, metavar="PATH",
+                        help=f"file whose table of headline numbers a run updates (default: {README} for a full-size "
+                             "run, none for --quick; '' for none)")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -33,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s.name}: {s.heading}")
         return 0
     results = (None if args.quick else str(RESULTS)) if args.results is None else args.results or None
-    run_suites(args.suite, "quick" if args.quick else "full", args.output or None, results)
+    readme = (None if args.quick else str(README)) if args.readme is None else args.readme or None
+    run_suites(args.suite, "quick" if args.quick else "full", args.output or None, results, readme)
     return 0
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "quantiles",
     "rotated",
     "suite",
+    "update_headlines",
     "update_section",
     "write_results",
 ]
@@ -78,7 +79,8 @@ Each suite writes its section of this file (`--output` picks another file, `''` 
 full-size run also writes its numbers, machine-readable, to `benchmarks/results/<date>-<commit>-full.json`
 (`--results DIR` picks another directory, `''` none; quick runs write none unless given one): per suite its sizes
 (`config`) and its `rows`, each row's ratios and the raw medians they come from, beside the commit, the date
-and the machine. History accumulates there, not here.
+and the machine. History accumulates there, not here. A full-size run also rewrites the README's table of
+headline numbers (`HEADLINES` in benchmarks/core.py) for the suites it ran (`--readme PATH`, `''` none).
 
 ### Method
 
@@ -360,6 +362,60 @@ def keep_only(path: Path, headings: Iterable[str]) -> None:
     sections = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
     kept = [s for s in sections if s.splitlines()[0].strip() in keep]
     path.write_text(INTRO.rstrip("\n") + "\n\n" + "\n".join(s.rstrip("\n") + "\n" for s in kept), encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One row of the README's table of headline numbers: a value of one suite's rows, formatted."""
+
+    label: str
+    suite: str
+    row: str
+    column: str
+    format: str
+
+
+# The README's table, in order; a full run of a suite rewrites its rows' cells (README_START .. README_END).
+HEADLINES = (
+    Headline("Time to first delta, 25 ms away with TLS, vs HTTP with a new connection", "transport", "target",
+             "ttfd_c_vs_a", "{:.2f}x"),
+    Headline("Round trip to the first delta vs a bare Starlette WebSocket echo", "bare", "roundtrip proto",
+             "first_p50_ratio", "{:.2f}x"),
+    Headline("Server CPU per streamed token vs the bare Starlette endpoint", "bare", "stream proto-raw",
+             "server_cpu_ratio", "{:.2f}x"),
+    Headline("1,000 clients at 50 tokens/s: time to first delta p99", "scale", "stream paced lowlat-direct",
+             "ttfd_p99_ms", "{:.0f} ms"),
+    Headline("Memory per idle connection over bare uvicorn (10,000 held)", "scale", "idle 10000 lowlat-direct",
+             "uss_kib_extra", "{:+.1f} KiB"),
+    Headline("Protobuf delta frame vs compact JSON", "codec", "target", "delta_proto_vs_json", "{:.2f}x the bytes"),
+)
+README_START = "<!-- headline numbers: written by `lowlat-mw bench` (benchmarks/core.py, HEADLINES) -->"
+README_END = "<!-- end of headline numbers -->"
+
+
+def update_headlines(path: Path, results: Sequence[SuiteResult]) -> list[str]:
+    """Rewrite the table between README_START and README_END in `path` from HEADLINES: a row whose suite is among
+    `results` (and measured its value) takes this run's number, the others keep theirs. The labels it updated."""
+    text = path.read_text(encoding="utf-8")
+    start, end = text.index(README_START) + len(README_START), text.index(README_END)
+    kept = {}
+    for line in text[start:end].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2:
+            kept[cells[0]] = cells[1]
+    rows = {r.name: r.rows for r in results}
+    lines, updated = [], []
+    for h in HEADLINES:
+        value = rows.get(h.suite, {}).get(h.row, {}).get(h.column)
+        if isinstance(value, int | float) and math.isfinite(value):
+            cell = h.format.format(value)
+            updated.append(h.label)
+        else:
+            cell = kept.get(h.label, "not measured yet")
+        lines.append([h.label, cell])
+    table = markdown_table(["Measure", "Result"], lines)
+    path.write_text(f"{text[:start]}\n{table}\n{text[end:]}", encoding="utf-8")
+    return updated
 
 
 def log(msg: str) -> None:

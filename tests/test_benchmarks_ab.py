@@ -21,7 +21,16 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the reposi
 
 import benchmarks  # noqa: E402
 from benchmarks import ab  # noqa: E402
-from benchmarks.core import INTRO, Suite, SuiteResult, update_section  # noqa: E402
+from benchmarks.core import (  # noqa: E402
+    HEADLINES,
+    INTRO,
+    README_END,
+    README_START,
+    Suite,
+    SuiteResult,
+    update_headlines,
+    update_section,
+)
 
 
 # ------------------------------------------------------------------------------ the bench command's records
@@ -75,10 +84,45 @@ def test_full_runs_record_json_by_default_quick_runs_do_not(monkeypatch: Any) ->
     monkeypatch.setattr(cli, "run_suites", lambda *args: calls.append(args))
     cli.main(["--suite", "codec"])
     cli.main(["--quick", "--suite", "codec"])
-    cli.main(["--suite", "codec", "--results", ""])
-    cli.main(["--quick", "--results", "elsewhere"])
+    cli.main(["--suite", "codec", "--results", "", "--readme", ""])
+    cli.main(["--quick", "--results", "elsewhere", "--readme", "R.md"])
     assert [c[3] for c in calls] == [str(ROOT / "benchmarks" / "results"), None, None, "elsewhere"]
+    assert [c[4] for c in calls] == [str(ROOT / "README.md"), None, None, "R.md"]
     assert [c[1] for c in calls] == ["full", "quick", "full", "quick"]
+
+
+def test_a_run_writes_its_headline_numbers_into_the_readme(tmp_path: Path, monkeypatch: Any) -> None:
+    codec = SuiteResult("codec", "Codec", "body", "text", {"target": {"delta_proto_vs_json": 0.2468}})
+    monkeypatch.setattr(benchmarks, "all_suites", lambda: {"codec": Suite("codec", "Codec", lambda mode: codec)})
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_START}\n| Measure | Result |\n| --- | ---: |\n{README_END}\n")
+    benchmarks.run_suites(["codec"], "tiny", None, None, str(readme))
+    assert "| Protobuf delta frame vs compact JSON | 0.25x the bytes |" in readme.read_text()
+
+
+def test_the_readme_table_is_the_one_the_bench_command_writes(tmp_path: Path) -> None:
+    """The README's headline numbers are HEADLINES' rows, in the form update_headlines writes them."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index(README_START) + len(README_START):readme.index(README_END)]
+    labels = [line.split("|")[1].strip() for line in table.strip().splitlines()[2:]]
+    assert labels == [h.label for h in HEADLINES]
+    copy = tmp_path / "README.md"
+    copy.write_text(readme)
+    assert update_headlines(copy, []) == [] and copy.read_text() == readme
+
+
+def test_a_run_rewrites_the_headline_numbers_of_its_suites_only(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nintro\n\n{README_START}\n| Measure | Result |\n| --- | ---: |\n"
+                      f"| {HEADLINES[0].label} | 0.33x |\n{README_END}\n\n## After\n")
+    bare = SuiteResult("bare", "B", "", "", {"roundtrip proto": {"first_p50_ratio": 1.234},
+                                            "stream proto-raw": {"server_cpu_ratio": math.nan}})
+    assert update_headlines(readme, [bare]) == [HEADLINES[1].label]
+    text = readme.read_text()
+    assert f"| {HEADLINES[0].label} | 0.33x |" in text  # (transport did not run: kept)
+    assert f"| {HEADLINES[1].label} | 1.23x |" in text  # (this run's)
+    assert f"| {HEADLINES[2].label} | not measured yet |" in text  # (not finite, nothing kept)
+    assert text.startswith("# x\n\nintro\n\n") and text.endswith(f"{README_END}\n\n## After\n")
 
 
 def test_update_section_still_keeps_the_intro_of_an_existing_file(tmp_path: Path) -> None:

@@ -172,12 +172,13 @@ def snapshot(repo: Path, rev: str, folder: Path) -> str:
 
 
 def side_env(root: Path, shim: Path) -> dict[str, str]:
-    """This environment, for a side: PYTHONPATH its shim folder (the sitecustomize) then its checkout, no
-    LOWLAT_* settings."""
+    """This environment, for a side: PYTHONPATH its shim folder (the sitecustomize) then its checkout, bytecode
+    cached beside the shim (nothing written into a checkout given by path), no LOWLAT_* settings."""
     shim.mkdir(parents=True, exist_ok=True)
     (shim / "sitecustomize.py").write_text(SITECUSTOMIZE.format(adapters=str(root / "adapters")))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWLAT_")}
     env["PYTHONPATH"] = os.pathsep.join((str(shim), str(root)))
+    env["PYTHONPYCACHEPREFIX"] = str(shim / "pycache")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

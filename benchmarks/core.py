@@ -102,8 +102,9 @@ It extracts each side (`--base REV`; `--head REV` or a checkout's path, by defau
 into a temporary directory (`git archive`: the repository and its worktrees are not written), then runs each suite
 once per side per round, alternating which side goes first (A B, B A, A B, ...), so drift and load hit both. Each
 side runs with its own code: this virtualenv's Python and packages, with `PYTHONPATH` pointing at the side (and
-`lowlat_mw.adapters` mapped to its `adapters/`), which the suites' server and client processes inherit; it checks
-that before the first round. It collects every ratio (`rows` columns named `ratio` or `*_ratio`) of every round and
+`lowlat_mw.adapters` mapped to its `adapters/`, and bytecode cached in the temporary directory, so a checkout given
+by path is only read), which the suites' server and client processes inherit; it checks that before the first
+round. It collects every ratio (`rows` columns named `ratio` or `*_ratio`) of every round and
 prints, per ratio, the median over rounds for base and head and head / base, marking those more than 5% apart
 (`--tolerance`); `--json PATH` keeps the rounds. A ratio's own noise shows in its spread over rounds: run enough
 rounds that a 5% move stands out of it. Suites that set `PYTHONPATH` for their children themselves (frameworks,

@@ -196,6 +196,8 @@ def test_each_side_imports_its_own_code_and_the_snapshots_go_afterwards() -> Non
         assert len(base.commit) == 40
         for side in (base, head):
             ab.check_side(side)
+        for side in (base, head):  # (bytecode beside the shim: nothing written into a checkout given by path)
+            assert Path(side.env["PYTHONPYCACHEPREFIX"]).is_relative_to(base.root.parent)
         shim = Path(base.env["PYTHONPATH"].split(":")[0]) / "sitecustomize.py"
         shim.write_text("")  # no mapping: the adapters come from the editable install, this checkout's
         with pytest.raises(SystemExit, match="would not run its own code"):

@@ -20,27 +20,17 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the reposi
     sys.path.insert(0, str(ROOT))
 
 import benchmarks  # noqa: E402
-from benchmarks import ab  # noqa: E402
-from benchmarks.core import (  # noqa: E402
-    HEADLINES,
-    INTRO,
-    README_END,
-    README_START,
-    Suite,
-    SuiteResult,
-    update_headlines,
-    update_section,
-)
+from benchmarks import ab, core  # noqa: E402
 
 
 # ------------------------------------------------------------------------------ the bench command's records
-def _fake_suites() -> dict[str, Suite]:
-    def make(name: str, heading: str) -> Suite:
-        def run(mode: str) -> SuiteResult:
+def _fake_suites() -> dict[str, core.Suite]:
+    def make(name: str, heading: str) -> core.Suite:
+        def run(mode: str) -> core.SuiteResult:
             rows = {"x vs y": {"ratio": 1.25, "x_us": 10.0, "nan_ratio": math.nan}}
-            return SuiteResult(name, heading, f"{name} body ({mode})", f"{name} text", rows)
+            return core.SuiteResult(name, heading, f"{name} body ({mode})", f"{name} text", rows)
 
-        return Suite(name, heading, run)
+        return core.Suite(name, heading, run)
 
     return {"one": make("one", "One: first"), "two": make("two", "Two: second")}
 
@@ -54,7 +44,7 @@ def test_a_whole_run_rewrites_the_doc_and_records_its_numbers(tmp_path: Path, mo
     done = benchmarks.run_suites(None, "tiny", str(out), str(results))
     assert [r.name for r in done] == ["one", "two"]
     text = out.read_text()
-    assert text.startswith(INTRO.rstrip("\n")) and "Old intro" not in text
+    assert text.startswith(core.INTRO.rstrip("\n")) and "Old intro" not in text
     assert "## Stale" not in text and "old one" not in text
     assert text.index("## One: first") < text.index("## Two: second") and "two body (tiny)" in text
     [path] = results.glob("*.json")
@@ -92,10 +82,10 @@ def test_full_runs_record_json_by_default_quick_runs_do_not(monkeypatch: Any) ->
 
 
 def test_a_run_writes_its_headline_numbers_into_the_readme(tmp_path: Path, monkeypatch: Any) -> None:
-    codec = SuiteResult("codec", "Codec", "body", "text", {"target": {"delta_proto_vs_json": 0.2468}})
-    monkeypatch.setattr(benchmarks, "all_suites", lambda: {"codec": Suite("codec", "Codec", lambda mode: codec)})
+    codec = core.SuiteResult("codec", "Codec", "body", "text", {"target": {"delta_proto_vs_json": 0.2468}})
+    monkeypatch.setattr(benchmarks, "all_suites", lambda: {"codec": core.Suite("codec", "Codec", lambda mode: codec)})
     readme = tmp_path / "README.md"
-    readme.write_text(f"{README_START}\n| Measure | Result |\n| --- | ---: |\n{README_END}\n")
+    readme.write_text(f"{core.README_START}\n| Measure | Result |\n| --- | ---: |\n{core.README_END}\n")
     benchmarks.run_suites(["codec"], "tiny", None, None, str(readme))
     assert "| Protobuf delta frame vs compact JSON | 0.25x the bytes |" in readme.read_text()
 
@@ -103,32 +93,32 @@ def test_a_run_writes_its_headline_numbers_into_the_readme(tmp_path: Path, monke
 def test_the_readme_table_is_the_one_the_bench_command_writes(tmp_path: Path) -> None:
     """The README's headline numbers are HEADLINES' rows, in the form update_headlines writes them."""
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index(README_START) + len(README_START):readme.index(README_END)]
+    table = readme[readme.index(core.README_START) + len(core.README_START):readme.index(core.README_END)]
     labels = [line.split("|")[1].strip() for line in table.strip().splitlines()[2:]]
-    assert labels == [h.label for h in HEADLINES]
+    assert labels == [h.label for h in core.HEADLINES]
     copy = tmp_path / "README.md"
     copy.write_text(readme)
-    assert update_headlines(copy, []) == [] and copy.read_text() == readme
+    assert core.update_headlines(copy, []) == [] and copy.read_text() == readme
 
 
 def test_a_run_rewrites_the_headline_numbers_of_its_suites_only(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nintro\n\n{README_START}\n| Measure | Result |\n| --- | ---: |\n"
-                      f"| {HEADLINES[0].label} | 0.33x |\n{README_END}\n\n## After\n")
-    bare = SuiteResult("bare", "B", "", "", {"roundtrip proto": {"first_p50_ratio": 1.234},
+    readme.write_text(f"# x\n\nintro\n\n{core.README_START}\n| Measure | Result |\n| --- | ---: |\n"
+                      f"| {core.HEADLINES[0].label} | 0.33x |\n{core.README_END}\n\n## After\n")
+    bare = core.SuiteResult("bare", "B", "", "", {"roundtrip proto": {"first_p50_ratio": 1.234},
                                             "stream proto-raw": {"server_cpu_ratio": math.nan}})
-    assert update_headlines(readme, [bare]) == [HEADLINES[1].label]
+    assert core.update_headlines(readme, [bare]) == [core.HEADLINES[1].label]
     text = readme.read_text()
-    assert f"| {HEADLINES[0].label} | 0.33x |" in text  # (transport did not run: kept)
-    assert f"| {HEADLINES[1].label} | 1.23x |" in text  # (this run's)
-    assert f"| {HEADLINES[2].label} | not measured yet |" in text  # (not finite, nothing kept)
-    assert text.startswith("# x\n\nintro\n\n") and text.endswith(f"{README_END}\n\n## After\n")
+    assert f"| {core.HEADLINES[0].label} | 0.33x |" in text  # (transport did not run: kept)
+    assert f"| {core.HEADLINES[1].label} | 1.23x |" in text  # (this run's)
+    assert f"| {core.HEADLINES[2].label} | not measured yet |" in text  # (not finite, nothing kept)
+    assert text.startswith("# x\n\nintro\n\n") and text.endswith(f"{core.README_END}\n\n## After\n")
 
 
 def test_update_section_still_keeps_the_intro_of_an_existing_file(tmp_path: Path) -> None:
     out = tmp_path / "b.md"
     out.write_text("# Mine\n\n## A: a\n\nold\n")
-    update_section(out, "A: a", "new")
+    core.update_section(out, "A: a", "new")
     assert out.read_text() == "# Mine\n\n## A: a\n\nnew\n"
 
 

@@ -9,22 +9,26 @@ side: as shipped (frames built by lowlat-mw and written straight to the socket) 
 ``lowlat.v1.proto``, text on ``lowlat.v1.json``), and how each connection ended:
 
 Hello and Welcome; a client Ping; three streams one after another (async generator, sync generator, binary
-chunks); a stream held by its model and cancelled once its first Delta showed it runs, with another stream served
-meanwhile; a context document created and patched, and a request that reads it; a tool call answered with a
-ToolResult, then more Input; a stream whose model waits for an Input; another Ping; the socket dropped (no close
-frame); a resume on a new connection that replays what the client says it missed (a held stream from its start,
-the tail of a finished one) and goes on live (the held stream cancelled); a drain (``Endpoint.drain``, started by a
-model: GoAway, a new Request refused with ``draining``, the running stream ended by the client's Input, then
-close 4002).
+chunks; messages of each WebSocket length form, and four 30 KB Deltas of one loop turn, past the direct path's
+CORK_LIMIT); a stream held by its model and cancelled once its first Delta showed it runs, with another stream
+served meanwhile; a context document created and patched (protocol v1.3), and a request that reads it; a tool call
+answered with a ToolResult, then more Input; a stream whose model waits for an Input; another Ping; the socket
+dropped (no close frame); a resume on a new connection that replays what the client says it missed (the held
+stream from its start, the tail of a finished one) and goes on live (the held stream cancelled); a drain
+(``Endpoint.drain_each``, the API behind ``Endpoint.drain``, started by a model: GoAway, a new Request refused with
+``draining``, the running stream ended by the client's Input, then close 4002).
 
 Every step waits for the frames the previous one caused, and every model waits on the client's frames, never on
 a clock (equivalence_models.py), so the sequence is one, whatever the load. Compression is off (the client offers
-no codec: the server's per-message choice depends on measured speed), server Pings and the idle timeout are out of
-reach (3,600 s), and a drain waits for its stream as long as it takes (``drain_grace`` 60 s).
+no codec and the servers have none: the server's per-message choice depends on measured speed), server Pings and
+the idle timeout are out of reach (3,600 s), and a drain waits for its stream as long as it takes (``drain_grace``
+60 s; each frame is awaited for up to BOUND, 30 s).
 
 Normalized, because they differ between any two runs: the session id and resume token (same-length placeholders,
-in place) and the values of ``End.timings_ms`` (0; the keys stay). Everything else, every other byte of every
-message and each connection's close code and reason, must be identical.
+in place, wherever they occur), the values of ``End.timings_ms`` (0; the keys stay), and on lowlat.v1.proto the
+order of a map's entries (the protobuf library writes them in an order that differs between two processes; seen
+on End.timings_ms). Everything else, every other byte of every message and each connection's close code and
+reason, must be identical.
 """
 
 from __future__ import annotations
@@ -120,8 +124,12 @@ class Connection:
         """Receive (each message within BOUND) until `done` holds of what came; what came."""
         seen: list[ev.Event] = []
         while not seen or not done(seen):
-            async with asyncio.timeout(BOUND):
-                frame = await self.ws.recv()
+            try:
+                async with asyncio.timeout(BOUND):
+                    frame = await self.ws.recv()
+            except TimeoutError:
+                raise AssertionError(f"connection {self.number}: nothing more within {BOUND} s after "
+                                     f"{[shown(e, 200) for e in seen]}") from None
             self.log.append(("frame", self.number, frame))
             seen.append(self.codec.decode(frame, limit=LIMIT))
         return seen
@@ -158,7 +166,10 @@ async def first_connection(c: Connection) -> ev.Welcome:
     welcome = (await c.until(a(ev.Welcome)))[-1]
     await c.send(ev.Ping(id=1))
     await c.until(a(ev.Pong, id=1))
-    for sid, model, params in ((1, "agen", {"n": 4}), (2, "gen", {"n": 3}), (3, "data", {"n": 2})):
+    # (frames of 7-bit, 16-bit and 64-bit lengths; four 30 KB Deltas of one loop turn pass the direct path's
+    # CORK_LIMIT of 64 KiB)
+    for sid, model, params in ((1, "agen", {"n": 4, "size": 30_000}), (2, "gen", {"n": 2, "size": 70_000}),
+                               (3, "data", {"n": 2})):
         await c.send(ev.Request(stream_id=sid, model=model, text="hi", params=params))
         await c.until(ended(sid))
     await c.send(ev.Request(stream_id=4, model="held"))
@@ -314,13 +325,18 @@ def normalized(log: list[Entry]) -> list[Entry]:
     return out
 
 
+def shown(value: object, most: int = 400) -> str:
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
+
+
 def readable(log: list[Entry]) -> str:
     lines = []
     for i, entry in enumerate(log):
         if entry[0] == "frame":
             data = entry[2]
             codec = ProtoCodec() if isinstance(data, bytes) else JsonCodec()
-            lines.append(f"{i:3d} conn {entry[1]}: {data!r}\n      {codec.decode(data, limit=LIMIT)!r}")
+            lines.append(f"{i:3d} conn {entry[1]}: {shown(data)}\n      {shown(codec.decode(data, limit=LIMIT))}")
         else:
             lines.append(f"{i:3d} {entry!r}")
     return "\n".join(lines)

@@ -27,8 +27,9 @@ def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
     """Run `coro` as a task (named `name`) whose first step runs now; returns the task and whether `coro` already
     finished.
 
-    Call it from code running on `loop` (a task or a callback). The caller registers the task only
-    if it has not finished: a coroutine that ran to its end has done its own bookkeeping already.
+    Call it from code running on `loop` (a task or a callback). A coroutine whose task must be kept somewhere
+    registers it itself (``asyncio.current_task()`` is this task from its first step on): its first step may do its
+    bookkeeping to the end and then wait (for a socket write, say), unfinished, so the caller cannot tell.
     """
     if _NATIVE:
         task = asyncio.Task(coro, loop=loop, eager_start=True, name=name)  # type: ignore[call-arg]

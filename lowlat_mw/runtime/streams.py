@@ -241,10 +241,10 @@ class ModelRunner:
             if self.settings.delta_timing or (kind != "asyncgen" and kind != "async") or self.settings.merge_deltas:
                 timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
-        # Its task is named for the model: a step that holds the loop is told whose (stalls).
-        task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer), stalls.TASK_PREFIX + name)
-        if not finished:  # (a stream that ended in that step popped itself already)
-            self.tasks[request.stream_id] = task
+        # Its task is named for the model: a step that holds the loop is told whose (stalls). It registers itself in
+        # self.tasks (_run): that step may end the stream and then wait to write its End, past the point where it
+        # takes itself out again.
+        eager.start(self.loop, self._run(request, fn, label, kind, timer), stalls.TASK_PREFIX + name)
         if self.shared is not None:  # (its start, and what its first step produced)
             self.shared.touch(self.session)
 
@@ -347,7 +347,8 @@ class ModelRunner:
         # An async model's task is watched (runtime/stalls.py) from here to the top of the finally below: nothing
         # between them raises. (A sync model's steps run in worker threads: they cannot hold the loop.)
         watch = self.stalls if kind == "asyncgen" or kind == "async" else None
-        watched = asyncio.current_task(self.loop) if watch is not None else None
+        task = self.tasks[sid] = asyncio.current_task(self.loop)  # (taken out in the finally below)
+        watched = task if watch is not None else None
         if watched is not None:
             running = watch.running  # type: ignore[union-attr]
             running[watched] = self.settings.slow_step_warning

@@ -34,7 +34,8 @@ def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
           name: str | None = None) -> tuple[asyncio.Task[Any], bool]:
     """Run `coro` as a task (named `name`) whose first step runs now; returns the task and whether `coro` already
     finished (:data:`lowlat_mw.runtime.eager.start`)."""
-    rest = _Steps(coro)
+    rest = _Steps()
+    rest.coro = coro
     context = contextvars.copy_context()
     task = loop.create_task(rest, context=context, name=name)
     current = asyncio.current_task(loop)
@@ -59,15 +60,13 @@ class _Steps(collections.abc.Coroutine):  # type: ignore[type-arg]
     where the step left off (the future the coroutine waits on, or how it ended); every later step goes straight
     to the coroutine."""
 
-    __slots__ = ("coro", "error", "finished", "pending", "picked", "value")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self.coro = coro
-        self.picked = False  # the task's first turn came
-        self.finished = False
-        self.value: Any = None
-        self.pending: Any = None
-        self.error: BaseException | None = None
+    # (no __init__: its state starts as the class's defaults; one call less for each model started)
+    coro: Coroutine[Any, Any, Any]
+    picked = False  # the task's first turn came
+    finished = False
+    value: Any = None
+    pending: Any = None
+    error: BaseException | None = None
 
     def _pick_up(self) -> Any:
         finished, pending, error, value = self.finished, self.pending, self.error, self.value

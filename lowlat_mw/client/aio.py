@@ -51,7 +51,7 @@ from ..protocol.base import CloseConnection, SendFrame
 from ..protocol.client import ClientProtocol, ClientStream, StreamBroken
 from ..protocol.context import ClientDocument
 from ..protocol.selector import CompressionSelector
-from ..runtime.direct import message_limit, next_message, parser_idle
+from ..runtime.direct import message_limit, next_message, parser_idle, watch_parser
 from ..runtime.timers import AsyncScheduler, cpu_clock
 from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from .backoff import Backoff
@@ -525,6 +525,10 @@ class _Connection(ClientConnection):
     bad UTF-8 and the close are websockets' own business as before."""
 
     deliver: Callable[[bytes | str], None] | None = None
+
+    def __init__(self, protocol: Any, **kwargs: Any) -> None:
+        super().__init__(protocol, **kwargs)
+        watch_parser(protocol)  # (parser_idle: made before the connection reads anything)
 
     def data_received(self, data: bytes) -> None:
         """Messages that are one whole frame each (most are) are read here (lowlat_mw.runtime.direct.next_message)

@@ -51,6 +51,7 @@ class PushGroups:
             await self._membership(group, True, timeout)
 
     async def _membership(self, group: str, leave: bool, timeout: float) -> None:
+        """Send a Subscribe (or its leave) for `group` and wait for its answer; a refusal raises StreamError."""
         if not self.connected:
             await self.open()
         if not self.protocol.pushes:
@@ -68,6 +69,8 @@ class PushGroups:
             raise StreamError(subscribed.code, subscribed.message)
 
     def _pushed(self, item: ev.Push | BaseException) -> None:
+        """Keep `item` (a push, or what ended the connection) for :meth:`next_push`, dropping the oldest past
+        max_pushes."""
         pushes = self._pushes
         if type(item) is ev.Push and pushes and len(pushes) >= self.max_pushes:
             pushes.popleft()

@@ -93,6 +93,8 @@ class Reconnecting:
                 pass
 
     async def _connect_with_retries(self, resume: bool = False) -> None:
+        """Connect, retrying with backoff what may pass (a timeout, a reset, a 502/503/504); a refusal, or nothing
+        listening at a first connection, fails at once."""
         attempt = 0
         while True:
             try:
@@ -177,6 +179,8 @@ class Reconnecting:
         return first
 
     async def _read_loop(self, ws: ClientConnection) -> None:
+        """Hand each message of `ws` to the client until it closes; then resume in the background or fail what
+        waits on it (streams, Subscribes, a reader of pushes)."""
         proto = self.protocol
         code: int | None = None
         reason = ""
@@ -218,6 +222,7 @@ class Reconnecting:
                 self._fail_all(closed)
 
     def _fail_all(self, why: _Closed | BaseException) -> None:
+        """End every waiting stream, and the pushes, with `why` (the connection is over for good)."""
         for stream in list(self._streams.values()):
             stream._put(why)
             self._drop(stream)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class _Closed:
+    """How a connection ended: its close code (None: no close frame) and reason."""
+
     code: int | None
     reason: str
 

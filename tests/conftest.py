@@ -14,7 +14,6 @@ joined, with bounded waits.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,28 +22,11 @@ from typing import Any
 
 import pytest
 from redis_support import RedisServer
+from support.ports import bind_loopback
 
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 10.0
 WS_IMPLEMENTATIONS = ("websockets-sansio", "wsproto", "websockets")
-
-
-def bind_loopback(port: int = 0) -> socket.socket:
-    """A listening-ready TCP socket bound to 127.0.0.1:`port` (0: a free port).
-
-    Made with ``proto=IPPROTO_TCP``, as asyncio's and uvicorn's own listening sockets are: asyncio turns Nagle's
-    algorithm off (TCP_NODELAY) only on connections of such a socket. With ``proto=0`` every small write that
-    followed another (a reply's End after its Delta) waited for the client's delayed ACK, ~40 ms.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        # Lets a restarted server bind the port of a stopped one despite TIME_WAIT connections.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 @dataclass

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from support import seconds, wait_for
 
 from lowlat_mw.model import (
     DONE,
@@ -324,13 +325,6 @@ async def _cancel_after_first_chunk(fn: Any) -> list[Any]:
     return got
 
 
-async def _wait_for(flag: threading.Event, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not flag.is_set() and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-    return flag.is_set()
-
-
 async def test_cancelling_a_sync_generator_stops_it_within_one_chunk_and_runs_finally() -> None:
     produced: list[int] = []
     closed = threading.Event()
@@ -346,7 +340,7 @@ async def test_cancelling_a_sync_generator_stops_it_within_one_chunk_and_runs_fi
 
     got = await _cancel_after_first_chunk(slow)
     assert got == ["c0"]
-    assert await _wait_for(closed, 1.0), "the generator's finally block did not run"
+    await wait_for(closed, seconds(1.0), what="the generator's finally block to run")
     assert len(produced) <= 2  # the chunk in flight when cancelled, and nothing after it
     await asyncio.sleep(0.12)  # two more chunk periods: nothing else is produced
     assert len(produced) <= 2
@@ -365,7 +359,7 @@ async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
     agen = stream_model(gen, REQ)
     assert await agen.__anext__() == "one"
     await agen.aclose()  # consumer stops between chunks
-    assert await _wait_for(closed, 1.0)
+    await wait_for(closed, seconds(1.0), what="the generator's finally block to run")
 
 
 async def test_cancelling_an_async_generator_closes_it() -> None:

@@ -29,7 +29,7 @@ from conformance_servers import (
 )
 from conformance_support import MODES, PROTO, raw_connect
 from guide_support import guide_block
-from loopback import wait_listening  # (tests/: the guides' code blocks)
+from support.ports import wait_listening  # (tests/: the guides' code blocks)
 from test_conformance_backpressure import CHUNK, CHUNKS, SLOW_CONSUMER_TIMEOUT, no_ack_client_gets_4003
 from websockets.exceptions import InvalidStatus
 

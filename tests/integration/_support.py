@@ -146,13 +146,3 @@ def record_frames(client: AsyncClient) -> RecordingCodec:
 
 def json_frame(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"))
-
-
-async def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.01) -> float:
-    """Poll `predicate()` until true; return the seconds it took (AssertionError on timeout)."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)
-    return time.monotonic() - start

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loopback import free_port, wait_listening
+from support.ports import free_port, wait_listening
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from loopback import free_port
+from support.ports import free_port
 
 from lowlat_mw.client import connect
 from lowlat_mw.testing import LoggedProcess

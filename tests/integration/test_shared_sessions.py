@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from loopback import free_port, wait_listening
+from support.ports import free_port, wait_listening
 
 from lowlat_mw import Backoff, ResumeFailed, ToolCall, connect
 from lowlat_mw.cache import request_key

@@ -181,7 +181,9 @@ def main(argv: list[str]) -> int:
         ensure_node_packages()
         _run(BIN / "ruff", "check", ".")
         # In 3 processes (pytest-xdist), each module's tests in one of them (their servers are per module): the
-        # suite mostly waits on sockets, so on 2 cores this takes about half the time of one process.
+        # suite mostly waits on sockets, so on 2 cores this takes about half the time of one process. The
+        # benchmark modules run as one unit, sent first (their one quick run of every suite), and conformance
+        # tests are grouped by server: tests/support/scheduling.py says why.
         default = ["-q", "--durations=30", "-n", "3", "--dist", "loadscope"]
         result = subprocess.run([str(PY), "-m", "pytest", *(rest or default)], cwd=ROOT)
         return result.returncode

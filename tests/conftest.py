@@ -23,10 +23,21 @@ from typing import Any
 import pytest
 from redis_support import RedisServer
 from support.ports import bind_loopback
+from support.time import seconds
+from support.waits import wait_until_sync
 
-START_TIMEOUT = 10.0
-STOP_TIMEOUT = 10.0
+START_TIMEOUT = seconds(10.0)
+STOP_TIMEOUT = seconds(10.0)
 WS_IMPLEMENTATIONS = ("websockets-sansio", "wsproto", "websockets")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope`` (`python3 dev.py test`): support.scheduling's grouping (why: its docstring)."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from support.scheduling import SuiteScheduling
+
+    return SuiteScheduling(config, log)
 
 
 @dataclass
@@ -98,14 +109,13 @@ def start_uvicorn(
 
     running.thread = threading.Thread(target=run, name=f"uvicorn-{running.port}", daemon=True)
     running.thread.start()
-    deadline = time.monotonic() + START_TIMEOUT
-    while not server.started:
-        if not running.thread.is_alive():
-            raise RuntimeError(f"uvicorn failed to start: {running.errors!r}")
-        if time.monotonic() > deadline:
-            running.stop()
-            raise RuntimeError(f"uvicorn did not start within {START_TIMEOUT} s")
-        time.sleep(0.005)
+    try:
+        wait_until_sync(lambda: server.started or not running.thread.is_alive(), START_TIMEOUT, what="uvicorn to start")
+    except AssertionError:
+        running.stop()
+        raise
+    if not server.started:
+        raise RuntimeError(f"uvicorn failed to start: {running.errors!r}")
     return running
 
 

@@ -307,7 +307,8 @@ async def test_blocking_sync_function_does_not_block_the_loop() -> None:
 
 
 # ============================================================================ cancellation
-async def _cancel_after_first_chunk(fn: Any) -> list[Any]:
+async def _cancel_after_first_chunk(fn: Any, busy: asyncio.Event | threading.Event) -> list[Any]:
+    """The chunks `fn` yielded before it was cancelled while busy on its second (it sets `busy` then)."""
     got: list[Any] = []
     first = asyncio.Event()
 
@@ -318,7 +319,7 @@ async def _cancel_after_first_chunk(fn: Any) -> list[Any]:
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first.wait(), 2)
-    await asyncio.sleep(0.01)  # the generator is now busy producing the next chunk
+    await wait_for(busy, seconds(2.0), what="the generator to start on its next chunk")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -327,18 +328,20 @@ async def _cancel_after_first_chunk(fn: Any) -> list[Any]:
 
 async def test_cancelling_a_sync_generator_stops_it_within_one_chunk_and_runs_finally() -> None:
     produced: list[int] = []
-    closed = threading.Event()
+    closed, busy = threading.Event(), threading.Event()
 
     def slow(req: ModelRequest) -> Iterator[str]:
         try:
             for i in range(100):
+                if i:
+                    busy.set()
                 time.sleep(0.05)
                 produced.append(i)
                 yield f"c{i}"
         finally:
             closed.set()
 
-    got = await _cancel_after_first_chunk(slow)
+    got = await _cancel_after_first_chunk(slow, busy)
     assert got == ["c0"]
     await wait_for(closed, seconds(1.0), what="the generator's finally block to run")
     assert len(produced) <= 2  # the chunk in flight when cancelled, and nothing after it
@@ -363,19 +366,21 @@ async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
 
 
 async def test_cancelling_an_async_generator_closes_it() -> None:
-    closed = asyncio.Event()
+    closed, busy = asyncio.Event(), asyncio.Event()
     produced: list[int] = []
 
     async def agen(req: ModelRequest) -> AsyncIterator[str]:
         try:
             for i in range(100):
+                if i:
+                    busy.set()
                 await asyncio.sleep(0.02)
                 produced.append(i)
                 yield f"c{i}"
         finally:
             closed.set()
 
-    got = await _cancel_after_first_chunk(agen)
+    got = await _cancel_after_first_chunk(agen, busy)
     assert got == ["c0"]
     assert closed.is_set()  # closed right away, on the loop
     assert len(produced) == 1
@@ -574,11 +579,14 @@ async def test_step_now_passes_model_errors_and_cancellation_through() -> None:
     kind, rest = step_now(agen)
     assert kind == WAIT
 
+    waiting = asyncio.Event()
+
     async def consume() -> Any:
+        waiting.set()  # (then, in the same step, into the model: it waits in its sleep before this test goes on)
         return await rest
 
     task = asyncio.get_running_loop().create_task(consume())
-    await asyncio.sleep(0.01)
+    await wait_for(waiting, what="the consumer to wait on the model")
     task.cancel()  # thrown into the model, which runs its finally
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from support.waits import wait_until
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -142,8 +143,5 @@ async def assert_streams(url: str, mode: str = "proto", n: int = 3) -> None:
 async def wait_for_file(path: Path, timeout: float) -> float:
     """Seconds until `path` exists; AssertionError after `timeout`."""
     start = time.monotonic()
-    while not path.exists():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"{path.name} did not appear within {timeout} s")
-        await asyncio.sleep(0.02)
+    await wait_until(path.exists, timeout, interval=0.02, what=f"{path.name} to appear")
     return time.monotonic() - start

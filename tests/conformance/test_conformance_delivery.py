@@ -29,6 +29,7 @@ import pytest
 from conformance_servers import SERVERS, ServerProcess, running_server
 from conformance_support import STARTUP_TIMES, measure, wait_for_file
 from delivery_support import drop_client_sides
+from support.time import MARGIN
 from support.waits import wait_until
 
 from lowlat_mw import Backoff
@@ -316,7 +317,6 @@ SLOW_ENV = {
     "LOWLAT_RESUME_WINDOW": str(SLOW_RESUME_WINDOW),  # the abandoned session (and its model) ends soon
 }
 SLOW_TOTAL, SLOW_SIZE = 100_000, 100  # 10 MB if nothing paused the model
-MARGIN = 1.0  # scheduling slack on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module", params=SERVERS)

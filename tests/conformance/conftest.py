@@ -14,7 +14,7 @@ Fixtures:
 * ``marks_dir``: where the models write ``<tag>.closed`` markers (``CONFORMANCE_MARKS``).
 
 The process machinery (ports, command lines, environments, bounded start/stop) is in
-``conformance_servers.py``; raw-client helpers are in ``conformance_support.py``.
+``conformance_servers.py``; raw-client helpers are in tests/support/raw.py (shared with tests/integration).
 """
 
 from __future__ import annotations

@@ -30,17 +30,8 @@ from typing import Any
 import pytest
 from conformance_auth import PRINCIPAL
 from conformance_servers import REPO, SERVERS, ServerProcess, base_env, server_argv, server_env, start_ready
-from conformance_support import (
-    JSON,
-    MODES,
-    PROTO,
-    assert_streams,
-    codec_of,
-    hello,
-    measure,
-    raw_connect,
-    read_until_closed,
-)
+from conformance_support import MODES, assert_streams, measure
+from support.raw import JSON, PROTO, codec_of, hello, raw_connect, read_until_closed
 from support.time import MARGIN, seconds
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 

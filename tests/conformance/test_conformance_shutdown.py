@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
-from conformance_support import PROTO, codec_of, hello, measure, raw_connect, read_until_closed, recv_event
+from conformance_support import measure
+from support.raw import PROTO, codec_of, hello, raw_connect, read_until_closed, recv_event
 from support.time import MARGIN
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidMessage, InvalidStatus

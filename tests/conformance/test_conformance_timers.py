@@ -10,20 +10,8 @@ import asyncio
 import time
 
 import pytest
-from conformance_support import (
-    HANDSHAKE_TIMEOUT,
-    HEARTBEAT_INTERVAL,
-    HEARTBEAT_TIMEOUT,
-    IDLE_TIMEOUT,
-    JSON,
-    PROTO,
-    codec_of,
-    hello,
-    measure,
-    raw_connect,
-    read_until_closed,
-    recv_event,
-)
+from conformance_support import HANDSHAKE_TIMEOUT, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, IDLE_TIMEOUT, measure
+from support.raw import JSON, PROTO, codec_of, hello, raw_connect, read_until_closed, recv_event
 from support.time import MARGIN
 
 from lowlat_mw.client import connect

@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 from conformance_servers import ServerProcess, base_env, server_argv, start_ready, transport_settings
-from conformance_support import PROTO, KnownBug, measure, raw_connect
+from conformance_support import KnownBug, measure
+from support.raw import PROTO, raw_connect
 from test_conformance_limits import PeakRSS, serving_pid
 
 from lowlat_mw.errors import canonical_close_code

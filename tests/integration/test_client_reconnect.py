@@ -7,13 +7,12 @@ import time
 
 import pytest
 from support import seconds, wait_until
+from support.raw import JSON
 
 from lowlat_mw.client import connect, connect_sync
 from lowlat_mw.client.backoff import Backoff
 from lowlat_mw.errors import CloseCode, ConnectionClosed, ErrorCode, NotDelivered, ReconnectFailed, ResumeFailed
 from lowlat_mw.testing import FaultProxy
-
-from ._support import JSON
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

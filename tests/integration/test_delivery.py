@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from support import seconds, wait_until
+from support.raw import LIMIT, codec_of, raw_connect
 from websockets.exceptions import ConnectionClosed
 
 from lowlat_mw.client import AsyncClient
@@ -28,7 +29,7 @@ from lowlat_mw.settings import Settings
 from lowlat_mw.testing import FaultProxy
 
 from ._delivery_support import Probe, Served, cut_schedule, rss_kib, serve, split_tokens, tokens
-from ._support import LIMIT, codec_of, raw_connect, record_frames
+from ._support import record_frames
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -7,13 +7,14 @@ import time
 
 import pytest
 from support import seconds, wait_until
+from support.raw import JSON, PROTO, hello, raw_connect, read_until_closed
 from support.time import MARGIN
 
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 
-from ._support import JSON, PROTO, hello, raw_connect, read_until_closed, record_frames
+from ._support import record_frames
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

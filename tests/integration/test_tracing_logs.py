@@ -26,13 +26,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from support import seconds, wait_until
+from support.raw import JSON, codec_of, raw_connect, read_until_closed
 
 from lowlat_mw.client import AsyncClient, connect
 from lowlat_mw.errors import CloseCode, ErrorCode, StreamError
 from lowlat_mw.observability.timing import STAGES
 from lowlat_mw.protocol import events as ev
-
-from ._support import JSON, codec_of, raw_connect, read_until_closed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -68,3 +68,19 @@ def test_the_scheduling_groups_benchmarks_and_conformance_servers_and_keeps_modu
     assert split(f"{django}::test_c") == django
     assert split("tests/test_codec.py::test_d[django]") == "tests/test_codec.py"
     assert split("tests/test_codec.py::TestX::test_e") == "tests/test_codec.py::TestX"
+
+
+def test_the_servers_units_start_at_different_modules() -> None:
+    from collections import OrderedDict
+
+    sched = object.__new__(SuiteScheduling)
+    modules = [f"tests/conformance/test_conformance_{m}.py" for m in ("a", "b", "c", "d")]
+    sched.workqueue = OrderedDict(
+        (f"conformance[{server}]", {f"{m}::test_{k}[{server}]": False for m in modules for k in (1, 2)})
+        for server in ("django", "starlette"))
+    sched._stagger_conformance_units()
+    first = {scope: next(iter(unit)).split("::")[0] for scope, unit in sched.workqueue.items()}
+    assert first == {"conformance[django]": modules[0], "conformance[starlette]": modules[2]}
+    for unit in sched.workqueue.values():
+        assert len(unit) == 8
+        assert [n.split("::")[1][:6] for n in unit][:2] == ["test_1", "test_2"]  # a module's own order kept

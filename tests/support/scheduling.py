@@ -9,7 +9,7 @@ kinds of tests share more than a module, and run in one process per group instea
 * tests/conformance share one server process per server name (the session fixtures ``server`` and
   ``timer_server``, parametrized by name). By module, each process ran each module for every server, and
   restarted each server for each module. Grouped by the server name in the test's id, each unit starts its
-  servers once and the five servers' units run side by side.
+  servers once and the five servers' units run side by side, each starting at another module.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class SuiteScheduling(LoadScopeScheduling):
         from conformance_servers import FRAMEWORKS, SERVERS  # (tests/conformance is on pytest's pythonpath)
 
         self.server_names = (*FRAMEWORKS, *SERVERS)
+        self.staggered = False
 
     def _split_scope(self, nodeid: str) -> str:
         if nodeid.startswith(BENCHMARKS):
@@ -53,7 +54,23 @@ class SuiteScheduling(LoadScopeScheduling):
         return super()._split_scope(nodeid)
 
     def _assign_work_unit(self, node: Any) -> None:
+        if not self.staggered:
+            self.staggered = True
+            self._stagger_conformance_units()
         for scope in FIRST:
             if scope in self.workqueue:
                 self.workqueue.move_to_end(scope, last=False)
         super()._assign_work_unit(node)
+
+    def _stagger_conformance_units(self) -> None:
+        """Start each server's unit at a different module (the i-th of n units 1/n further on): in collection
+        order every unit would run the same module at the same time, its load tests (200 sockets, 1,000
+        streams) on every server at once. A unit's order of modules changes no fixture: its servers are
+        session fixtures of its one server name."""
+        units = sorted(scope for scope in self.workqueue if scope.startswith("conformance["))
+        for i, scope in enumerate(units):
+            unit = self.workqueue[scope]
+            modules = list(dict.fromkeys(nodeid.split("::", 1)[0] for nodeid in unit))
+            start = i * len(modules) // len(units)
+            order = {module: rank for rank, module in enumerate(modules[start:] + modules[:start])}
+            self.workqueue[scope] = dict(sorted(unit.items(), key=lambda kv: order[kv[0].split("::", 1)[0]]))

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from support.time import WAIT
 
@@ -20,30 +20,40 @@ def _timed_out(timeout: float, what: Any, last: Any) -> AssertionError:
     return AssertionError(f"timed out after {timeout} s waiting for {what}; last value {last!r}")
 
 
+class _Poll(Generic[T]):
+    """One bounded poll of `predicate`: `done()` says whether it is true yet (its value in `value`), and raises
+    AssertionError once `timeout` has passed. The waits below differ only in how they sleep between looks."""
+
+    def __init__(self, predicate: Callable[[], T], timeout: float, what: Any) -> None:
+        self.predicate, self.timeout, self.what = predicate, timeout, what
+        self.deadline = time.monotonic() + timeout
+        self.value: T
+
+    def done(self) -> bool:
+        self.value = self.predicate()
+        if self.value:
+            return True
+        if time.monotonic() > self.deadline:
+            raise _timed_out(self.timeout, self.what or self.predicate, self.value)
+        return False
+
+
 async def wait_until(predicate: Callable[[], T], timeout: float = WAIT, *, interval: float = INTERVAL,
                      what: str = "") -> T:
     """Poll `predicate()` until it returns something truthy, and return that; AssertionError after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise _timed_out(timeout, what or predicate, last)
+    poll = _Poll(predicate, timeout, what)
+    while not poll.done():
         await asyncio.sleep(interval)
+    return poll.value
 
 
 def wait_until_sync(predicate: Callable[[], T], timeout: float = WAIT, *, interval: float = INTERVAL,
                     what: str = "") -> T:
     """`wait_until` for code outside an event loop (threads, browser drivers, subprocess logs)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise _timed_out(timeout, what or predicate, last)
+    poll = _Poll(predicate, timeout, what)
+    while not poll.done():
         time.sleep(interval)
+    return poll.value
 
 
 async def wait_for(event: asyncio.Event | threading.Event, timeout: float = WAIT, *, what: str = "") -> None:

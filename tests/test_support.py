@@ -10,6 +10,7 @@ import pytest
 from support.scheduling import SuiteScheduling, param_named
 from support.time import _scale, seconds
 from support.waits import wait_for, wait_until, wait_until_sync
+from xdist.scheduler import LoadScopeScheduling
 
 
 def test_the_time_scale_defaults_to_one_and_reads_the_environment() -> None:
@@ -62,6 +63,7 @@ def test_the_scheduling_groups_benchmarks_and_conformance_servers_and_keeps_modu
     sched.server_names = ("starlette", "django", "wsproto")
     split = sched._split_scope
     assert split("tests/test_benchmarks_bare.py::test_a") == split("tests/test_benchmarks.py::test_b") == "benchmarks"
+    assert split("tests/browser/test_browser.py::test_a") == split("tests/browser/test_browser_push.py::b") == "browser"
     assert split("tests/conformance/test_conformance_limits.py::test_a[django-proto]") == "conformance[django]"
     assert split("tests/conformance/test_conformance_cancel.py::test_b[django]") == "conformance[django]"
     django = "tests/conformance/test_conformance_django.py"
@@ -84,3 +86,17 @@ def test_the_servers_units_start_at_different_modules() -> None:
     for unit in sched.workqueue.values():
         assert len(unit) == 8
         assert [n.split("::")[1][:6] for n in unit][:2] == ["test_1", "test_2"]  # a module's own order kept
+
+
+def test_the_benchmarks_unit_goes_first_then_the_browsers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import OrderedDict
+
+    sched = object.__new__(SuiteScheduling)
+    sched.staggered, sent = True, []
+    sched.workqueue = OrderedDict((scope, {}) for scope in ("tests/test_codec.py", "browser", "benchmarks", "x"))
+    # (xdist's own assignment, which sends the unit at the head of the queue: here only its name is kept)
+    monkeypatch.setattr(LoadScopeScheduling, "_assign_work_unit",
+                        lambda self, node: sent.append(self.workqueue.popitem(last=False)[0]))
+    for _ in range(3):
+        sched._assign_work_unit(None)
+    assert sent == ["benchmarks", "browser", "tests/test_codec.py"]

@@ -6,6 +6,8 @@ kinds of tests share more than a module, and run in one process per group instea
 * tests/test_benchmarks*.py (12 modules) share the session fixture ``quick_bench``, one run of every benchmark
   suite (~50-80 s in two subprocesses). Spread by module, every process ran it: three runs at once at the end
   of the suite, in six subprocesses on two cores. As one unit, sent first, it runs once, beside the rest.
+* tests/browser (3 modules) share the session fixture ``browser`` (a headless Chromium) and the background
+  `npm install` of React: as one unit, sent second, one process starts them, once.
 * tests/conformance share one server process per server name (the session fixtures ``server`` and
   ``timer_server``, parametrized by name). By module, each process ran each module for every server, and
   restarted each server for each module. Grouped by the server name in the test's id, each unit starts its
@@ -22,8 +24,9 @@ from xdist.scheduler import LoadScopeScheduling
 __all__ = ["SuiteScheduling", "param_named"]
 
 BENCHMARKS = "tests/test_benchmarks"
+BROWSER = "tests/browser/"
 CONFORMANCE = "tests/conformance/"
-FIRST = ("benchmarks",)  # units sent before all others: the longest, which would otherwise end the run
+FIRST = ("benchmarks", "browser")  # units sent before all others, in this order: long, and few tests each
 
 
 def param_named(nodeid: str, names: Iterable[str]) -> str | None:
@@ -47,6 +50,8 @@ class SuiteScheduling(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
         if nodeid.startswith(BENCHMARKS):
             return "benchmarks"
+        if nodeid.startswith(BROWSER):
+            return "browser"
         if nodeid.startswith(CONFORMANCE):
             server = param_named(nodeid, self.server_names)
             if server is not None:
@@ -57,7 +62,7 @@ class SuiteScheduling(LoadScopeScheduling):
         if not self.staggered:
             self.staggered = True
             self._stagger_conformance_units()
-        for scope in FIRST:
+        for scope in reversed(FIRST):
             if scope in self.workqueue:
                 self.workqueue.move_to_end(scope, last=False)
         super()._assign_work_unit(node)

@@ -16,6 +16,7 @@ import pytest
 from driver_support import endpoint_for
 from hypothesis import given
 from hypothesis import strategies as st
+from support import wait_until as wait_for  # (named as before: the call sites stay as they were)
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
@@ -128,12 +129,6 @@ async def tokens(req: Any) -> Any:
         yield f"t{i} "
         if req.params.get("hold"):  # the stream stays open (until cancelled) after its first token
             await asyncio.Event().wait()
-
-
-async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.001)
 
 
 @pytest.mark.parametrize("subprotocol", [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])

@@ -6,16 +6,16 @@ bounded; ``ServerProcess.stop`` sends SIGTERM, then SIGKILL to the whole process
 
 from __future__ import annotations
 
-import errno
 import http.client
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+from support.ports import free_port
 
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
@@ -46,21 +46,6 @@ _PORT_IN_USE = re.compile(r"address already in use|errno 98|couldn't listen|cann
 
 
 # ================================================================================ processes
-def free_port() -> int:
-    """A loopback port that was free a moment ago (bind to port 0, read it, close)."""
-    for _ in range(20):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
-        except OSError as exc:  # pragma: no cover - only under port exhaustion
-            if exc.errno != errno.EADDRINUSE:
-                raise
-        finally:
-            sock.close()
-    raise RuntimeError("no free loopback port")
-
-
 def transport_settings(env: Mapping[str, str] | None = None) -> Settings:
     """The settings a server started with `env` runs with (defaults if they are invalid: startup tests)."""
     try:

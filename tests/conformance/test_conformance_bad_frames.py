@@ -24,16 +24,8 @@ import lz4.frame
 import pytest
 import zstandard
 from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
-from conformance_support import (
-    JSON,
-    PROTO,
-    assert_streams,
-    codec_of,
-    hello,
-    measure,
-    raw_connect,
-    read_until_closed,
-)
+from conformance_support import assert_streams, measure
+from support.raw import JSON, PROTO, codec_of, hello, raw_connect, read_until_closed
 from test_conformance_transport import frame
 from websockets.exceptions import ConnectionClosed
 

@@ -25,8 +25,9 @@ from typing import Any
 import psutil
 import pytest
 from conformance_servers import SERVERS, ServerProcess, base_env, http_get, server_argv, start_ready
-from conformance_support import PROTO, STARTUP_TIMES, assert_streams, hello, measure, raw_connect
+from conformance_support import STARTUP_TIMES, assert_streams, measure
 from prometheus_client.parser import text_string_to_metric_families
+from support.raw import PROTO, hello, raw_connect
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Opcode

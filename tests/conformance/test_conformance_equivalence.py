@@ -52,7 +52,7 @@ from conformance_servers import (
     server_argv,
     start_ready,
 )
-from conformance_support import JSON, LIMIT, PROTO, raw_connect
+from support.raw import JSON, LIMIT, PROTO, raw_connect
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 

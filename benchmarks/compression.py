@@ -53,9 +53,9 @@ from lowlat_mw.drivers.timers import cpu_clock
 from lowlat_mw.observability.timing import STAGES
 from lowlat_mw.protocol import compression as cmp
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import encode_delta_fast, to_protobuf
 from lowlat_mw.protocol.compression import CODEC_IDS
 from lowlat_mw.protocol.selector import BINARY, TEXT, CompressionSelector
+from lowlat_mw.protocol.wire import encode_delta_fast, to_protobuf
 
 from . import _corpus
 from ._selector_v1 import SelectorV1

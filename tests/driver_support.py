@@ -12,7 +12,7 @@ from typing import Any
 from lowlat_mw.drivers.aio import ConnectionDriver
 from lowlat_mw.endpoint import Endpoint, Refuse
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
 
 

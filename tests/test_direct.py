@@ -26,7 +26,7 @@ from lowlat_mw.drivers.direct import BURST, CORK_LIMIT, EXTENSION, Turns, expect
 from lowlat_mw.drivers.timers import MAX_SLACK
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 

@@ -24,7 +24,7 @@ from lowlat_mw.drivers.batch import batcher_for
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.client import ClientProtocol, ClientStream
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON
 
 BOUND = 10.0  # seconds any wait below may take on a loaded machine (each ends at an event, long before)

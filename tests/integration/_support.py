@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 from lowlat_mw.client import AsyncClient
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 PROTO = SUBPROTOCOL_PROTO

@@ -259,12 +259,15 @@ OTHER_EVENTS = st.one_of(
 
 
 def _mutations(payload: bytes, data: Any) -> bytes:
-    """`payload` with one random change: a byte replaced, inserted or deleted, or a cut."""
-    how = data.draw(st.sampled_from(["replace", "insert", "delete", "cut"]))
+    """`payload` with one random change: a byte's low bits changed (a key's wire type, a small number), a byte
+    replaced, inserted or deleted, or a cut."""
+    how = data.draw(st.sampled_from(["retype", "replace", "insert", "delete", "cut"]))
     if not payload:
         return data.draw(st.binary(max_size=4))
     at = data.draw(st.integers(0, len(payload) - 1))
     byte = bytes((data.draw(st.integers(0, 255)),))
+    if how == "retype":
+        return payload[:at] + bytes((payload[at] ^ data.draw(st.integers(1, 7)),)) + payload[at + 1:]
     if how == "replace":
         return payload[:at] + byte + payload[at + 1:]
     if how == "insert":

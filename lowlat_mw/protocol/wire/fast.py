@@ -121,6 +121,16 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             raise ValueError(value)
 
 
+def _body(payload: bytes) -> int:
+    """Where the one field of the Envelope in `payload` begins, after its tag and length, if it spans the rest
+    of `payload`; -1 if not. IndexError or ValueError on a truncation."""
+    m = payload[1]
+    i = 2
+    if m >= 0x80:
+        m, i = _varint(payload, 1)
+    return i if i + m == len(payload) else -1
+
+
 def decode_delta(payload: bytes, params: ParamsMemo | None = None) -> ev.Delta | None:
     """The Delta in `payload` (an Envelope's bytes) laid out exactly as :func:`encode_delta_frame` writes it
     (every token a client receives).
@@ -129,13 +139,11 @@ def decode_delta(payload: bytes, params: ParamsMemo | None = None) -> ev.Delta |
     UTF-8, a truncation): the library path decides those."""
     try:
         m = payload[1]
-        i = 2
-        if m >= 0x80:
-            m, i = _varint(payload, 1)
-        end = len(payload)
-        if i + m != end:
+        i = 2 if m < 0x80 and m + 2 == len(payload) else _body(payload)  # (a one-byte length, inline: most)
+        if i < 0:
             return None
-        sid = seq = 0
+        end = len(payload)
+        sid = seq = 0  # (the two varints, read written out: this runs for every token a client receives)
         b = payload[i]
         if b == 0x08:
             sid = payload[i + 1]
@@ -170,12 +178,10 @@ def _fields(payload: bytes, allowed: Mapping[int, int]) -> dict[int, Any] | None
     their number; None for anything else (another layout, an id past 32 bits, a truncation)."""
     try:
         m = payload[1]
-        i = 2
-        if m >= 0x80:
-            m, i = _varint(payload, 1)
-        end = len(payload)
-        if i + m != end:
+        i = 2 if m < 0x80 and m + 2 == len(payload) else _body(payload)  # (a one-byte length, inline: most)
+        if i < 0:
             return None
+        end = len(payload)
         f: dict[int, Any] = {}
         last = 0
         while i < end:

@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ...errors import CloseCode, LocalProtocolError
@@ -25,16 +25,19 @@ __all__ = ["JSON_CODEC", "JsonCodec", "from_json_dict", "to_json_dict"]
 
 def to_json_dict(event: ev.Event) -> dict[str, Any]:
     """The JSON object for `event` (docs/protocol.md, "JSON mapping"): its kind's fields in table order,
-    each written when its rule says."""
+    each written when its rule says (:func:`~.schema.written`, written out here: it runs for every field)."""
     kind = BY_CLASS.get(type(event))
     if kind is None:
         raise LocalProtocolError(f"not a protocol event: {event!r}")
     d: dict[str, Any] = {"type": kind.name}
     for f in kind.fields:
+        value = getattr(event, f.name)
         when = f.when
-        if when is None or when(event):
-            to_json = f.conv.to_json
-            d[f.name] = getattr(event, f.name) if to_json is None else to_json(getattr(event, f.name))
+        if when is not None and not (value is not None if when == "present" else bool(value) if when == "set"
+                                     else when(event)):  # type: ignore[operator]
+            continue
+        to_json = f.conv.to_json
+        d[f.name] = value if to_json is None else to_json(value)
     return d
 
 
@@ -111,6 +114,42 @@ def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
     return t if isinstance(t, tuple) else (t,)
 
 
+# Readers of a member by type, (object, its kind's name, member name) -> value: the common case checked first,
+# anything else to _Fields, whose error names the member.
+def _u32(obj: Mapping[str, Any], where: str, name: str) -> Any:
+    v = obj.get(name, 0)
+    return v if type(v) is int and 0 <= v <= 0xFFFFFFFF else _Fields(obj, where).u32(name)
+
+
+def _str(obj: Mapping[str, Any], where: str, name: str) -> Any:
+    v = obj.get(name, "")
+    return v if type(v) is str else _Fields(obj, where).str(name)
+
+
+def _opt_str(obj: Mapping[str, Any], where: str, name: str) -> Any:
+    v = obj.get(name)
+    return v if v is None or type(v) is str else _Fields(obj, where).str(name, None)
+
+
+def _bool(obj: Mapping[str, Any], where: str, name: str) -> Any:
+    v = obj.get(name, False)
+    return v if v is True or v is False else _Fields(obj, where).bool(name)
+
+
+def _reader(read: Any) -> Callable[[Mapping[str, Any], str, str], Any]:
+    """The reader of a Conv's `read`: one of those above, a _Fields method, or the Conv's own function."""
+    if read in _READERS:
+        return _READERS[read]
+    if isinstance(read, str):
+        return lambda obj, where, name: getattr(_Fields(obj, where), read)(name)
+    return lambda obj, where, name: read(_Fields(obj, where), name)
+
+
+_READERS: dict[str, Callable[[Mapping[str, Any], str, str], Any]] = {
+    "u32": _u32, "str": _str, "opt_str": _opt_str, "bool": _bool}
+_PLANS = {k.name: (k.cls, tuple((f.name, _reader(f.conv.read)) for f in k.fields)) for k in BY_NAME.values()}
+
+
 def from_json_dict(obj: Any) -> ev.Event:
     """Turn a decoded JSON value into an event (RemoteProtocolError on bad input): wrong types are the
     frame's fault (1007), values the event refuses are a bad_request naming a Request's stream."""
@@ -119,16 +158,15 @@ def from_json_dict(obj: Any) -> ev.Event:
     name = obj.get("type")
     if not isinstance(name, str):
         raise invalid('a JSON frame needs a string "type" member')
-    kind = BY_NAME.get(name)
-    if kind is None:
+    plan = _PLANS.get(name)
+    if plan is None:
         raise unsupported(name)
-    r = _Fields(obj, name)
-    kw = {}
-    for f in kind.fields:
-        read = f.conv.read
-        kw[f.name] = getattr(r, read)(f.name) if type(read) is str else read(r, f.name)  # type: ignore[operator]
+    cls, fields = plan
     try:
-        return kind.cls(**kw)  # type: ignore[no-any-return]
+        kw = {}
+        for field, read in fields:
+            kw[field] = read(obj, name, field)
+        return cls(**kw)  # type: ignore[no-any-return]
     except LocalProtocolError as exc:
         raise bad_request(str(exc), obj.get("stream_id", 0) if name == "request" else 0) from None
 

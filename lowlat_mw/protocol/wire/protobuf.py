@@ -33,13 +33,12 @@ _HEADER_BASE = FRAME_VERSION << 4
 
 
 class _Message:
-    """A kind's Protobuf side, read from the descriptors: its message class and its oneof (None: none)."""
+    """A kind's Protobuf side, read from the descriptors: its oneof (None: none) and its fields' conversions."""
 
-    __slots__ = ("cls", "fields", "oneof")
+    __slots__ = ("fields", "oneof")
 
     def __init__(self, kind: Kind) -> None:
         descriptor = pb.Envelope.DESCRIPTOR.fields_by_name[kind.name].message_type
-        self.cls = getattr(pb, descriptor.name)
         self.oneof = descriptor.oneofs[0].name if descriptor.oneofs else None
         members = {f.name for o in descriptor.oneofs for f in o.fields}
         # (name, to_pb, from_pb, is a oneof member) per field
@@ -50,16 +49,31 @@ _MESSAGES = {name: _Message(kind) for name, kind in BY_NAME.items()}
 
 
 def to_protobuf(event: ev.Event) -> pb.Envelope:
-    """The Envelope message for `event`: its kind's message, made by the library's constructor from the
-    fields the table lists (a None leaves its field unset)."""
+    """The Envelope message for `event`: its kind's fields set on the Envelope's member through the library's
+    message API, as the table says (a None, an unset oneof member, is left unset)."""
     kind = BY_CLASS.get(type(event))
     if kind is None:
         raise LocalProtocolError(f"not a protocol event: {event!r}")
-    kw = {}
+    env = pb.Envelope()
+    msg = getattr(env, kind.name)
+    msg.SetInParent()  # (a message whose fields are all defaults is still this kind)
     for name, to_pb, _, _ in _MESSAGES[kind.name].fields:
         value = getattr(event, name)
-        kw[name] = value if to_pb is None or value is None else to_pb(value)
-    return pb.Envelope(**{kind.name: _MESSAGES[kind.name].cls(**kw)})
+        if value is None:
+            continue
+        if to_pb is None:
+            setattr(msg, name, value)
+        elif to_pb == "map":  # (item by item: a protobuf map's update() is the slow generic Mapping one)
+            if value:
+                target = getattr(msg, name)
+                for key, item in value.items():
+                    target[key] = item
+        elif to_pb == "extend":
+            if value:
+                getattr(msg, name).extend(value)
+        else:
+            to_pb(msg, name, value)  # type: ignore[operator]
+    return env
 
 
 def from_protobuf(env: pb.Envelope) -> ev.Event:

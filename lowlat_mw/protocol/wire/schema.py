@@ -19,7 +19,8 @@ from typing import Any
 from ...errors import ErrorCode
 from .. import events as ev
 
-__all__ = ["BY_CLASS", "BY_NAME", "KINDS", "Conv", "Field", "Kind", "WireError", "error_code", "struct_to_dict"]
+__all__ = ["BY_CLASS", "BY_NAME", "KINDS", "Conv", "Field", "Kind", "WireError", "error_code", "struct_to_dict",
+           "written"]
 
 
 class WireError(ValueError):
@@ -43,22 +44,19 @@ class Conv:
     """How one field's value converts, each step a function (None: the value goes as it is).
 
     `read`: the JSON reader's method for its type (``"u32"``, ``"str"``...), or a function (reader, name) ->
-    value; `to_json`: value -> JSON value; `to_pb`: value -> the Protobuf message constructor's argument
-    (None there leaves the field unset); `from_pb`: the message's attribute -> value. Most steps are
-    builtins (tuple, dict, int), so the Protobuf side is the library's constructors and attributes."""
+    value; `to_json`: value -> JSON value; `to_pb`: how the value goes on a Protobuf message, through the
+    library's message API: None (set the attribute), ``"map"`` (item by item), ``"extend"`` (a repeated
+    field) or a function (message, name, value); `from_pb`: the message's attribute -> value (a builtin,
+    mostly: tuple, dict)."""
 
     read: str | Callable[[Reader, str], Any]
     to_json: Callable[[Any], Any] | None = None
-    to_pb: Callable[[Any], Any] | None = None
+    to_pb: str | Callable[[Any, str, Any], None] | None = None
     from_pb: Callable[[Any], Any] | None = None
 
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
-
-
-def _read_optional_str(r: Reader, name: str) -> str | None:
-    return r.str(name, None)  # type: ignore[no-any-return]
 
 
 def _read_code(r: Reader, name: str) -> ErrorCode:
@@ -83,8 +81,9 @@ def _seq_map_to_json(value: Mapping[int, int]) -> dict[str, int]:
     return {str(k): v for k, v in value.items()}
 
 
-def _params_to_pb(value: Mapping[str, Any]) -> dict[str, Any] | None:
-    return dict(value) if value else None  # (no params: no Struct on the wire)
+def _params_to_pb(msg: Any, name: str, value: Mapping[str, Any]) -> None:
+    if value:  # (no params: no Struct on the wire)
+        getattr(msg, name).update(dict(value))
 
 
 def _params_from_pb(struct: Any) -> dict[str, Any]:
@@ -103,10 +102,16 @@ def _nested(cls: type, fields: tuple[Field, ...], *, wrong: str = "", repeated: 
     names = tuple(f.name for f in fields)
 
     def item_json(value: Any) -> dict[str, Any]:
-        return {f.name: getattr(value, f.name) for f in fields if f.when is None or f.when(value)}
+        return {f.name: getattr(value, f.name) for f in fields if written(f, getattr(value, f.name), value)}
 
     def item_pb(value: Any) -> dict[str, Any]:
         return {name: getattr(value, name) for name in names}
+
+    def set_pb(msg: Any, name: str, value: Any) -> None:
+        target = getattr(msg, name)
+        target.SetInParent()  # (present even when every field is empty)
+        for field in names:
+            setattr(target, field, getattr(value, field))
 
     def item_from_pb(msg: Any) -> Any:
         return cls(**{name: getattr(msg, name) for name in names})
@@ -117,7 +122,7 @@ def _nested(cls: type, fields: tuple[Field, ...], *, wrong: str = "", repeated: 
 
     if not repeated:
         return Conv(lambda r, name: item_from_json(r, r.get(name, dict, {}), f"{r.kind}.{name}")
-                    if name in r.obj else None, item_json, item_pb, item_from_pb)
+                    if name in r.obj else None, item_json, set_pb, item_from_pb)
 
     def read_list(r: Reader, name: str) -> tuple[Any, ...] | None:
         if optional and name not in r.obj:
@@ -127,9 +132,13 @@ def _nested(cls: type, fields: tuple[Field, ...], *, wrong: str = "", repeated: 
             raise r.invalid(wrong)
         return tuple(item_from_json(r, item, f"{r.kind}.{name}") for item in items)
 
-    def list_pb(value: tuple[Any, ...]) -> Any:
-        items = [item_pb(item) for item in value]
-        return {wrapper: items} if wrapper else items
+    def list_pb(msg: Any, name: str, value: tuple[Any, ...]) -> None:
+        holder = getattr(msg, name)
+        if wrapper:
+            holder.SetInParent()  # (an empty conversation is still a conversation)
+            holder = getattr(holder, wrapper)
+        for item in value:
+            holder.add(**item_pb(item))
 
     def list_from_pb(msg: Any) -> tuple[Any, ...]:
         return tuple(item_from_pb(m) for m in (getattr(msg, wrapper) if wrapper else msg))
@@ -169,11 +178,12 @@ def _value(v: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class Field:
     """One field of a message: its name (event attribute = Protobuf field = JSON member), how it converts,
-    and `when` its JSON member is written (None: always; else a test of the event)."""
+    and `when` its JSON member is written: None (always), ``"present"`` (not None: a oneof member), ``"set"``
+    (truthy) or a test of the event."""
 
     name: str
     conv: Conv
-    when: Callable[[Any], bool] | None = None
+    when: str | Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,34 +198,33 @@ class Kind:
 
 
 U32, STR, BOOL = Conv("u32"), Conv("str"), Conv("bool")
-TEXT = Conv(_read_optional_str)  # (a oneof member: None when unset)
+TEXT = Conv("opt_str")  # (a oneof member: None when unset)
 DATA = Conv("bytes", _b64)  # (bytes in a oneof: base64 text in JSON, None when unset)
 BYTES = Conv(_read_sha, _b64)
-STRS = Conv("strs", list, None, tuple)
-SEQ_MAP = Conv("seq_map", _seq_map_to_json, dict, dict)
-CODE = Conv(_read_code, attrgetter("wire_name"), int, error_code)  # (JSON: its wire name; unknown ones: UNSPECIFIED)
+STRS = Conv("strs", list, "extend", tuple)
+SEQ_MAP = Conv("seq_map", _seq_map_to_json, "map", dict)
+CODE = Conv(_read_code, attrgetter("wire_name"), None, error_code)  # (JSON: its wire name; unknown ones: UNSPECIFIED)
 PARAMS = Conv("mapping", dict, _params_to_pb, _params_from_pb)
 
 
 def _map(check: Callable[[Any], bool], wrong: str) -> Conv:
-    return Conv(_map_reader(check, wrong), dict, dict, dict)
+    return Conv(_map_reader(check, wrong), dict, "map", dict)
 
 
 def _f(name: str, conv: Conv, when: str | Callable[[Any], bool] | None = None) -> Field:
-    """A Field; `when` "present" (not None: a oneof member), "set" (truthy) or a test of the event."""
+    return Field(name, conv, when)
+
+
+def written(field: Field, value: Any, event: Any) -> bool:
+    """Whether `field` (of value `value` in `event`) goes into the JSON object (see :attr:`Field.when`)."""
+    when = field.when
+    if when is None:
+        return True
     if when == "present":
-        when = _present(name)
-    elif when == "set":
-        when = _set(name)
-    return Field(name, conv, when)  # type: ignore[arg-type]
-
-
-def _present(name: str) -> Callable[[Any], bool]:
-    return lambda e: getattr(e, name) is not None
-
-
-def _set(name: str) -> Callable[[Any], bool]:
-    return lambda e: bool(getattr(e, name))
+        return value is not None
+    if when == "set":
+        return bool(value)
+    return when(event)  # type: ignore[operator, no-any-return]
 
 
 def _refused(e: Any) -> bool:

@@ -18,7 +18,7 @@ from .. import events as ev
 from ..selector import CompressionSelector
 from .errors import bad_request, invalid, unsupported
 from .fast import ParamsMemo
-from .schema import BY_CLASS, BY_NAME
+from .schema import BY_CLASS, BY_NAME, PRESENT, SET
 
 __all__ = ["JSON_CODEC", "JsonCodec", "from_json_dict", "to_json_dict"]
 
@@ -30,15 +30,16 @@ def to_json_dict(event: ev.Event) -> dict[str, Any]:
     if kind is None:
         raise LocalProtocolError(f"not a protocol event: {event!r}")
     d: dict[str, Any] = {"type": kind.name}
-    for f in kind.fields:
-        value = getattr(event, f.name)
-        when = f.when
-        if when is not None and not (value is not None if when == "present" else bool(value) if when == "set"
-                                     else when(event)):  # type: ignore[operator]
+    for name, when, to_json in _WRITERS[kind.name]:
+        value = getattr(event, name)
+        if when is not None and not (value is not None if when is PRESENT else bool(value) if when is SET
+                                     else when(event)):
             continue
-        to_json = f.conv.to_json
-        d[f.name] = value if to_json is None else to_json(value)
+        d[name] = value if to_json is None else to_json(value)
     return d
+
+
+_WRITERS = {k.name: tuple((f.name, f.when, f.conv.to_json) for f in k.fields) for k in BY_NAME.values()}
 
 
 class _Fields:
@@ -137,12 +138,20 @@ def _bool(obj: Mapping[str, Any], where: str, name: str) -> Any:
 
 
 def _reader(read: Any) -> Callable[[Mapping[str, Any], str, str], Any]:
-    """The reader of a Conv's `read`: one of those above, a _Fields method, or the Conv's own function."""
+    """The reader of a Conv's `read`: one of those above, or a _Fields method or the Conv's own function,
+    which a member that is absent skips (it reads as from an empty object; a dict, fresh each time)."""
     if read in _READERS:
-        return _READERS[read]
+        return _READERS[read]  # type: ignore[no-any-return]
     if isinstance(read, str):
-        return lambda obj, where, name: getattr(_Fields(obj, where), read)(name)
-    return lambda obj, where, name: read(_Fields(obj, where), name)
+        def full(obj: Mapping[str, Any], where: str, name: str) -> Any:
+            return getattr(_Fields(obj, where), read)(name)
+    else:
+        def full(obj: Mapping[str, Any], where: str, name: str) -> Any:
+            return read(_Fields(obj, where), name)
+    absent = full({}, "", "absent")
+    if isinstance(absent, dict):
+        return lambda obj, where, name: full(obj, where, name) if name in obj else {}
+    return lambda obj, where, name: full(obj, where, name) if name in obj else absent
 
 
 _READERS: dict[str, Callable[[Mapping[str, Any], str, str], Any]] = {

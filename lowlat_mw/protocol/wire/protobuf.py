@@ -25,7 +25,7 @@ from ..compression import decompress
 from ..selector import BINARY, TEXT, CompressionSelector
 from .errors import bad_request, invalid, unsupported
 from .fast import DECODERS, FRAME_VERSION, HEADER_NONE, ParamsMemo, encode_delta_frame, encode_small_fast
-from .schema import BY_CLASS, BY_NAME, Kind, WireError
+from .schema import BY_CLASS, BY_NAME, EXTEND, MAP, Kind, WireError
 
 __all__ = ["PROTO_CODEC", "ProtoCodec", "from_protobuf", "to_protobuf"]
 
@@ -57,18 +57,18 @@ def to_protobuf(event: ev.Event) -> pb.Envelope:
     env = pb.Envelope()
     msg = getattr(env, kind.name)
     msg.SetInParent()  # (a message whose fields are all defaults is still this kind)
-    for name, to_pb, _, _ in _MESSAGES[kind.name].fields:
+    for name, to_pb, _, member in _MESSAGES[kind.name].fields:
         value = getattr(event, name)
-        if value is None:
+        if value is None:  # an unset oneof member
             continue
         if to_pb is None:
-            setattr(msg, name, value)
-        elif to_pb == "map":  # (item by item: a protobuf map's update() is the slow generic Mapping one)
-            if value:
-                target = getattr(msg, name)
-                for key, item in value.items():
-                    target[key] = item
-        elif to_pb == "extend":
+            if value or member:  # (a default is no field on the wire, but a oneof's member set to it is)
+                setattr(msg, name, value)
+        elif to_pb is MAP:  # (item by item: a protobuf map's update() is the slow generic Mapping one)
+            target = getattr(msg, name)
+            for key, item in value.items():
+                target[key] = item
+        elif to_pb is EXTEND:
             if value:
                 getattr(msg, name).extend(value)
         else:

@@ -19,8 +19,8 @@ from typing import Any
 from ...errors import ErrorCode
 from .. import events as ev
 
-__all__ = ["BY_CLASS", "BY_NAME", "KINDS", "Conv", "Field", "Kind", "WireError", "error_code", "struct_to_dict",
-           "written"]
+__all__ = ["BY_CLASS", "BY_NAME", "EXTEND", "KINDS", "MAP", "PRESENT", "SET", "Conv", "Field", "Kind", "WireError",
+           "error_code", "struct_to_dict", "written"]
 
 
 class WireError(ValueError):
@@ -197,22 +197,24 @@ class Kind:
     empty: str | None = None
 
 
+PRESENT, SET = "present", "set"  # a Field's `when`
+MAP, EXTEND = "map", "extend"  # a Conv's `to_pb`
 U32, STR, BOOL = Conv("u32"), Conv("str"), Conv("bool")
 TEXT = Conv("opt_str")  # (a oneof member: None when unset)
 DATA = Conv("bytes", _b64)  # (bytes in a oneof: base64 text in JSON, None when unset)
 BYTES = Conv(_read_sha, _b64)
-STRS = Conv("strs", list, "extend", tuple)
-SEQ_MAP = Conv("seq_map", _seq_map_to_json, "map", dict)
+STRS = Conv("strs", list, EXTEND, tuple)
+SEQ_MAP = Conv("seq_map", _seq_map_to_json, MAP, dict)
 CODE = Conv(_read_code, attrgetter("wire_name"), None, error_code)  # (JSON: its wire name; unknown ones: UNSPECIFIED)
 PARAMS = Conv("mapping", dict, _params_to_pb, _params_from_pb)
 
 
 def _map(check: Callable[[Any], bool], wrong: str) -> Conv:
-    return Conv(_map_reader(check, wrong), dict, "map", dict)
+    return Conv(_map_reader(check, wrong), dict, MAP, dict)
 
 
 def _f(name: str, conv: Conv, when: str | Callable[[Any], bool] | None = None) -> Field:
-    return Field(name, conv, when)
+    return Field(name, conv, {"present": PRESENT, "set": SET}.get(when, when))  # type: ignore[call-overload]
 
 
 def written(field: Field, value: Any, event: Any) -> bool:
@@ -220,9 +222,9 @@ def written(field: Field, value: Any, event: Any) -> bool:
     when = field.when
     if when is None:
         return True
-    if when == "present":
+    if when is PRESENT:
         return value is not None
-    if when == "set":
+    if when is SET:
         return bool(value)
     return when(event)  # type: ignore[operator, no-any-return]
 

@@ -555,3 +555,19 @@ def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and
     big = to_protobuf(ev.Request(stream_id=1, text="t")).SerializeToString()
     big = big.replace(b"\x08\x01", b"\x08\x80\x80\x80\x80\x10")  # stream id 2**32
     assert decode_fast(big[:1] + bytes([len(big) - 2]) + big[2:]) is None  # an id past 32 bits: the library's
+
+
+@FUZZ
+@given(u32, u32, st.one_of(st.text(), st.binary()))
+def test_encode_delta_writes_what_encode_frame_writes_for_the_delta(stream_id: int, seq: int,
+                                                                     chunk: str | bytes) -> None:
+    """Each codec's encode_delta (every token, without an event) is its encode_frame of the Delta."""
+    event = ev.Delta.of(stream_id, seq, chunk)
+    for codec in CODECS:
+        try:
+            want = codec.encode_frame(event)
+        except (UnicodeEncodeError, ValueError):  # a lone surrogate: neither writes it
+            with pytest.raises((UnicodeEncodeError, ValueError)):
+                codec.encode_delta(stream_id, seq, chunk)
+            continue
+        assert codec.encode_delta(stream_id, seq, chunk) == want, codec

@@ -81,7 +81,7 @@ def measure(subprotocol: str = "lowlat.v1.proto", *, through_disconnect: bool = 
 
     try:
         from lowlat_mw.protocol import events as ev
-        from lowlat_mw.protocol.codec import codec_for
+        from lowlat_mw.protocol.wire import codec_for
     except ImportError:  # the layout before lowlat_mw/protocol (to measure an older checkout the same way)
         from lowlat_mw import events as ev  # type: ignore[no-redef]
         from lowlat_mw.codec import codec_for  # type: ignore[no-redef]

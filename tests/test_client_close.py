@@ -22,7 +22,7 @@ from websockets.typing import Subprotocol
 from lowlat_mw.client import connect
 from lowlat_mw.errors import ClientError
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec
+from lowlat_mw.protocol.wire import JsonCodec
 from lowlat_mw.settings import SUBPROTOCOL_JSON
 
 CLOSE_TIMEOUT = 0.2  # the client connection's, set by the test (websockets' default is 10 s)

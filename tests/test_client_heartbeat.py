@@ -12,7 +12,7 @@ from websockets.asyncio.server import serve
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode, ConnectionClosed
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec
+from lowlat_mw.protocol.wire import JsonCodec
 
 
 async def _silent_server(ws) -> None:  # type: ignore[no-untyped-def]

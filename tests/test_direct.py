@@ -22,7 +22,7 @@ from websockets.streams import StreamReader
 
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime import connection as runtime_connection
 from lowlat_mw.runtime.asgi import accept
 from lowlat_mw.runtime.connection import ConnectionDriver

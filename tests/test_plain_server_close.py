@@ -27,7 +27,7 @@ from uvicorn_support import WAIT, InProcessServer, client_frame
 
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime import connection
 from lowlat_mw.settings import SUBPROTOCOL_PROTO
 

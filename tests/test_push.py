@@ -23,8 +23,8 @@ from lowlat_mw.adapters.starlette import LowLatMiddleware
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.base import CloseConnection, SendFrame
-from lowlat_mw.protocol.codec import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.protocol.server import Membership, ServerProtocol
+from lowlat_mw.protocol.wire import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.runtime import push
 from lowlat_mw.runtime.push import MAX_PUSH, principal_name
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings

@@ -23,7 +23,7 @@ from support import wait_until as wait_for  # (named as before: the call sites s
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.client import ClientProtocol, ClientStream
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.runtime.batch import batcher_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON

@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 from ..errors import CloseCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
-from .codec import JSON_CODEC, PROTO_CODEC
 from .heartbeat import Heartbeat, HeartbeatAction
 from .limits import TokenBucket
 from .selector import CompressionSelector
 from .state import ConnState
+from .wire import JSON_CODEC, PROTO_CODEC, ParamsMemo
 
 __all__ = ["CODEC_SLOTS", "CloseConnection", "FrameStats", "Measured", "Protocol", "SendFrame", "subprotocol_label"]
 
@@ -135,6 +135,7 @@ class Protocol:
     APPLICATION: ClassVar[frozenset[type]] = frozenset()
     CONTROL: ClassVar[frozenset[type]] = frozenset()  # kinds the `control` budget counts (the server's)
     PEER_DEAD_REASON: ClassVar[str] = "no pong within heartbeat_timeout"
+    params: ParamsMemo | None = None  # the codec's memo of Request params (a server's own), None: none
 
     def __init__(self, subprotocol: str | None, *, state: ConnState, max_frame_size: int,
                  max_decompressed_size: int, meter: Callable[[], float] | None = None) -> None:
@@ -224,7 +225,8 @@ class Protocol:
                 hb.on_receive(now)
             return self._too_big(size)
         try:
-            event = self.codec.decode(data, limit=self.max_decompressed_size, allowed=self.compression)
+            event = self.codec.decode(data, limit=self.max_decompressed_size, allowed=self.compression,
+                                      params=self.params)
         except RemoteProtocolError as exc:
             if hb is not None:
                 hb.on_receive(now)

@@ -22,12 +22,12 @@ from ..errors import CloseCode, ErrorCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_JSON, Settings
 from . import events as ev
 from .base import CloseConnection, Measured, Protocol, SendFrame
-from .codec import PROTO_CODEC, encode_delta_frame, params_size
 from .compression import available_codecs
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
 from .session import Session, StreamState, encoded_len, normalize_chunk, split_chunk, tool_call_for
 from .state import SERVER_RECEIVES, ConnState, handlers
+from .wire import PROTO_CODEC, ParamsMemo, encode_delta_frame, params_size
 
 __all__ = [
     "Action",
@@ -147,6 +147,7 @@ class ServerProtocol(Protocol):
         super().__init__(subprotocol, state=ConnState.AWAIT_HELLO, max_frame_size=settings.max_frame_size,
                          max_decompressed_size=settings.max_decompressed_size, meter=meter)
         self.settings = settings
+        self.params = ParamsMemo()  # (this connection's own: a client repeats its params, no other sees them)
         self._new_session = (session_id, secret)
         self.session_id = session_id  # the session's id (the one a new session gets, until Welcome says which)
         self.session: Session | None = None
@@ -334,7 +335,7 @@ class ServerProtocol(Protocol):
                                         f"retry in {bucket.retry_after():.2f} s")]
         text = req.text
         if req.params or req.messages or req.data is not None or (text is not None and not text.isascii()):
-            size = request_size(req)
+            size = request_size(req, self.params.size)
         else:  # a plain-text prompt: (request_size, inlined)
             size = len(req.model) + (len(text) if text is not None else 0)
         if size > self.settings.max_request_size:
@@ -624,8 +625,9 @@ def input_size(inp: ev.Input) -> int:
     return len(item.encode("utf-8", "surrogatepass")) if isinstance(item, str) else len(item)
 
 
-def request_size(req: ev.Request) -> int:
-    """Bytes of a Request's input, for max_request_size."""
+def request_size(req: ev.Request, measure: Callable[[Mapping[str, Any]], int] = params_size) -> int:
+    """Bytes of a Request's input, for max_request_size; `measure` gives its params' (the connection's
+    :meth:`ParamsMemo.size <lowlat_mw.protocol.wire.fast.ParamsMemo.size>`: a size kept from the decoding)."""
     size = len(req.model)
     if req.text is not None:
         size += len(req.text) if req.text.isascii() else len(req.text.encode("utf-8", "surrogatepass"))
@@ -634,5 +636,5 @@ def request_size(req: ev.Request) -> int:
     if req.messages:
         size += sum(len(m.role) + len(m.content.encode("utf-8", "surrogatepass")) for m in req.messages)
     if req.params:
-        size += params_size(req.params)
+        size += measure(req.params)
     return size

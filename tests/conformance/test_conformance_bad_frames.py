@@ -34,7 +34,7 @@ from lowlat_mw.errors import ErrorCode, canonical_close_code
 from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -58,7 +58,7 @@ from websockets.exceptions import ConnectionClosed
 
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -38,7 +38,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode, ErrorCode, StreamError, canonical_close_code
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import encode_varint
+from lowlat_mw.protocol.wire import encode_varint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

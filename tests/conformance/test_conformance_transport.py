@@ -37,7 +37,7 @@ from test_conformance_limits import PeakRSS, serving_pid
 
 from lowlat_mw.errors import canonical_close_code
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import ProtoCodec
+from lowlat_mw.protocol.wire import ProtoCodec
 from lowlat_mw.servers.serving import HANDSHAKE_HEADER_LIMIT, transport_limit
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -37,7 +37,7 @@ from websockets.uri import parse_uri
 
 from lowlat_mw.errors import CloseCode, canonical_close_code
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import ProtoCodec
+from lowlat_mw.protocol.wire import ProtoCodec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 SERVER_LEVEL = True  # the servers of conformance_servers.SERVERS (conftest)

@@ -16,7 +16,7 @@ from support.raw import JSON, PROTO, hello, raw_connect, read_until_closed
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec
 
 from ._support import raw_request, read_stream
 

@@ -15,7 +15,7 @@ from websockets.frames import Frame, Opcode
 from lowlat_mw.client import connect
 from lowlat_mw.client.websocket import _Connection
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_PROTO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]

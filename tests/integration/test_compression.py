@@ -9,8 +9,8 @@ from support.raw import JSON, PROTO, hello, raw_connect
 
 from lowlat_mw.client import connect
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import to_protobuf
 from lowlat_mw.protocol.compression import CODEC_IDS, available_codecs
+from lowlat_mw.protocol.wire import to_protobuf
 
 from ._support import read_stream, record_frames
 

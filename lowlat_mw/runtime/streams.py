@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 from .._fast import maker
 from ..cache import is_deterministic, merged, request_key
 from ..errors import CloseCode, ErrorCode
-from ..model import WHOLE_REPLY, Inputs, ModelInterrupted, ModelRequest, model_name, reply_type_error, warm_up
+from ..model import WHOLE_REPLY, Inputs, ModelRequest, warm_up
 from ..observability import tracing
 from ..observability.timing import StreamTimer
 from ..protocol import events as ev
-from ..protocol.session import ChunkTypeError, Session
+from ..protocol.session import Session
 from . import eager, push, stalls
+from .finish import CANCELLED, INTERRUPTED, STOP, cancelled_by_client, error_of, failed, finish, send_end, stopped
 from .shared import process_id, shared_sessions
 from .sources import TOO_BIG, each, merged_deltas, model_chunks, recorded
 
@@ -33,20 +34,7 @@ __all__ = ["INTERRUPTED", "ModelRunner", "error_of"]
 
 log = logging.getLogger("lowlat_mw")
 
-# How a stream ends whose model the server stopped before it finished, for a reason of its own (a forced shutdown
-# cancelled its task, its thread pool is shut down, its batch call was cancelled; not the client's Cancel, not the
-# model's failure): a retryable Error, never a normal End, so a client never takes the cut output for the whole
-# (docs/protocol.md 13.1).
-INTERRUPTED = (ErrorCode.INTERNAL, "stream interrupted: the server stopped its model before it finished (shutting "
-               "down?); the output is incomplete", True)
-_CANCELLED = ("cancelled",)
-_STOP = ("stop",)
 _make_model_request = maker(ModelRequest, "stream_id", "model", "text", "data", "messages", "params", "session")
-
-
-def error_of(sid: int, ending: tuple[Any, ...]) -> ev.Error:
-    """The Error of an `ending` (code, message[, retryable]) of stream `sid` (see ModelRunner._run)."""
-    return ev.Error(stream_id=sid, code=ending[0], message=ending[1], retryable=len(ending) > 2 and ending[2])
 
 
 async def _relayed(source: AsyncIterator[Any], ends: list[Any]) -> AsyncIterator[Any]:
@@ -228,7 +216,7 @@ class ModelRunner:
         """Relay stream `sid` from `source` (see follow): its chunks through the one emit (the client's flow window
         applies here), then its End or Error; a Cancel from the client stops the model on the other process too."""
         ends: list[ev.End | ev.Error] = []
-        ending: tuple[Any, ...] = _CANCELLED
+        ending: tuple[Any, ...] = CANCELLED
         try:
             await self._emit(sid, _relayed(source, ends), None, False)
             if ends:
@@ -236,8 +224,8 @@ class ModelRunner:
         except asyncio.CancelledError:  # a Cancel from the client: the other process stops its model too
             if self.destroyed:
                 raise
-            if not self._cancelled_by_client(sid):  # (the loop ending, say): the stream runs on elsewhere, and its
-                return  # client, once this connection is gone, resumes it there; nothing is sent for it here
+            if not cancelled_by_client(self.session, sid):  # (the loop ending, say): the stream runs on elsewhere,
+                return  # and its client, once this connection is gone, resumes it there; nothing is sent for it here
             if self.shared is not None:
                 self.shared.cancel_elsewhere(self.session.session_id, sid)
         except Exception:  # a bug of ours: the stream ends with an Error, as a failing model's
@@ -247,13 +235,7 @@ class ModelRunner:
         finally:
             await source.aclose()  # type: ignore[attr-defined]
             self.tasks.pop(sid, None)
-        await self._send_end(sid, ending, None, None, None)
-
-    def _cancelled_by_client(self, sid: int) -> bool:
-        """Whether stream `sid` stops because its client asked (a Cancel, or a resume that left it out): the machine
-        marked it cancelling (or ended it already)."""
-        st = self.session.streams.get(sid)
-        return st is None or st.cancelling or st.terminal is not None
+        await send_end(self, sid, ending, None, None, None)
 
     def deliver(self, inp: ev.Input) -> str | None:
         """(v1.3) Hand the client's Input to its stream's model; why not, if it cannot take it."""
@@ -300,7 +282,7 @@ class ModelRunner:
 
     async def _run(self, req: ev.Request, fn: Any, label: str, kind: str, timer: StreamTimer | None) -> None:
         """Stream `req.stream_id`, start to end: its pipeline (:meth:`_stream`), then its one finish
-        (:meth:`_finish`), whatever happened in it. How it ended: ("stop",), ("cancelled",), ("warmup",) or (code,
+        (finish.finish), whatever happened in it. How it ended: ("stop",), ("cancelled",), ("warmup",) or (code,
         message[, retryable]); INTERRUPTED unless the pipeline or its failure says otherwise (a KeyboardInterrupt
         or SystemExit raised in the model, say).
 
@@ -325,13 +307,13 @@ class ModelRunner:
         except asyncio.CancelledError as exc:
             if self.destroyed:
                 raise
-            ending = self._stopped(req.stream_id, fn, exc)
+            ending = stopped(self.session, req.stream_id, fn, exc, self.settings.expose_model_errors)
         except Exception as exc:
-            ending = self._failed(req.stream_id, fn, exc)
+            ending = failed(self.session, req.stream_id, fn, exc, self.settings.expose_model_errors)
         finally:
             if watched is not None:
                 del watch.running[watched]  # type: ignore[union-attr]
-            await self._finish(req, fn, label, ending, timer, span, started)
+            await finish(self, req, fn, label, ending, timer, span, started)
 
     async def _stream(self, req: ev.Request, fn: Any, label: str, kind: str,
                       timer: StreamTimer | None) -> tuple[Any, ...]:
@@ -354,7 +336,7 @@ class ModelRunner:
                 if timer is not None:
                     timer.model_started = timer.lap("queue")
                 await self._emit(sid, each(cached), timer, False)
-                return _STOP
+                return STOP
             kept = []
         mreq = self._model_request(req)
         if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
@@ -372,10 +354,10 @@ class ModelRunner:
             chunks = merged_deltas(chunks, timer, self.settings)
         await self._emit(sid, chunks, timer, not whole and not merge)
         if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
-            return self._stopped(sid, fn, None)  # (the model caught its cancellation and returned)
+            return stopped(self.session, sid, fn, None, False)  # (the model caught its cancellation and returned)
         if kept is not None:
             self._cache_reply(key, kept, sid)
-        return _STOP
+        return STOP
 
     async def _cached(self, key: bytes, label: str) -> list[Any] | None:
         """The reply the result cache kept for the request of `key`, or None: the local tier, then the shared one
@@ -440,82 +422,6 @@ class ModelRunner:
                         await asyncio.sleep(0)
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
-
-    async def _finish(self, req: ev.Request, fn: Any, label: str, ending: tuple[Any, ...], timer: StreamTimer | None,
-                      span: Any, started: float) -> None:
-        """Stream `req.stream_id` ended (`ending`): its one finish. Its model's closing is timed and its inputs end.
-        It is observed, then its End or Error recorded, its span ended, and only then is the End sent (kept in the
-        session for the resume while no connection is attached): whoever reads it finds the metrics and the span
-        already there. The timings are read first: that splits what the timer lumped together
-        (StreamTimer.tick) before the metrics see the stages."""
-        sid = req.stream_id
-        if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
-            timer.lap("model")
-        self.tasks.pop(sid, None)
-        inputs = self.inputs.pop(sid, None)
-        if inputs is not None:  # no more input comes (for a sync model still waiting in a thread, say)
-            inputs.ended = True
-            if inputs.waiters or inputs.cond is not None:
-                inputs.put(None, True)
-        timings = timer.timings_ms() if timer is not None else None
-        if self.metrics is not None:  # (a warm-up's hook time is no model stage of a request: not in them)
-            # (from the Request's arrival where it was timed, as its first Delta is, on the timer's clock)
-            seconds = self.clock() - timer.start if timer is not None else self.monotonic() - started
-            self.metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error", seconds,
-                                      timer if not req.warmup else None)
-        if not self.settings.stage_timings:
-            timings = None
-        await self._send_end(sid, ending, timings, span, timer)
-        if self.shared is not None and not self.destroyed:
-            self.shared.touch(self.session)
-
-    async def _send_end(self, sid: int, ending: tuple[Any, ...], timings: dict[str, float] | None, span: Any,
-                        timer: StreamTimer | None) -> None:
-        """Stream `sid`'s End or Error (`ending`: see _run; or a relayed stream's own, alone) recorded, its span
-        ended, and sent: through the attached connection, else kept in the session for the resume. Once the
-        session is destroyed only the span ends."""
-        if self.destroyed:
-            if span is not None:
-                tracing.end_stream(span, None, timer)
-            return
-        driver = self.driver
-        if driver is not None:
-            await driver.end_stream(sid, ending, timings, span, timer)
-            return
-        now = self.monotonic()
-        if len(ending) > 1:
-            terminal = self.session.finish(sid, now, error=error_of(sid, ending))
-        elif type(ending[0]) is not str:  # a relayed stream's own End or Error
-            terminal = self.session.finish(sid, now, error=ending[0])
-        else:
-            terminal = self.session.finish(sid, now, reason=ending[0], timings_ms=timings)
-        if span is not None:
-            tracing.end_stream(span, terminal, timer)
-
-    def _stopped(self, sid: int, fn: Any, exc: asyncio.CancelledError | None) -> tuple[Any, ...]:
-        """How stream `sid` ends when its model stopped on a CancelledError (`exc`; None: the model caught its
-        cancellation and returned). Its client's Cancel: End("cancelled"). Its task cancelled by anything else (a
-        forced shutdown, the loop ending): INTERRUPTED, never a normal End. A CancelledError the model raised
-        while its task was not cancelled (it awaited something cancelled): the model's failure."""
-        if self._cancelled_by_client(sid):
-            return _CANCELLED
-        if exc is not None and not asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
-            return self._failed(sid, fn, exc)
-        return INTERRUPTED
-
-    def _failed(self, sid: int, fn: Any, exc: BaseException) -> tuple[Any, ...]:
-        """How stream `sid` ends when its model `fn` raised `exc`: Error model_error, logged once with the traceback
-        (a chunk no Delta carries as the model's TypeError, as a reply of a wrong type); INTERRUPTED when the server
-        stopped it (ModelInterrupted)."""
-        if isinstance(exc, ModelInterrupted):
-            return INTERRUPTED
-        if isinstance(exc, ChunkTypeError):
-            exc = reply_type_error(fn, exc.chunk, yielded=True).with_traceback(exc.__traceback__)
-        session_id = self.session.session_id
-        log.error("model %s failed on stream %s of %s", model_name(fn), sid, session_id, exc_info=exc,
-                  extra={"session_id": session_id, "stream_id": sid})
-        text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
-        return (ErrorCode.MODEL_ERROR, f"model failed ({text})")
 
     def _cache_reply(self, key: bytes, chunks: list[Any], sid: int) -> None:
         """A deterministic model's reply ended normally: keep it for the same request (the result cache), unless it

@@ -10,20 +10,48 @@ then the runner's one emit. Each stage here is an async iterator of chunks or a 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..cache import CHUNK_OVERHEAD
+from ..cache import CHUNK_OVERHEAD, ResultCache, merged
 from ..model import DONE, WAIT, WHOLE_REPLY, ModelRequest, chunks_of, step_now, stream_model
 from .batch import batcher_for
 
 if TYPE_CHECKING:
+    from ..observability.metrics import Metrics
     from ..observability.timing import StreamTimer
+    from ..protocol.session import StreamState
     from ..settings import Settings
 
-__all__ = ["TOO_BIG", "each", "merged_deltas", "model_chunks", "recorded"]
+__all__ = ["TOO_BIG", "cached_reply", "each", "keep_reply", "merged_deltas", "model_chunks", "recorded"]
 
 TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
+
+
+async def cached_reply(cache: ResultCache, shared: Any, metrics: Metrics | None, key: bytes, label: str,
+                       now: Callable[[], float]) -> list[Any] | None:
+    """The reply the result cache kept for the request of `key` (a source: the model does not run), or None: the
+    local tier, then the shared one (`shared`: what another process kept, kept here too from now on). The lookup
+    is counted, a hit or a miss."""
+    cached = cache.get(key, now())
+    if cached is None and shared is not None:
+        cached = await shared.cache_get(key)
+        if cached is not None:
+            cache.put(key, cached, now())
+    if metrics is not None:
+        metrics.inc("cache_lookups", label, "miss" if cached is None else "hit")
+    return cached
+
+
+def keep_reply(cache: ResultCache, shared: Any, st: StreamState | None, key: bytes, chunks: list[Any],
+               now: float) -> None:
+    """A deterministic model's reply (`chunks`, recorded) ended normally: keep it for the same request (the result
+    cache, and the shared tier if the local one took it), unless it grew too big to keep (TOO_BIG), or its stream
+    (`st`) was cancelled (the client's Cancel, even if the model went on)."""
+    if (chunks and chunks[0] is TOO_BIG) or (st is not None and st.cancelling):
+        return
+    if cache.put(key, chunks, now) and shared is not None:
+        shared.cache_put(key, merged(chunks))
 
 
 async def model_chunks(fn: Any, mreq: ModelRequest, kind: str, timer: StreamTimer | None, settings: Settings,

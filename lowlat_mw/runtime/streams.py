@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .._fast import maker
-from ..cache import is_deterministic, merged, request_key
+from ..cache import is_deterministic, request_key
 from ..errors import CloseCode, ErrorCode
 from ..model import WHOLE_REPLY, Inputs, ModelRequest, warm_up
 from ..observability import tracing
@@ -25,7 +25,7 @@ from ..protocol.session import Session
 from . import eager, push, stalls
 from .finish import CANCELLED, INTERRUPTED, STOP, cancelled_by_client, error_of, failed, finish, send_end, stopped
 from .shared import process_id, shared_sessions
-from .sources import TOO_BIG, each, merged_deltas, model_chunks, recorded
+from .sources import cached_reply, each, keep_reply, merged_deltas, model_chunks, recorded
 
 if TYPE_CHECKING:
     from .connection import ConnectionDriver
@@ -315,8 +315,7 @@ class ModelRunner:
                 del watch.running[watched]  # type: ignore[union-attr]
             await finish(self, req, fn, label, ending, timer, span, started)
 
-    async def _stream(self, req: ev.Request, fn: Any, label: str, kind: str,
-                      timer: StreamTimer | None) -> tuple[Any, ...]:
+    async def _stream(self, req: ev.Request, fn: Any, label: str, kind: str, timer: StreamTimer | None) -> tuple:
         """Stream `req.stream_id`'s pipeline; returns how it ended. Its source: the reply the result cache kept for
         this request (the model does not run), or the model's warm-up (no output), or the model's chunks
         (sources.model_chunks), recorded for the result cache if it keeps them; shaped: plain, or merged
@@ -331,7 +330,7 @@ class ModelRunner:
         cache = self.endpoint.cache
         if cache is not None and not req.warmup and not req.contexts and not req.continues and is_deterministic(fn):
             key = request_key(req)
-            cached = await self._cached(key, label)
+            cached = await cached_reply(cache, self.shared, self.metrics, key, label, self.monotonic)
             if cached is not None:  # the reply kept for this request, at once: the model does not run
                 if timer is not None:
                     timer.model_started = timer.lap("queue")
@@ -356,21 +355,9 @@ class ModelRunner:
         if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
             return stopped(self.session, sid, fn, None, False)  # (the model caught its cancellation and returned)
         if kept is not None:
-            self._cache_reply(key, kept, sid)
+            keep_reply(cache, self.shared, self.session.streams.get(sid), key, kept,  # type: ignore[arg-type]
+                       self.monotonic())
         return STOP
-
-    async def _cached(self, key: bytes, label: str) -> list[Any] | None:
-        """The reply the result cache kept for the request of `key`, or None: the local tier, then the shared one
-        (what another process kept, kept here too from now on). The lookup is counted (a hit or a miss)."""
-        cache = self.endpoint.cache
-        cached = cache.get(key, self.monotonic())  # type: ignore[union-attr]
-        if cached is None and self.shared is not None:
-            cached = await self.shared.cache_get(key)
-            if cached is not None:
-                cache.put(key, cached, self.monotonic())  # type: ignore[union-attr]
-        if self.metrics is not None:
-            self.metrics.inc("cache_lookups", label, "miss" if cached is None else "hit")
-        return cached
 
     def _model_request(self, req: ev.Request) -> ModelRequest:
         """The ModelRequest of `req`, with what the session kept for it (protocol v1.3: its context and history, as
@@ -393,8 +380,7 @@ class ModelRunner:
         inputs.loop = self.loop
         return mreq
 
-    async def _emit(self, sid: int, chunks: AsyncIterator[Any], timer: StreamTimer | None,
-                    fair: bool) -> None:
+    async def _emit(self, sid: int, chunks: AsyncIterator[Any], timer: StreamTimer | None, fair: bool) -> None:
         """Every chunk of stream `sid` out, the one way a chunk leaves the runner: through the attached connection
         (ConnectionDriver.chunk), else into the session for the resume; the shared store told; the model paused
         while the flow-control window (or, detached, the replay buffer) is full. It closes `chunks`, however it
@@ -422,16 +408,6 @@ class ModelRunner:
                         await asyncio.sleep(0)
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
-
-    def _cache_reply(self, key: bytes, chunks: list[Any], sid: int) -> None:
-        """A deterministic model's reply ended normally: keep it for the same request (the result cache), unless it
-        grew too big to keep, or its stream was cancelled (the client's Cancel, even if the model went on)."""
-        cache = self.endpoint.cache
-        st = self.session.streams.get(sid)
-        if cache is None or (chunks and chunks[0] is TOO_BIG) or (st is not None and st.cancelling):
-            return
-        if cache.put(key, chunks, self.monotonic()) and self.shared is not None:
-            self.shared.cache_put(key, merged(chunks))
 
     def _keep(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """A chunk while no connection is attached: into the session, for the resume."""

@@ -65,15 +65,15 @@ async def model_chunks(fn: Any, mreq: ModelRequest, kind: str, timer: StreamTime
     as the model's time)."""
     if getattr(fn, "batch", False):
         if timer is not None:
-            timer.model_started = timer.lap("queue")
+            timer.model_running()
         result = await batcher_for(fn, executor, settings.max_batch_size, settings.max_batch_wait).reply(mreq)
     elif kind == "asyncgen":
         if timer is not None:
-            timer.model_started = timer.lap("queue")
+            timer.model_running()
         return fn(mreq)
     elif kind == "async" and not settings.merge_deltas:
         if timer is not None:
-            timer.model_started = timer.lap("queue")
+            timer.model_running()
         result = await fn(mreq)
     else:
         return stream_model(fn, mreq, executor, timer.model_running if timer is not None else None, kind)

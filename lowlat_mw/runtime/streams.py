@@ -1,9 +1,12 @@
 """The model runner: one :class:`ModelRunner` per session runs its models, one task per stream.
 
-It hands each chunk to the session's current driver in one call (:meth:`ConnectionDriver.chunk
-<lowlat_mw.runtime.connection.ConnectionDriver.chunk>`), or, while no connection is attached, keeps it in the
-session for a resume. It waits for the flow-control window and, once the connection dropped, for the resume window
-to end. A session outlives a connection, so the runner does too.
+Each stream is one pipeline: its source (sources.py: a reply the result cache kept, its batch's reply, the
+model's chunks; or, relayed, another process's), its shape (plain, or merged Deltas), then the one emit
+(:meth:`ModelRunner._emit`), which hands each chunk to the session's current driver in one call
+(:meth:`ConnectionDriver.chunk <lowlat_mw.runtime.connection.ConnectionDriver.chunk>`) or, while no connection is
+attached, keeps it in the session for a resume; then its one finish (finish.py). It waits for the flow-control
+window and, once the connection dropped, for the resume window to end. A session outlives a connection, so the
+runner does too.
 """
 
 from __future__ import annotations
@@ -333,14 +336,14 @@ class ModelRunner:
             cached = await cached_reply(cache, self.shared, self.metrics, key, label, self.monotonic)
             if cached is not None:  # the reply kept for this request, at once: the model does not run
                 if timer is not None:
-                    timer.model_started = timer.lap("queue")
+                    timer.model_running()
                 await self._emit(sid, each(cached), timer, False)
                 return STOP
             kept = []
         mreq = self._model_request(req)
         if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
             if timer is not None:
-                timer.model_started = timer.lap("queue")
+                timer.model_running()
             await warm_up(fn, mreq, self.endpoint.executor)
             return ("warmup",)
         source = await model_chunks(fn, mreq, kind, timer, self.settings, self.endpoint.executor)

@@ -100,18 +100,19 @@ async def finish(runner: ModelRunner, req: ev.Request, fn: Any, label: str, endi
         # (from the Request's arrival where it was timed, as its first Delta is, on the timer's clock)
         seconds = runner.clock() - timer.start if timer is not None else runner.monotonic() - started
         runner.metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error", seconds,
-                                  timer if not req.warmup else None)
+                                    timer if not req.warmup else None)
     if not runner.settings.stage_timings:
         timings = None
     await send_end(runner, sid, ending, timings, span, timer)
     if runner.shared is not None and not runner.destroyed:
         runner.shared.touch(runner.session)
 
+
 async def send_end(runner: ModelRunner, sid: int, ending: tuple[Any, ...], timings: dict[str, float] | None,
                    span: Any, timer: StreamTimer | None) -> None:
-    """Stream `sid`'s End or Error (`ending`; or a relayed stream's own, alone) recorded, its span
-    ended, and sent: through the attached connection, else kept in the session for the resume. Once the
-    session is destroyed only the span ends."""
+    """Stream `sid`'s End or Error (`ending`; or a relayed stream's own, alone) recorded, its span ended, and
+    sent: through the attached connection, else kept in the session for the resume. Once the session is
+    destroyed only the span ends."""
     if runner.destroyed:
         if span is not None:
             tracing.end_stream(span, None, timer)

@@ -421,3 +421,28 @@ def test_the_listed_exceptions_are_still_there() -> None:
         for name, names in listed.items():  # type: ignore[attr-defined]
             seen = module_memos(parsed(ROOT / name))
             assert set(names) <= seen, f"{name}: {set(names) - seen} no longer there: delete the entry"
+
+
+# ================================================================================ the model runner's one path
+RUNNER = [PACKAGE / "runtime" / name for name in ("streams.py", "sources.py", "finish.py")]
+
+
+def test_every_chunk_goes_out_through_the_runners_one_emit_and_it_reads_no_private_attribute_of_another() -> None:
+    """Issue 39: a stream is one pipeline (source -> shape -> emit -> finish). Every chunk the runner sends goes
+    through one function (`ModelRunner._emit`), no written-out copy of it; and the runner asks the driver (fair
+    scheduling: `first_delta_out`), it does not read the driver's (or anyone's) private attributes."""
+    senders, private = [], []
+    for path in RUNNER:
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "chunk" \
+                        and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "timer"):
+                    senders.append(f"{path.name}:{fn.name}")
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    private.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert senders == ["streams.py:_emit"]
+    assert private == []

@@ -487,6 +487,17 @@ class ConnectionDriver:
                 timer.tick(produced, encoded, clock(),  # type: ignore[union-attr]
                            compressor.spent - spent if compressor is not None else 0.0)
 
+    def first_delta_out(self) -> bool:
+        """A stream's first Delta went out through this connection: whether its model's next step should wait for
+        the next loop turn, because another stream's first Delta went out in this turn too (a burst of Requests;
+        docs/architecture.md, "Fair scheduling"). Counted only where the driver writes directly, in a turn that
+        wrote (the turn's end resets the count); through ASGI ``send``, never."""
+        turns = self._turns
+        if turns is None or not turns.scheduled:
+            return False
+        turns.started += 1
+        return turns.started > 1
+
     async def end_stream(self, sid: int, ending: tuple[Any, ...], timings_ms: dict[str, float] | None, span: Any,
                          timer: StreamTimer | None) -> None:
         """The model of `sid` ended: ("stop",) or ("cancelled",) with `timings_ms`, or (code, message[, retryable]).

@@ -22,7 +22,7 @@ from ..errors import CloseCode, ErrorCode, RemoteProtocolError
 from ..settings import SUBPROTOCOL_JSON, Settings
 from . import events as ev
 from .base import CloseConnection, Measured, Protocol, SendFrame
-from .codec import PROTO_CODEC, encode_delta_frame, params_size
+from .codec import params_size
 from .compression import available_codecs
 from .heartbeat import Heartbeat, HeartbeatAction, IdleReaper
 from .limits import TokenBucket
@@ -286,7 +286,7 @@ class ServerProtocol(Protocol):
         self.state = ConnState.OPEN
         if self._welcome_moves:
             self.deadline_moved = True
-        self.reaper.last_activity = now  # (IdleReaper.touch)
+        self.reaper.touch(now)
         s = self.settings
         welcome = ev.Welcome(
             session_id=session.session_id,
@@ -314,7 +314,7 @@ class ServerProtocol(Protocol):
 
     # ------------------------------------------------------------------ client messages
     def _on_request(self, req: ev.Request, now: float) -> list[Any]:
-        self.reaper.last_activity = now  # (IdleReaper.touch)
+        self.reaper.touch(now)
         session = self.session
         assert session is not None
         sid = req.stream_id
@@ -332,11 +332,7 @@ class ServerProtocol(Protocol):
             return [self._error(sid, ErrorCode.RATE_LIMITED, retryable=True,
                                 message=f"more than {self.settings.rate_limit:g} requests/s: "
                                         f"retry in {bucket.retry_after():.2f} s")]
-        text = req.text
-        if req.params or req.messages or req.data is not None or (text is not None and not text.isascii()):
-            size = request_size(req)
-        else:  # a plain-text prompt: (request_size, inlined)
-            size = len(req.model) + (len(text) if text is not None else 0)
+        size = request_size(req)
         if size > self.settings.max_request_size:
             return [self._error(sid, ErrorCode.MESSAGE_TOO_BIG,
                                 f"request of {size} bytes exceeds max_request_size ({self.settings.max_request_size})")]
@@ -362,19 +358,18 @@ class ServerProtocol(Protocol):
     def _on_cancel(self, cancel: ev.Cancel, now: float) -> list[Any]:
         self.reaper.touch(now)
         stream = self.session.streams.get(cancel.stream_id)  # type: ignore[union-attr]
-        if stream is None or not stream.running or stream.cancelling:
-            return []  # already finished: the End/Error is on its way
-        stream.cancelling = True
+        if stream is None or not stream.move("cancel"):
+            return []  # already finished or cancelling: the End/Error is on its way
         return [CancelStream(cancel.stream_id)]
 
     def _on_input(self, inp: ev.Input, now: float) -> list[Any]:
         """(v1.3) More input for a running stream: delivered once, in seq order; a resend of one it has is ignored."""
         if self.hello is None or self.hello.revision < ev.DUPLEX_REVISION:  # (as a v1.2 server answers)
             return [self._error(0, ErrorCode.UNSUPPORTED_MESSAGE, "input is protocol v1.3: send Hello.revision 3")]
-        self.reaper.last_activity = now  # (IdleReaper.touch: application traffic)
+        self.reaper.touch(now)
         sid = inp.stream_id
         st = self.session.streams.get(sid)  # type: ignore[union-attr]
-        if st is None or not st.running or st.cancelling or inp.seq <= st.input_seq:
+        if st is None or not st.accepts("input") or inp.seq <= st.input_seq:
             return []  # ended (its End is on its way), or a resend after a resume
         problem = None
         if inp.seq != st.input_seq + 1:
@@ -388,8 +383,7 @@ class ServerProtocol(Protocol):
                                          f"max_request_size ({self.settings.max_request_size})")
         if problem is not None:
             return self.refuse_input(sid, now, ErrorCode.BAD_REQUEST, problem)
-        st.input_seq = inp.seq
-        st.input_ended = inp.end
+        st.input_delivered(inp)
         return [DeliverInput(inp)]
 
     def refuse_input(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
@@ -437,7 +431,7 @@ class ServerProtocol(Protocol):
             return []
         session.groups = session.groups | {group} if joined else session.groups - {group}
         if not session.groups:  # listening until now: idle from now on, not since long ago
-            self.reaper.last_activity = now
+            self.reaper.touch(now)
             self.deadline_moved = True
         return [Membership(group, joined)]
 
@@ -470,24 +464,14 @@ class ServerProtocol(Protocol):
             if type(chunk) is ev.ToolCall:  # (v1.3) one Delta of its own, never split or merged
                 return self._tool_call(stream_id, chunk, now)
             n = encoded_len(chunk)
-        self.reaper.last_activity = now  # (IdleReaper.touch, inlined: once per Delta)
+        self.reaper.last_activity = now  # (the reaper's field, set as IdleReaper.touch sets it: a call per Delta costs)
         limit = self.max_frame_size
-        sent = self.stats.sent
         if len(chunk) * 4 <= limit - 32:  # the common case, far below the frame limit: one Delta as it is
-            compressor = self.compressor
-            data = encode_delta_frame(stream_id, st.seq + 1, chunk) if self.codec is PROTO_CODEC else None
-            if data is not None and (compressor is None or len(data) <= compressor.min_size):
-                raw = size = len(data)  # (ProtoCodec.encode_delta, inlined: a token is too small to compress)
-                codec_id = 0
-            else:
-                data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, compressor)
-                size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
+            data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, self.compressor)
+            size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
             if size <= limit or len(chunk) <= 1:
                 session.record_in(st, stream_id, chunk, n, now)
-                base = 3 * codec_id
-                sent[base] += 1
-                sent[base + 1] += raw
-                sent[base + 2] += size
+                self.stats.count_sent(codec_id, raw, size)
                 return [data]
             pending = [chunk]  # a tiny frame limit and a long envelope: split below
         else:
@@ -509,7 +493,7 @@ class ServerProtocol(Protocol):
     def _tool_call(self, stream_id: int, call: ev.ToolCall, now: float) -> list[bytes | str]:
         session = self.session
         call = tool_call_for(session, stream_id, call)  # type: ignore[arg-type]
-        self.reaper.last_activity = now  # (IdleReaper.touch)
+        self.reaper.touch(now)
         seq = session.record(stream_id, call, now)  # type: ignore[union-attr]
         return [self._frame(ev.Delta(stream_id=stream_id, seq=seq, tool_call=call))] if seq is not None else []
 
@@ -526,7 +510,7 @@ class ServerProtocol(Protocol):
         event = session.finish(stream_id, now, reason=reason, timings_ms=timings_ms, error=error)
         if event is None or self.state is ConnState.CLOSED:
             return []
-        self.reaper.last_activity = now  # (IdleReaper.touch)
+        self.reaper.touch(now)
         if not session.active and self._idle_moves:
             self.deadline_moved = True  # idle from now: the reaper's (or the lifetime's) deadline may be sooner
         return [SendFrame(self._frame(event), event if type(event) is ev.Error else None)]
@@ -544,19 +528,15 @@ class ServerProtocol(Protocol):
             return math.inf
         if state is not ConnState.OPEN:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
-        hb = self.heartbeat  # min(Heartbeat.deadline(), IdleReaper.deadline(running), the lifetime), written out
-        when = hb.last_ping_at + hb.timeout if hb.awaiting is not None and not hb.alive_since_ping and not answered \
-            else hb.next_ping_at
         session = self.session
-        if session is None or not session.active:
-            reaper = self.reaper
-            idle = reaper.last_activity + reaper.timeout
-            if idle < when and (session is None or not session.groups):  # (a session in push groups is listening)
-                when = idle
-            lifetime = self.settings.max_session_lifetime
-            if lifetime and self.opened_at + lifetime < when:
-                when = self.opened_at + lifetime
-        return when
+        running, groups = (session.active, session.groups) if session is not None else (0, ())
+        return min(self.heartbeat.deadline(answered), self.reaper.deadline(running, groups),
+                   self._lifetime_end(running))
+
+    def _lifetime_end(self, running: int) -> float:
+        """When ``max_session_lifetime`` closes the connection (never while a stream runs, nor without the limit)."""
+        lifetime = self.settings.max_session_lifetime
+        return self.opened_at + lifetime if lifetime and not running else math.inf
 
     def tick(self, now: float) -> list[Any]:
         """Timers: handshake timeout, heartbeat pings and timeouts, idle reaping, session lifetime."""
@@ -570,22 +550,14 @@ class ServerProtocol(Protocol):
                 return self._close(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")
             return []
         action = self.heartbeat.poll(now)
-        if action is HeartbeatAction.PEER_DEAD:
-            return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
-        session = self.session
-        running = session.active if session is not None else 0
-        reaper = self.reaper
-        if (not running and now >= reaper.last_activity + reaper.timeout  # (IdleReaper.expired, written out)
-                and (session is None or not session.groups)):  # in push groups: listening, not idle
-            return self._close(CloseCode.IDLE_TIMEOUT, "idle")
-        lifetime = self.settings.max_session_lifetime
-        if lifetime and not running and now >= self.opened_at + lifetime:
-            return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
-        if action is HeartbeatAction.SEND_PING:
-            return self._ping()
-        if self.heartbeat.awaiting is None:
-            self.pong_frame = None  # (poll found the peer alive without the Pong)
-        return []
+        if action is not HeartbeatAction.PEER_DEAD:  # (a dead peer is closed as such, idle or not)
+            session = self.session
+            running, groups = (session.active, session.groups) if session is not None else (0, ())
+            if self.reaper.expired(now, running, groups):
+                return self._close(CloseCode.IDLE_TIMEOUT, "idle")
+            if now >= self._lifetime_end(running):
+                return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
+        return self._heartbeat_answer(action)
 
     def drain(self, reconnect_after_ms: int = 0) -> list[Any]:
         """Server shutdown begins: send GoAway and refuse new streams (running ones go on)."""

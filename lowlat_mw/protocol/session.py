@@ -23,6 +23,7 @@ from ..errors import ErrorCode, LocalProtocolError
 from ..settings import Settings
 from . import events as ev
 from .context import SessionContext
+from .state import STREAM_MOVES, StreamPhase
 
 __all__ = ["DELTA_OVERHEAD", "ChunkTypeError", "MemorySessionStore", "Session", "SessionStore", "StreamState",
            "encoded_len", "normalize_chunk", "split_chunk"]
@@ -43,7 +44,7 @@ class StreamState:
     seq: int = 0
     first_chunk_at: float | None = None
     out_bytes: int = 0
-    cancelling: bool = False
+    phase: StreamPhase = StreamPhase.RUNNING  # where it is in its life: moved only by the table (state.STREAM_MOVES)
     acked: int = 0
     lost_through: int = 0  # Deltas with seq <= this were dropped unacknowledged: no replay below
     # The Deltas kept for a resume: their chunks and costs (bytes + DELTA_OVERHEAD), oldest first, seqs
@@ -51,7 +52,7 @@ class StreamState:
     # cost) tuples: no container object per Delta for the garbage collector to count and visit.
     pieces: deque[str | bytes] = field(default_factory=deque)
     costs: deque[int] = field(default_factory=deque)
-    terminal: ev.End | ev.Error | None = None
+    terminal: ev.End | ev.Error | None = None  # its End or Error, set with its "end" move (by its Session only)
     input_seq: int = 0  # (v1.3) the seq of the last Input delivered to the model
     input_ended: bool = False  # (v1.3) an Input with end came
     # Protocol v1.3, in a session that keeps turns (Hello.history): the output so far (None: not kept), the
@@ -69,8 +70,31 @@ class StreamState:
 
     @property
     def running(self) -> bool:
-        """True until the stream's End or Error was produced."""
+        """True until the stream's End or Error was produced (RUNNING or CANCELLING: its model may still produce)."""
         return self.terminal is None
+
+    @property
+    def cancelling(self) -> bool:
+        """Whether its stop was asked (CANCELLING; or STOPPED, ended since)."""
+        phase = self.phase
+        return phase is StreamPhase.CANCELLING or phase is StreamPhase.STOPPED
+
+    def accepts(self, event: str) -> bool:
+        """Whether its phase accepts `event` (an event of :data:`~lowlat_mw.protocol.state.STREAM_MOVES`)."""
+        return event in STREAM_MOVES[self.phase]
+
+    def move(self, event: str) -> bool:
+        """Take `event`: move to the phase the table says; False (and no move) if its phase does not accept it."""
+        to = STREAM_MOVES[self.phase].get(event)
+        if to is None:
+            return False
+        self.phase = to
+        return True
+
+    def input_delivered(self, inp: ev.Input) -> None:
+        """(v1.3) Client Input `inp`, accepted in seq order (:meth:`accepts` "input"), went to the model."""
+        self.input_seq = inp.seq
+        self.input_ended = inp.end
 
 
 class Session:
@@ -132,8 +156,7 @@ class Session:
         """Grant a flow-control window for a client that sends Acks (0: no Acks); returns it."""
         settings = self.settings
         self.flow_window = flow = min(window, settings.flow_window, settings.resume_buffer_size) if window else 0
-        # (_update_pause, written out: once per Welcome)
-        self.pause_at = flow or (math.inf if self.attached else settings.resume_buffer_size)
+        self._update_pause()
         return flow
 
     def _update_pause(self) -> None:
@@ -290,18 +313,18 @@ class Session:
         None when the stream is not running. The stream is remembered among the newest finished ones.
         """
         st = self.streams.get(stream_id)
-        if st is None or st.terminal is not None:
+        if st is None or not st.move("end"):
             return None
-        if error is not None:
-            st.terminal = error
-        else:
+        terminal = error
+        if terminal is None:
             timings = {"total": (now - st.started_at) * 1000}
             if st.first_chunk_at is not None:
                 timings["first_delta"] = (st.first_chunk_at - st.started_at) * 1000
             if timings_ms:
                 timings.update(timings_ms)
-            st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
-                                 usage={"deltas": st.seq, "output_bytes": st.out_bytes})
+            terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
+                              usage={"deltas": st.seq, "output_bytes": st.out_bytes})
+        st.terminal = terminal
         self.active -= 1
         context = self.context
         if context is not None:  # (protocol v1.3)
@@ -332,7 +355,7 @@ class Session:
         st = self.streams.get(stream_id)
         if st is None or not st.running:
             return None
-        st.cancelling = True
+        st.move("cancel")  # (a no-op when cancelling already)
         return self.fail(stream_id, now, code, message)
 
     def _forget(self, sid: int) -> None:
@@ -356,7 +379,7 @@ class Session:
         if st is None:
             return
         self._trim(st, seq)
-        if done and not st.running:
+        if done and st.move("done"):
             self._forget(stream_id)
 
     def _trim(self, st: StreamState, seq: int) -> None:
@@ -385,7 +408,8 @@ class Session:
         still running in another process, whose output this session relays (and does not journal again)."""
         self._forget(stream_id)
         st = StreamState(stream_id=stream_id, started_at=now, seq=first_seq - 1 + len(pieces),
-                         lost_through=first_seq - 1, terminal=terminal)
+                         lost_through=first_seq - 1, terminal=terminal,
+                         phase=StreamPhase.RUNNING if terminal is None else StreamPhase.ENDED)
         for piece in pieces:
             cost = encoded_len(piece) + DELTA_OVERHEAD
             st.pieces.append(piece)
@@ -451,10 +475,10 @@ class Session:
         cancels: list[int] = []
         for sid, st in list(self.streams.items()):
             if sid not in last_seq:
-                if st.running:
-                    st.cancelling = True
+                if st.running:  # (cancelling already or not: its stop is asked again)
+                    st.move("cancel")
                     cancels.append(sid)
-                else:
+                elif st.move("done"):
                     self._forget(sid)
                 continue
             have = last_seq[sid]
@@ -462,10 +486,11 @@ class Session:
                 err = ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED,
                                message=f"replay buffer exceeded: deltas after seq {have} are gone")
                 events.append(err)
-                if st.running:
+                if st.running:  # (its model is stopped, its Error sent here: not ended as finish() ends one)
+                    st.move("cancel")
+                    st.move("end")
                     st.terminal = err
                     self.active -= 1
-                    st.cancelling = True
                     cancels.append(sid)
                 self._forget(sid)
                 continue

@@ -168,6 +168,10 @@ class Protocol:
         self.control: TokenBucket | None = None
 
     # ------------------------------------------------------------------ state
+    def deadline_seen(self) -> None:
+        """The driver has put its timer at :meth:`next_deadline`: ``deadline_moved`` is clear until it moves again."""
+        self.deadline_moved = False
+
     @property
     def open(self) -> bool:
         """True between Welcome and close: frames can be sent."""

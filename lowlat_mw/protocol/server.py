@@ -362,8 +362,15 @@ class ServerProtocol(ServerHandshake):
             return self.handshake_deadline  # no Pings before Welcome: see tick()
         session = self.session
         running, groups = (session.active, session.groups) if session is not None else (0, ())
-        return min(self.heartbeat.deadline(answered), self.reaper.deadline(running, groups),
-                   self._lifetime_end(running))
+        when = self.heartbeat.deadline(answered)
+        idle = self.reaper.deadline(running, groups)
+        if idle < when:
+            when = idle
+        if self.settings.max_session_lifetime:  # (no limit: no lifetime deadline to ask for; called per timer)
+            end = self._lifetime_end(running)
+            if end < when:
+                when = end
+        return when
 
     def _lifetime_end(self, running: int) -> float:
         """When ``max_session_lifetime`` closes the connection (never while a stream runs, nor without the limit)."""

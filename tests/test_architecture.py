@@ -446,3 +446,31 @@ def test_every_chunk_goes_out_through_the_runners_one_emit_and_it_reads_no_priva
                     private.append(f"{path.name}:{node.lineno} .{node.attr}")
     assert senders == ["streams.py:_emit"]
     assert private == []
+
+
+def test_the_driver_never_writes_a_machines_state() -> None:
+    # State has one owner (issue 39): the runtime calls the machines' methods (deadline_seen, belongs_to, rejoin,
+    # take_journal, StreamState.move...), it never assigns an attribute of a ServerProtocol, Session, StreamState,
+    # Heartbeat or IdleReaper.
+    import dataclasses
+
+    from lowlat_mw.protocol.heartbeat import Heartbeat, IdleReaper
+    from lowlat_mw.protocol.server import ServerProtocol
+    from lowlat_mw.protocol.session import Session, StreamState
+    from lowlat_mw.settings import Settings
+
+    proto = ServerProtocol(Settings(), subprotocol=None, now=0.0, session_id="a", secret="b")
+    names = (set(vars(proto)) | set(vars(Session(Settings(), now=0.0, session_id="a", secret="b")))
+             | {f.name for f in dataclasses.fields(StreamState)} | set(Heartbeat.__slots__) | set(IdleReaper.__slots__))
+    writes = []
+    for path in sorted((PACKAGE / "runtime").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            for target in targets:
+                for el in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    el = el.value if isinstance(el, ast.Subscript) else el
+                    if (isinstance(el, ast.Attribute) and el.attr in names
+                            and not (isinstance(el.value, ast.Name) and el.value.id == "self")):
+                        writes.append(f"{path.name}:{node.lineno} {ast.unparse(el)}")
+    assert writes == []

@@ -56,8 +56,15 @@ _VARIANTS = (
 _BY_KEY = {v.key: v for v in _VARIANTS}
 
 # Size classes: [.., 2K), [2K, 8K), [8K, 32K), [32K, 128K), [128K, ..): small payloads compress worse.
-# Class of n bytes: (n.bit_length() - 1) // 2 - 4, clamped to 0..4 (inlined where it is computed).
 _CLASSES = range(5)
+
+
+def _size_class(n: int) -> int:
+    """The size class of an n-byte payload: (n.bit_length() - 1) // 2 - 4, clamped to 0..4."""
+    cls = (n.bit_length() - 1) // 2 - 4
+    return 0 if cls < 0 else 4 if cls > 4 else cls
+
+
 _CLASS_START = (0, 2048, 8192, 32768, 131072)
 _NEAREST = tuple(tuple(sorted(_CLASSES, key=lambda c, k=k: (abs(c - k), c))) for k in _CLASSES)
 _BINARY_PRIOR = 0.35  # binary payloads (data deltas) are expected this much less compressible than text
@@ -292,8 +299,7 @@ class CompressionSelector:
             return -1, ()
         st = self._kinds.get(kind) or self._kind(kind)
         st.count += 1
-        cls = (n.bit_length() - 1) // 2 - 4
-        cls = 0 if cls < 0 else 4 if cls > 4 else cls
+        cls = _size_class(n)
         lines = st.lines[cls] or self._class_lines(st, cls)
         raw = n / self.link_bps
         keff = st.keff[cls] / self.link_bps
@@ -339,8 +345,7 @@ class CompressionSelector:
             self._learn(self._kind(kind), self.variants.index(v), raw_size, compressed_size, None)
 
     def _learn(self, st: _Kind, vi: int, n: int, out: int, seconds: float | None) -> None:
-        cls = (n.bit_length() - 1) // 2 - 4
-        cls = 0 if cls < 0 else 4 if cls > 4 else cls
+        cls = _size_class(n)
         r = min(out / n, 1.2) if n else 1.0
         v = self.variants[vi]
         old = st.overall[vi]

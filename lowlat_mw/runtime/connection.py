@@ -264,7 +264,7 @@ class ConnectionDriver:
             h.counts[bisect_left(h.bounds, rtt)] += 1  # (_Hist.observe, written out)
             h.sum += rtt
         if self._scheduled == self._answered and not moved:  # (where on_timer put it for this Pong: nothing to do)
-            proto.deadline_moved = False
+            proto.deadline_seen()
         else:
             self.reschedule()
 
@@ -618,7 +618,7 @@ class ConnectionDriver:
         if found is None or found.principal != principal_key(self.protocol.principal):
             return None
         session, follow = found.to_session(self.settings, action.token, self.monotonic())
-        session.principal = self.protocol.principal
+        session.belongs_to(self.protocol.principal)
         return session, follow, found.last_id
 
     def _follow_remote(self, remote: tuple[Session, dict[int, str], Any], shared: SharedSessions) -> None:
@@ -987,7 +987,7 @@ class ConnectionDriver:
                         # will put this timer, is watched apart, and the timer goes there now: the Pong moves nothing.
                         hb = proto.heartbeat
                         timeout = hb.last_ping_at + hb.timeout  # type: ignore[union-attr]
-                        proto.deadline_moved = False  # (_next_deadline(True), written out: no send is under way)
+                        proto.deadline_seen()  # (_next_deadline(True), written out: no send is under way)
                         answered = proto.next_deadline(True)
                         if timeout < answered:
                             self.scheduler.watch(self, timeout, pong, now)
@@ -1006,7 +1006,7 @@ class ConnectionDriver:
             self.scheduler.schedule(self, now)  # (the scheduler runs it right after this, in the same wake-up)
 
     def _next_deadline(self, answered: bool = False) -> float:
-        self.protocol.deadline_moved = False
+        self.protocol.deadline_seen()
         when = self.protocol.next_deadline(answered)
         if self._sender is not None and self._stuck_task is None:
             when = min(when, self._send_since + self.settings.slow_consumer_timeout)

@@ -293,7 +293,7 @@ class RemoteSession:
     def to_session(self, settings: Settings, token: str, now: float) -> tuple[Session, dict[int, str]]:
         """A local :class:`Session` with these streams, and the running ones to follow (stream -> writer)."""
         session = Session(settings, now=now, session_id=self.session_id, secret=token.partition(".")[2])
-        session.groups = self.groups
+        session.rejoin(self.groups)
         follow: dict[int, str] = {}
         for sid, st in self.streams.items():
             terminal = st.terminal
@@ -571,7 +571,7 @@ class SharedSessions:
         self._dirty[id(session)] = session
         journal = session.journal
         if journal is not None and len(journal) > 3 * JOURNAL_MAX:  # the store is slow: a gap rather than no bound
-            session.journal = _ends_only(journal)
+            session.shrink_journal(_ends_only(journal))
         if not self._scheduled:
             self._scheduled = True
             self.loop.call_later(WRITE_EVERY, self._flush)
@@ -600,10 +600,9 @@ class SharedSessions:
             commands += 1
         for session in dirty.values():
             sid = session.session_id
-            journal = session.journal
+            journal = session.take_journal()
             if not journal:
                 continue
-            session.journal = []
             batch.append((session, journal))
             key = f"lowlat:d:{sid}"
             packed = pack(journal)
@@ -633,7 +632,7 @@ class SharedSessions:
             for session, journal in batch:
                 kept = _ends_only(journal)
                 if kept and session.journal is not None:  # (a write that timed out but landed repeats its starts:
-                    session.journal[:0] = kept           # the stream then restarts there, and fails a resume)
+                    session.requeue_journal(kept)        # the stream then restarts there, and fails a resume)
                     self._dirty[id(session)] = session
         else:
             self._ok()

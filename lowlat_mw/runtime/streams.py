@@ -262,10 +262,9 @@ class ModelRunner:
         here (once, in seq order: the other process's session, restored from the store, does not know which Inputs
         came before and forwards what the client sends again after its resume)."""
         st = self.session.streams.get(inp.stream_id)
-        if self.destroyed or st is None or not st.running or st.cancelling or inp.seq != st.input_seq + 1:
+        if self.destroyed or st is None or not st.accepts("input") or inp.seq != st.input_seq + 1:
             return
-        st.input_seq = inp.seq
-        st.input_ended = inp.end
+        st.input_delivered(inp)
         problem = self.deliver(inp)
         if problem is not None and self.session.refuse(inp.stream_id, self.monotonic(), ErrorCode.BAD_REQUEST,
                                                        problem) is not None:
@@ -280,7 +279,7 @@ class ModelRunner:
         if task is not None:
             st = self.session.streams.get(stream_id)
             if st is not None:
-                st.cancelling = True
+                st.move("cancel")
             task.cancel()
 
     async def _run(self, req: ev.Request, fn: Any, label: str, kind: str, timer: StreamTimer | None) -> None:

@@ -89,8 +89,8 @@ def server_env(extra: Mapping[str, str] | None = None, *, pythonpath: bool = Tru
     env["PYTHONUNBUFFERED"] = "1"
     # gunicorn >= 25 opens a control socket in ~/.gunicorn by default: one path for every instance.
     env["GUNICORN_CMD_ARGS"] = "--no-control-socket"
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO)])
+    if pythonpath:  # (tests/: the helpers these modules import, tests/support, for a process run from one of them)
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), str(REPO)])
     env.update(extra or {})
     return env
 

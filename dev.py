@@ -10,7 +10,8 @@ Extra arguments after the command go to `lowlat-mw serve` or pytest.
 tests), nginx (the balancer test), redis-server (the tests that use Redis), nodejs and npm with tests/node's
 npm packages (the AsyncAPI schema, TypeScript). Run as root on a Debian-like system it installs the Debian
 packages with apt-get when missing. Elsewhere (or with SKIP_BROWSER_INSTALL / SKIP_NGINX_INSTALL /
-SKIP_REDIS_INSTALL / SKIP_NODE_INSTALL set) those tests are skipped, and the run says why.
+SKIP_REDIS_INSTALL / SKIP_NODE_INSTALL set) those tests are skipped, and the run says why. On a machine slower
+than ours, LOWLAT_TEST_TIME_SCALE=2 doubles every bound the tests wait for or allow (tests/support/time.py).
 """
 
 from __future__ import annotations
@@ -181,7 +182,9 @@ def main(argv: list[str]) -> int:
         ensure_node_packages()
         _run(BIN / "ruff", "check", ".")
         # In 3 processes (pytest-xdist), each module's tests in one of them (their servers are per module): the
-        # suite mostly waits on sockets, so on 2 cores this takes about half the time of one process.
+        # suite mostly waits on sockets, so on 2 cores this takes about half the time of one process. The
+        # benchmark modules run as one unit, sent first (their one quick run of every suite), and conformance
+        # tests are grouped by server: tests/support/scheduling.py says why.
         default = ["-q", "--durations=30", "-n", "3", "--dist", "loadscope"]
         result = subprocess.run([str(PY), "-m", "pytest", *(rest or default)], cwd=ROOT)
         return result.returncode

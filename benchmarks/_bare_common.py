@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from lowlat_mw.testing import LoggedProcess
 

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_PROTO
 
 from ._scale_server import die_with_parent, raise_nofile

@@ -104,7 +104,7 @@ class _Frames:
     def get(self, tokens: int) -> tuple[list[bytes], bytes]:
         if tokens not in self.cache:
             from lowlat_mw.protocol import events as ev
-            from lowlat_mw.protocol.codec import codec_for
+            from lowlat_mw.protocol.wire import codec_for
             from lowlat_mw.settings import SUBPROTOCOL_PROTO
 
             codec = codec_for(SUBPROTOCOL_PROTO)

@@ -537,12 +537,8 @@ def _profile_tables(profiles: dict[str, Profile]) -> tuple[str, str, dict[str, d
 
 
 def _analysis(rows: dict[str, dict[str, float]], profiles: dict[str, Profile]) -> str:
-    """Why the targets are missed and what would fix it (shown when one is missed).
-
-    The code paths named here were read off the profile of this suite's server; the prototype figures
-    come from patching them in a scratch copy of the server, measured interleaved against the
-    unpatched one (raw proto client) on the machine these benchmarks were developed on.
-    """
+    """Where the server's time goes, with this run's numbers (the code paths named were read off the profile of
+    this suite's server; what was tried, with the numbers of its day, is in benchmarks/results/history.md)."""
     srv = rows["stream proto-raw"]["server_cpu_us_per_delta"]
     bare_srv = rows["stream bare"]["server_cpu_us_per_delta"]
     cli = rows["stream proto"]["client_cpu_us_per_delta"]
@@ -561,7 +557,8 @@ def _analysis(rows: dict[str, dict[str, float]], profiles: dict[str, Profile]) -
     rt_send = rows["roundtrip proto-send"]["server_cpu_us"]
     rt_raw = rows["roundtrip proto-raw"]["first_p50_ratio"]
     rt_client = rows["roundtrip proto"]["first_p50_ratio"]
-    return f"""**Where lowlat-mw stands, and why a target is missed.** Per delta the server now costs less than
+    than = "less" if srv < bare_srv else "more"
+    return f"""**Where lowlat-mw stands, and why a target is missed.** Per delta the server costs {than} than
 the bare endpoint: {srv:.1f} µs of CPU with the raw client against {bare_srv:.1f} µs for the bare stream. The
 bare stream's cost is almost all uvicorn's per-frame send (a message dict, a frame object in
 `websockets`, one socket write per frame); under lowlat-mw's uvicorn protocol the driver builds each
@@ -584,28 +581,11 @@ client the round trip is {rt_raw:.2f}x the bare echo to the first Delta; with th
 `data_received` to the stream's deque ({cli:.1f} µs of client CPU per streamed delta against
 {bare_cli:.1f} µs for the bare client).
 
-**What was done, and what is left.** Applied after profiling this suite (each measured interleaved
-against the previous server): no `asyncio.timeout` per send, no Unicode check for ASCII text, a table
-for one-byte varints, frames sent without the generic action dispatch, async-generator models iterated
-without wrapper generators (together about -45% server CPU per delta); the connection runtime of issue
-14 (one driver call and one timer call per token: -18% to -25% per delta, docs/architecture.md); then
-direct writes (issue 15), which took the delta from about 1.6x the bare stream to about half of it;
-then (issue 15) the eager model start, direct reads, a Delta frame built in one call, `async def`
-models awaited without wrapper generators, stage histograms bound once per label, and on the client a
-hand-written Delta decoder, a deque per stream and messages handed over from `data_received` (round
-trip with the raw client about 1.38x -> 1.20x, with the AsyncClient about 1.78x -> 1.35x, measured
-interleaved against the commit before them); then stage timings without a clock read on most Deltas
-(sampled pairs), one writer flag instead of an `asyncio.Lock` per ASGI send, and on both sides messages
-that are one whole frame read without websockets' parser, the heartbeat's Ping and Pong without the
-protobuf library (round trip with the raw client about 1.20x -> 1.13x, with the AsyncClient about
-1.30x -> 1.14-1.25x, interleaved A/B). Tried and dropped: sending the client's `Ack{{done}}` after
-a Request that follows in the same loop turn (the server no longer handled it first, but the client's
-own send moved into the wait for the reply: AsyncClient round trip 1.53x -> 1.76x). The opt-in setting
-`merge_deltas` sends the tokens a model yields back to back as one Delta: the AsyncClient then receives
-{merged["deltas_per_s"]:,.0f} tokens/s, {merged["ratio"]:.2f}x the bare stream, at
-{merged["server_cpu_us_per_delta"]:.1f} µs of server CPU per token (off by default: the README promises
-one Delta per yielded chunk). Left: the `Ack{{done}}` of every stream (a protocol-level change: an Ack
-that covers several streams, or done implied by the next Request) and the End's second socket write.
+The opt-in setting `merge_deltas` sends the tokens a model yields back to back as one Delta: the AsyncClient
+then receives {merged["deltas_per_s"]:,.0f} tokens/s, {merged["ratio"]:.2f}x the bare stream, at
+{merged["server_cpu_us_per_delta"]:.1f} µs of server CPU per token (off by default: docs/models.md promises
+one Delta per yielded chunk). What was done to get here, and what was tried and dropped, with the numbers of
+each day: benchmarks/results/history.md.
 """
 
 

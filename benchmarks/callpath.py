@@ -17,9 +17,10 @@ so everything counted is server-side work. Counted are Python functions of lowla
 * calls: every entry into one of them (a coroutine or generator resuming counts as an entry);
 * hand-offs: entries whose caller is another of our files (the reader's jumps between files).
 
-Counts depend on the code only (not on timing or load), so tests/test_architecture.py holds them
-to a budget (in a fresh process: an OpenTelemetry SDK installed by another test would add the spans'
-work), and docs/architecture.md shows them.
+Counts depend on the code only (not on timing or load); docs/architecture.md shows them (run it in a
+fresh process: an OpenTelemetry SDK installed by something else would add the spans' work). No test holds
+them to a budget any more (issue 39): a budget rewarded inlining, and saw the ASGI path only. The gate is
+on behaviour: tests/conformance/test_conformance_equivalence.py.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def measure(subprotocol: str = "lowlat.v1.proto", *, through_disconnect: bool = 
 
     try:
         from lowlat_mw.protocol import events as ev
-        from lowlat_mw.protocol.codec import codec_for
+        from lowlat_mw.protocol.wire import codec_for
     except ImportError:  # the layout before lowlat_mw/protocol (to measure an older checkout the same way)
         from lowlat_mw import events as ev  # type: ignore[no-redef]
         from lowlat_mw.codec import codec_for  # type: ignore[no-redef]

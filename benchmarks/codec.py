@@ -41,7 +41,7 @@ import orjson
 from lowlat_mw.observability.timing import STAGES
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec, to_json_dict, to_protobuf
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec, to_json_dict, to_protobuf
 
 from . import _corpus
 from .core import SuiteResult, log, machine_facts, markdown_table, median, paired_ratios, quantiles, rotated, suite

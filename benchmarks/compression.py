@@ -52,9 +52,9 @@ import zstandard
 from lowlat_mw.observability.timing import STAGES
 from lowlat_mw.protocol import compression as cmp
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import encode_delta_fast, to_protobuf
 from lowlat_mw.protocol.compression import CODEC_IDS
 from lowlat_mw.protocol.selector import BINARY, TEXT, CompressionSelector
+from lowlat_mw.protocol.wire import encode_delta_fast, to_protobuf
 from lowlat_mw.runtime.timers import cpu_clock
 
 from . import _corpus

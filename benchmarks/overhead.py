@@ -44,7 +44,7 @@ from lowlat_mw.demo import demo_model
 from lowlat_mw.endpoint import Endpoint
 from lowlat_mw.observability.metrics import Metrics
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime.connection import ConnectionDriver
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 

@@ -562,7 +562,8 @@ def _fast_verdicts(size: Size, rows: dict[str, dict[str, float]],
 
 
 def _bottlenecks(size: Size, rows: dict[str, dict[str, float]], top: int, fast_level: int) -> str:
-    """Where the heartbeat's and the streams' server time goes, with this run's numbers."""
+    """Where the heartbeat's and the streams' server time goes, with this run's numbers (how it was cut, with the
+    numbers of each day: benchmarks/results/history.md)."""
     lo, lof = rows[f"idle {top} lowlat"], rows[f"idle {fast_level} lowlat-fast"]
     ldf = rows.get(f"idle {fast_level} lowlat-direct-fast", {})
     ping = rows[f"idle {fast_level} bare-ping"]
@@ -577,112 +578,25 @@ def _bottlenecks(size: Size, rows: dict[str, dict[str, float]], top: int, fast_l
 protocol; with {size.fast:g} s heartbeats on {fast_level:,} connections {lof.get('us_per_ping', 0):.0f} µs and
 {ldf.get('us_per_ping', 0):.0f} µs, where uvicorn's own WebSocket ping cost {ping.get('us_per_ping', 0):.0f} µs. CPU % =
 connections x cost per heartbeat / interval, so 1% of a core for {TARGET_IDLE:,} connections every
-{DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat. The floor on this machine, measured apart: a uvloop
-protocol that writes 8 bytes to each of 10,000 connections every 30 s (on the same 0.25 s grid) and only
-counts the 8-byte answers costs 3.2 µs of user and 12.5 µs of system CPU per round trip (0.52% of a
-core). What lowlat-mw adds is Python: the timer wheel's step (`lowlat_mw.runtime.timers`: connections
-due at one grid time share a slot), the protocol's rules (is a Ping due, is the peer dead, is the
-connection idle), the Ping taken from a table made once per Ping id and written from the timer callback
-as a frame made once, the Pong the transport was told to await recognised in `data_received` (one
-compare, no frame parser, no decoding), its RTT observed, and the connection's timer moved to the next
-Ping (no second wake-up at the Pong's timeout): 44 Python calls per heartbeat (cProfile), from 52 before the
-awaited Pong and 2,040 opcodes before the made-once Ping (3,000 connections, 12 s heartbeat, one server at
-a time: user + system CPU 38.5 -> 36.8 µs per heartbeat for the awaited Pong, three interleaved runs;
-docs/architecture.md, "Heartbeats"). Then the awaited Pong went straight to `Protocol.pong_arrived`, known by
-identity, without `receive_data` and its action list (in process, cachegrind, 500 connections on fake
-transports: 45,900 -> 39,300 instructions per heartbeat). On a
-real server that is within the spread of the measure: interleaved A/A runs of this suite's idle part (3,000
-connections, 5 s heartbeat, 20 s windows) differ by up to 6%, and 10,000 connections at 30 s by 10% and more.
-Then the Pong stopped moving the connection's timer: the Ping puts it at the next Ping, and the Pong's timeout
-is a watch of the scheduler's, an entry in a list per grid time that finds the Pong came (in process: 43,800-44,500
--> 38,600-39,300 instructions per heartbeat; a real server, ten interleaved rounds side by side: 34.6 -> 33.2 µs per
-heartbeat, medians, 8 rounds of 10 lower). Then the direct reads' state moved from uvicorn's protocol object
-to the transport object's slots: the former has too many attributes for the interpreter's fast attribute access, and
-a profile (Python 3.12's perf support, 10,000 connections, default heartbeat) charged `data_received` 11% of the
-server's user CPU, mostly generic dictionary lookups (3,000 connections, 12 s heartbeat, six interleaved rounds:
-41.3 -> 39.9 µs per heartbeat, medians, within the spread). Then three more: the timer wheel works out a wake-up's
-grid time once for all the connections it pings (their next Ping and their Pong's timeout are the same times:
-`fire_time` was 10% of a heartbeat's instructions), the RTT histogram is bound once, and uvicorn's protocol keeps
-its link to the direct-read state in a slot, not its instance dictionary (a profile still charged `data_received`
-9.5% of user CPU, 38% of that generic attribute lookups). In process (cachegrind, 500 connections; the first two):
-38,998 -> 33,360 instructions per heartbeat; a real server (3,000 connections, 12 s heartbeat, six interleaved
-rounds side by side): 0.94x the CPU per heartbeat, the median of the per-round ratios (0.87x-1.00x). This run:
-{per_hb_direct}. Tried and dropped: the hot modules compiled unchanged with Cython (no gain, 43 vs 35 µs user per
-heartbeat: compiled code calls CPython's generic attribute and method lookups, which Python 3.11's specializing
-interpreter caches; a gain needs typed extension classes, a second implementation of the protocol core); mypyc on
-`protocol/heartbeat.py` and `runtime/timers.py` (-2.7% instructions; the rest of a heartbeat runs in modules that
-do not type-check yet). The margin under 1% is small, a few percent, within this measure's run-to-run spread: the
-seven runs before these cuts measured 30-36 µs.
+{DEFAULT_HEARTBEAT:g} s leaves {budget:.0f} µs per heartbeat. What lowlat-mw adds to the socket's round trip is
+Python: the timer wheel's step (`lowlat_mw.runtime.timers`: connections due at one grid time share a slot), the
+protocol's rules (is a Ping due, is the peer dead, is the connection idle), the Ping written from the timer
+callback as a frame made once, the Pong the transport was told to await recognised in `data_received`, its RTT
+observed (docs/architecture.md, "Where each rule lives").
 
 *Streams, {1 / PACE:g} tokens/s:* {size.streams:,} streams of {size.paced_tokens} tokens want
 {size.streams / PACE:,.0f} deltas/s; the bare endpoint spent {paced['bare']['server_cpu_us_per_delta']:.1f} µs of
 server CPU per delta, lowlat-mw {paced['lowlat']['server_cpu_us_per_delta']:.1f} µs on the ASGI path and
 {paced['lowlat-direct']['server_cpu_us_per_delta']:.1f} µs on its own protocol ({direct_vs['cpu_per_delta_ratio']:.2f}x,
-per-request work included), so on this 2-CPU machine, shared with the client processes, every server
-is saturated and a burst takes longer than the model's {size.paced_tokens * PACE:g} s. TTFD p99 is then set
-by how long the server takes to go through the burst of requests. Timed inside both servers (a timeline of
-each burst, six rounds): the loop reads the whole burst in one turn, and neither server sends any stream's
-second Delta during it (asyncio runs what a read brought before the timers that came due meanwhile), so the
-last request waits for the work of every request before it. Under that load lowlat-mw spent 35-53 µs of wall
-time per request from starting the stream to its first Delta's write (the write system call alone 16-25 µs)
-and 17-27 µs reading and decoding it; the bare endpoint 26-47 µs from its `receive` to its first `send` and
-20-42 µs reading. In process, with no socket, lowlat-mw's Request to its first Delta is now 2,597 opcodes
-(3,363 at the start of the session before; cachegrind, a request's life: 385,813 -> 346,985 instructions):
-repeated params are read once and carry their JSON size (max_request_size counted them by a `json.dumps`
-per request), the Request and its ModelRequest are built without the frozen dataclasses' `__init__`, and a
-stream whose first Delta is not the first of its loop turn takes its model's next step in the next turn, so
-the paced model's timer is no longer set inside the burst's turn (docs/architecture.md, "Fair scheduling").
-Measured in earlier sessions, before those cuts, a request cost lowlat-mw more than the bare endpoint,
-which decodes nothing and sends pre-encoded frames (profiled: in process, with no socket, this suite's
-Request to its first Delta was about 52 µs on lowlat-mw's protocol: its params decoded through the protobuf library, the
-stream's state, timer and metrics, its task and eager first step), and each token a little more (py-spy:
-each token's write system call is half of either server's time; lowlat-mw's Python per token, the
-Delta's numbering, replay buffer and frame, touching another connection's objects each time, is about
-2 µs more than the bare endpoint's). Measured per request apart (these servers, 1,000 connections each
-sending one 1-token request at once, 8 interleaved rounds): about 140 µs of lowlat-mw's server CPU per
-request against the bare endpoint's 73 µs. Where it goes, profiled on the real servers (Python 3.12's perf
-support, `perf record` with DWARF stacks, 3,000 such requests each, every sample charged to the innermost
-Python function with the C it calls; the profiler makes both slower, 173 and 67 µs per request): the
-write system calls take 34 µs of lowlat-mw's (a Delta and an End, two writes; the bare endpoint's one
-write: 21 µs), the event loop's own work 13 µs (bare: 7.5), and lowlat-mw's Python 126 µs against the
-bare endpoint's 38. Of that Python, reading and decoding the Request and the client's `Ack` of the End
-(a message the bare endpoint does not get) is 21% of the request, starting the stream (rate and size
-checks, the session's stream, the model's task and first step) 21%, the End (its stage timings encoded
-through the protobuf library, the metrics, the session's bookkeeping) 18%, the Delta 5%, the event
-objects 4%. So the gap is lowlat-mw's own Python, spread over its features, not the system calls. (An
-earlier estimate, about 20 µs in process, was the best round of a harness without sockets: its medians
-are 50-80 µs per request over 50 connections and 55-100 µs over 1,000, rounds varying widely on this
-machine. A quick reply's Delta and End in one write took 157 -> 142 µs, and was dropped: the Delta
-waited for the End, see docs/architecture.md.)
-And on this shared machine one burst's p99 moves a lot from round to round: in interleaved runs of these two
-servers an earlier session saw per-round ratios from 0.8x to 3.6x and medians of 8 to 10 rounds from 1.4x to 2.0x.
-This suite's rounds rotated one order of the servers, so lowlat-direct's burst always came right after the ASGI
-lowlat server's (the slowest) and bare's right after lowlat-direct's, 0.05 s apart; now each round takes the next
-permutation (over 3! rounds every server runs after every other equally often) and each burst waits until the
-servers and clients use under 10% of a core for 50 ms (in the run that brought it, 51-130 ms: little is left
-behind). Part of the spread was the order within a round: with two servers, six rounds, the burst that ran
-second was slower whichever server it was (bare's p99 25-46 ms first, 52-56 ms second; lowlat-mw's 42-56 ms
-first, 57-77 ms second), so its ratio depends on who went first: 0.8x-1.0x when lowlat-mw did, 1.2x-3.1x when
-the bare endpoint did. With 1.5 s between bursts the order effect went, both servers were slower (cold caches
-after an idle pause), and the ratios were 1.1x-1.6x. The shape differs too: lowlat-mw's first deltas come sooner
-(its p5-p20 below the bare endpoint's: the model's first step runs in the read), then its TTFD climbs at about
-70 µs per request through the burst against the bare endpoint's 45-50 µs: what a request cost it (the
-timeline above: not the tokens of the streams already started). The garbage collector was the other
-part: a running stream holds about 20 objects the collector tracks (the bare endpoint's about 5); with the
-interpreter's thresholds they reach the oldest generation within milliseconds, and a full collection then
-stalls the process for 50-100 ms of wall time, which lands in the p99 of the round it falls in (rounds at 119-191 ms
-instead of 64-69 ms). The `lowlat-direct` server runs with `lowlat-mw serve`'s settings, `gc_freeze`
-(the startup heap out of the collector's reach) and `gc_threshold` {SERVE_GC_THRESHOLD} (a stream's objects die before
-they are promoted). The threshold counts tracked objects made minus those freed, so it is set above what
-the running streams hold at once (1,000 streams: about 20,000): their objects come and go without a
-collection. At 10000 each round's burst crossed it twice (young collections of 4.5-12 ms per round, in
-the burst); at 100000, none in 10 rounds, and the TTFD p99 ratio to bare went 1.54x -> 1.29x (30 interleaved
-rounds; 1,000,000 gave no more); 50000, serve's value, also none in 10 rounds (docs/architecture.md).
-Found with this suite's gc counters and
-removed earlier: a loop-turn callback handle per direct write (now one per loop turn for every
-connection), a tuple per buffered Delta, and a reference cycle per Request with params (gen-0
-collections per 100,000 paced deltas ~600 -> ~200). A tight-loop model makes each stream run to
-its End before the next one starts: TTFD then grows with whole replies, for the bare endpoint too."""
+per-request work included), so on this machine, shared with the client processes, a burst can take longer
+than the model's {size.paced_tokens * PACE:g} s. TTFD p99 is then set by how long the server takes to go through
+the burst of requests: the loop reads the whole burst in one turn, so the last request waits for the work of
+every request before it (docs/architecture.md, "Fair scheduling"). The `lowlat-direct` server runs with
+`lowlat-mw serve`'s garbage-collector settings, `gc_freeze` (the startup heap out of the collector's reach) and
+`gc_threshold` {SERVE_GC_THRESHOLD} (a stream's objects die before they are promoted), so that full collections
+stay out of the bursts (docs/architecture.md). A tight-loop model makes each stream run to its End before the next one
+starts: TTFD then grows with whole replies, for the bare endpoint too. How each of these costs was measured, cut
+or tried and dropped, with the numbers of each day: benchmarks/results/history.md."""
 
 
 def _plots(size: Size, configs: list[IdleConfig], rounds: list[dict[int, dict[str, IdleSample]]],

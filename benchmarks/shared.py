@@ -122,19 +122,6 @@ async def _round_trips(port: int, n: int) -> list[float]:
         await client.close()
 
 
-TRIED = """How often to write. The store's cost is mostly redis-py's, about 50 µs of CPU per pipelined write
-whatever it carries, so it is paid per write, not per Delta. Measured with this suite, full size, one run each
-(2026-12-02): a write per event-loop turn with something new, 1.23x per Delta and 1.55x per round trip (+67 µs);
-a write every 2 ms at most, 1.26x and 1.35x (+55 µs: sequential round trips of ~150 µs still wrote every ~13);
-every 10 ms (the store's `WRITE_EVERY`), 1.09x, 1.20x and 1.35x per Delta in three runs (this machine's
-rounds spread widely) and +19 to +47 µs per round trip; then the journal without a tuple per record (three
-flat items: nothing more for the garbage collector to track per Delta), what the table shows. What it
-costs: a killed process loses up to 10 ms more output (its streams end with `resume_failed` that much
-earlier, never with a gap), and a process that follows another's stream sees its Deltas up to 10 ms late.
-hiredis (redis-py's C reply parser) made no measurable difference here (four small replies per write); it is
-in the `redis` extra as redis-py recommends."""
-
-
 async def _workers(mode: str, folder: Path, redis_port: int) -> tuple[str, dict[str, dict[str, float]]]:
     """`serve --workers 1` and `--workers 2` (both with the Redis store), each holding `n` connections from the
     scale suite's client processes; in each round each server's connections all send one paced request at once."""
@@ -479,8 +466,7 @@ to Redis in one more round trip) **{trip_ratio:.2f}x**.
 
 **Verdict** (issue 18: with the Redis store, server CPU per Delta at most {CPU_TARGET}x the memory store's, time to
 first Delta unchanged within noise): CPU **{verdict}** ({cpu_ratio:.2f}x); time to first Delta {p50_ratio:.2f}x.
-
-{TRIED}
+How often the store writes, and what the other choices cost: benchmarks/results/history.md.
 
 {workers_text}
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime.direct import apply_mask
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
 from lowlat_mw.settings import SUBPROTOCOL_PROTO

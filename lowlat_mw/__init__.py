@@ -32,7 +32,10 @@ from .observability.metrics import Metrics
 from .observability.timing import STAGES
 from .protocol.events import Delta, End, Push, ToolCall, ToolResult
 from .runtime.push import PublishError, apublish, join, leave, publish
+from .servers import eager as _eager
 from .settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
+
+_eager.install()  # (on Python 3.11: the eager model start, behind lowlat_mw.runtime.eager's seam)
 
 __all__ = [
     "STAGES",

@@ -190,6 +190,10 @@ class Settings:
 
     def _problems(self) -> list[str]:
         """Every wrong value (and combination of values), so that all of them are reported at once."""
+        return [*self._number_problems(), *self._wire_problems(), *self._path_problems()]
+
+    def _number_problems(self) -> list[str]:
+        """Every time, size, count or limit out of its range (and the two that must agree: the heartbeats)."""
         problems: list[str] = []
         for name in ("heartbeat_interval", "heartbeat_max_interval", "heartbeat_timeout",
                      "idle_timeout", "handshake_timeout", "link_mbps", "resume_window",
@@ -225,6 +229,11 @@ class Settings:
                 problems.append(f"setting {name!r} must be >= 1, got {getattr(self, name)!r}")
         if self.compression_min_size < 0:
             problems.append("setting 'compression_min_size' must be >= 0")
+        return problems
+
+    def _wire_problems(self) -> list[str]:
+        """Every unknown compression codec or subprotocol, and a session store that is neither memory nor Redis."""
+        problems: list[str] = []
         for codec in self.compression:
             if codec not in KNOWN_CODECS:
                 problems.append(f"setting 'compression' has unknown codec {codec!r}; known: {', '.join(KNOWN_CODECS)}")
@@ -237,6 +246,11 @@ class Settings:
                 ("redis://", "rediss://", "unix://")):
             problems.append(f"setting 'session_store' must be \"memory\" or a Redis URL (redis://, rediss://, "
                             f"unix://), got {self.session_store!r}")
+        return problems
+
+    def _path_problems(self) -> list[str]:
+        """Every HTTP path that does not start with '/' or clashes with another one it must differ from."""
+        problems: list[str] = []
         if not self.path.startswith("/"):
             problems.append(f"setting 'path' must start with '/', got {self.path!r}")
         if self.metrics_path and (not self.metrics_path.startswith("/") or self.metrics_path == self.path):

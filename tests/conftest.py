@@ -14,7 +14,6 @@ joined, with bounded waits.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,28 +22,22 @@ from typing import Any
 
 import pytest
 from redis_support import RedisServer
+from support.ports import bind_loopback
+from support.time import seconds
+from support.waits import wait_until_sync
 
-START_TIMEOUT = 10.0
-STOP_TIMEOUT = 10.0
+START_TIMEOUT = seconds(10.0)
+STOP_TIMEOUT = seconds(10.0)
 WS_IMPLEMENTATIONS = ("websockets-sansio", "wsproto", "websockets")
 
 
-def bind_loopback(port: int = 0) -> socket.socket:
-    """A listening-ready TCP socket bound to 127.0.0.1:`port` (0: a free port).
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope`` (`python3 dev.py test`): support.scheduling's grouping (why: its docstring)."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from support.scheduling import SuiteScheduling
 
-    Made with ``proto=IPPROTO_TCP``, as asyncio's and uvicorn's own listening sockets are: asyncio turns Nagle's
-    algorithm off (TCP_NODELAY) only on connections of such a socket. With ``proto=0`` every small write that
-    followed another (a reply's End after its Delta) waited for the client's delayed ACK, ~40 ms.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        # Lets a restarted server bind the port of a stopped one despite TIME_WAIT connections.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return SuiteScheduling(config, log)
 
 
 @dataclass
@@ -116,14 +109,13 @@ def start_uvicorn(
 
     running.thread = threading.Thread(target=run, name=f"uvicorn-{running.port}", daemon=True)
     running.thread.start()
-    deadline = time.monotonic() + START_TIMEOUT
-    while not server.started:
-        if not running.thread.is_alive():
-            raise RuntimeError(f"uvicorn failed to start: {running.errors!r}")
-        if time.monotonic() > deadline:
-            running.stop()
-            raise RuntimeError(f"uvicorn did not start within {START_TIMEOUT} s")
-        time.sleep(0.005)
+    try:
+        wait_until_sync(lambda: server.started or not running.thread.is_alive(), START_TIMEOUT, what="uvicorn to start")
+    except AssertionError:
+        running.stop()
+        raise
+    if not server.started:
+        raise RuntimeError(f"uvicorn failed to start: {running.errors!r}")
     return running
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from lowlat_mw.endpoint import Endpoint, Refuse
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime.connection import ConnectionDriver
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
 

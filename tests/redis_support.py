@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
-from loopback import free_port, wait_listening
+from support.ports import free_port, wait_listening
 
 __all__ = ["REDIS_SERVER", "RedisServer", "require_redis_server"]
 

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from lowlat_mw.asyncapi import MESSAGES, document
 from lowlat_mw.errors import ErrorCode
-from lowlat_mw.protocol import codec
 from lowlat_mw.protocol import events as ev
+from lowlat_mw.protocol import wire as codec
 from lowlat_mw.settings import Settings
 from lowlat_mw.testing.pytest_plugin import RunningServer
 

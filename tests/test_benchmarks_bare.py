@@ -77,7 +77,7 @@ def test_profile_categories() -> None:
 
 def test_raw_client_classifies_frames_without_decoding() -> None:
     from lowlat_mw.protocol import events as ev
-    from lowlat_mw.protocol.codec import codec_for
+    from lowlat_mw.protocol.wire import codec_for
     from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
     for mode, sp, table in (("proto", SUBPROTOCOL_PROTO, None), ("json", SUBPROTOCOL_JSON, RawClient._JSON_KIND)):

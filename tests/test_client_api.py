@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from lowlat_mw.client import AsyncClient, Backoff, SyncClient
-from lowlat_mw.client.aio import Document, _nothing_listens, _refused_everywhere
+from lowlat_mw.client.aio import Document
 from lowlat_mw.client.sync import SyncDocument, SyncStream
+from lowlat_mw.client.websocket import _nothing_listens, _refused_everywhere
 from lowlat_mw.errors import ConnectionClosed, HandshakeRefused, ReconnectFailed, refusal_hint
 from lowlat_mw.protocol.context import ClientDocument
 

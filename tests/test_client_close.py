@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from support import seconds, wait_until
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
@@ -21,7 +22,7 @@ from websockets.typing import Subprotocol
 from lowlat_mw.client import connect
 from lowlat_mw.errors import ClientError
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec
+from lowlat_mw.protocol.wire import JsonCodec
 from lowlat_mw.settings import SUBPROTOCOL_JSON
 
 CLOSE_TIMEOUT = 0.2  # the client connection's, set by the test (websockets' default is 10 s)
@@ -74,8 +75,8 @@ async def test_close_ends_the_connection_when_the_server_reads_nothing() -> None
             ws.close_timeout = CLOSE_TIMEOUT
             stream = client.stream("x" * REQUEST)
             reading = asyncio.ensure_future(stream.text())  # sends the Request, which backs up
-            while ws.transport.get_write_buffer_size() < REQUEST // 2:  # the client's writes are held back
-                await asyncio.sleep(0.01)
+            # the client's writes are held back
+            await wait_until(lambda: ws.transport.get_write_buffer_size() >= REQUEST // 2, seconds(20), interval=0.01)
             started = time.monotonic()
             await asyncio.wait_for(client.close(), 10)
             elapsed = time.monotonic() - started

@@ -6,12 +6,13 @@ import asyncio
 import time
 
 import pytest
+from support import wait_until
 from websockets.asyncio.server import serve
 
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode, ConnectionClosed
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec
+from lowlat_mw.protocol.wire import JsonCodec
 
 
 async def _silent_server(ws) -> None:  # type: ignore[no-untyped-def]
@@ -58,8 +59,7 @@ async def test_client_measures_rtt_against_answering_server() -> None:
         port = server.sockets[0].getsockname()[1]
         async with asyncio.timeout(10), connect(f"ws://127.0.0.1:{port}/ws", mode="json",
                                                 heartbeat_timeout=0.5) as client:
-            while client.rtt is None:
-                await asyncio.sleep(0.02)
+            await wait_until(lambda: client.rtt is not None, interval=0.02, what="a heartbeat RTT")
             assert 0 <= client.rtt < 0.5
             await asyncio.sleep(0.3)  # several intervals: still connected
             assert client.connected

@@ -1,6 +1,6 @@
 """ClientProtocol, the client's sans-IO machine, against the real ServerProtocol through a ConnectionPair.
 
-The same protocol rules as tests/test_connection.py and tests/test_session.py, from the client's side:
+The same protocol rules as tests/test_connection.py and tests/protocol/test_session.py, from the client's side:
 the handshake and negotiation, streams, cancel, the heartbeat in both directions, flow-control Acks,
 resume (duplicates dropped, gaps refused), GoAway mid-stream, and what the client does with a broken
 server. No sockets and no sleeps: time is a number.

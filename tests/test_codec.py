@@ -12,21 +12,17 @@ from hypothesis import strategies as st
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import (
+from lowlat_mw.protocol.compression import CODEC_IDS, available_codecs
+from lowlat_mw.protocol.selector import CompressionSelector
+from lowlat_mw.protocol.wire import (
     FRAME_VERSION,
     JsonCodec,
     ProtoCodec,
     codec_for,
-    decode_fast,
-    encode_delta_fast,
-    encode_small_fast,
     from_json_dict,
-    from_protobuf,
     to_json_dict,
     to_protobuf,
 )
-from lowlat_mw.protocol.compression import CODEC_IDS, available_codecs
-from lowlat_mw.protocol.selector import CompressionSelector
 
 LIMIT = 8 * 1024 * 1024
 ALL = tuple(available_codecs())
@@ -195,7 +191,7 @@ struct_value = st.recursive(
 def test_params_read_as_the_protobuf_library_reads_them(value: dict[str, Any]) -> None:
     from google.protobuf import struct_pb2
 
-    from lowlat_mw.protocol.codec import _struct_to_dict
+    from lowlat_mw.protocol.wire.schema import struct_to_dict as _struct_to_dict
 
     struct = struct_pb2.Struct()
     struct.update(value)
@@ -261,23 +257,6 @@ def test_to_helpers_reject_non_events() -> None:
         to_protobuf("nope")  # type: ignore[arg-type]
     with pytest.raises(LocalProtocolError):
         to_json_dict(3)  # type: ignore[arg-type]
-
-
-# ================================================================================ fast delta path
-@FUZZ
-@given(u32, u32, st.one_of(st.text(), st.binary()))
-def test_encode_delta_fast_is_byte_identical_to_protobuf(stream_id: int, seq: int, chunk: str | bytes) -> None:
-    event = ev.Delta(stream_id=stream_id, seq=seq, **({"text": chunk} if isinstance(chunk, str) else {"data": chunk}))
-    assert encode_delta_fast(stream_id, seq, chunk) == to_protobuf(event).SerializeToString()
-
-
-@pytest.mark.parametrize("stream_id", [0, 1, 127, 128, 16383, 16384, 2**21, 2**28, 2**32 - 1])
-@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16384, 70000])
-def test_encode_delta_fast_at_varint_boundaries(stream_id: int, size: int) -> None:
-    for chunk in ("x" * size, b"\x01" * size):
-        event = ev.Delta(stream_id=stream_id, seq=stream_id, **(
-            {"text": chunk} if isinstance(chunk, str) else {"data": chunk}))
-        assert encode_delta_fast(stream_id, stream_id, chunk) == to_protobuf(event).SerializeToString()
 
 
 # ================================================================================ fuzz: only RemoteProtocolError
@@ -540,181 +519,6 @@ def test_from_json_dict_rejects_non_objects() -> None:
             from_json_dict(value)
 
 
-@FUZZ
-@given(u32, u32, st.one_of(st.text(), st.binary()))
-def test_decode_fast_delta_reads_what_protobuf_reads(stream_id: int, seq: int, chunk: str | bytes) -> None:
-    payload = encode_delta_fast(stream_id, seq, chunk)
-    event = ev.Delta.of(stream_id, seq, chunk)
-    assert decode_fast(payload) == event
-    assert PROTO.decode(b"\x10" + payload, limit=LIMIT) == event
-
-
-@FUZZ
-@given(st.binary(max_size=64))
-def test_decode_fast_delta_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_it(tail: bytes) -> None:
-    """Whatever it accepts, the library parses to the same Delta; whatever else it leaves alone."""
-    for payload in (tail, b"\x22" + tail, b"\x22" + bytes((len(tail),)) + tail):
-        fast = decode_fast(payload)
-        if fast is None:
-            continue
-        env = pb.Envelope.FromString(payload)
-        assert env.WhichOneof("msg") == "delta"
-        which = env.delta.WhichOneof("chunk")
-        assert fast == ev.Delta(stream_id=env.delta.stream_id, seq=env.delta.seq, **{which: getattr(env.delta, which)})
-
-
-@pytest.mark.parametrize("payload", [
-    b"\x22\x04\x08\x01\x1a\x01",  # the text runs past the end
-    b"\x22\x05\x08\x01\x1a\x01\xff",  # invalid UTF-8 in a string field
-    b"\x22\x06\x10\x01\x08\x01\x1a\x00",  # fields out of order: the library's call
-    b"\x22\x03\x08\x01\x1a\x00\x00",  # bytes after the Delta
-    b"\x22\x0a\x08\xff\xff\xff\xff\x7f\x1a\x00",  # a stream id beyond uint32
-    b"\x0a\x00",  # not a Delta
-    b"",
-])
-def test_decode_fast_delta_leaves_every_other_layout_to_protobuf(payload: bytes) -> None:
-    assert decode_fast(payload) is None
-
-
-@FUZZ
-@given(u32, u32, st.booleans())
-def test_encode_small_fast_acks_are_byte_identical_to_protobuf(stream_id: int, seq: int, done: bool) -> None:
-    ack = ev.Ack(stream_id=stream_id, seq=seq, done=done)
-    assert encode_small_fast(ack) == to_protobuf(ack).SerializeToString()
-
-
-@FUZZ
-@given(st.integers(1, 2**32 - 1), st.text(max_size=20), st.text())
-def test_encode_small_fast_text_requests_are_byte_identical_to_protobuf(stream_id: int, model: str, text: str) -> None:
-    try:
-        text.encode()
-        model.encode()
-    except UnicodeEncodeError:  # lone surrogates: protobuf refuses them too
-        return
-    req = ev.Request(stream_id=stream_id, model=model, text=text)
-    assert encode_small_fast(req) == to_protobuf(req).SerializeToString()
-    assert PROTO.decode(PROTO.encode(req), limit=LIMIT) == req
-
-
-def test_encode_small_fast_leaves_other_requests_to_protobuf() -> None:
-    assert encode_small_fast(ev.Request(stream_id=1, text="x", params={"a": 1})) is None
-    warm = ev.Request(stream_id=1, text="x", warmup=True)  # (revision 2: its field must not be dropped)
-    assert encode_small_fast(warm) is None
-    assert PROTO.decode(PROTO.encode(warm), limit=LIMIT) == warm
-    assert encode_small_fast(ev.Request(stream_id=1, data=b"x")) is None
-    assert encode_small_fast(ev.Request(stream_id=1)) is None
-    assert encode_small_fast(ev.Cancel(stream_id=1)) is None
-
-
-@FUZZ
-@given(u32, st.booleans())
-def test_pings_and_pongs_fast_both_ways_are_what_protobuf_makes_and_reads(ping_id: int, pong: bool) -> None:
-    event = ev.Pong(id=ping_id) if pong else ev.Ping(id=ping_id)
-    payload = encode_small_fast(event)
-    assert payload == to_protobuf(event).SerializeToString()
-    assert decode_fast(payload) == event == from_protobuf(pb.Envelope.FromString(payload))
-
-
-@FUZZ
-@given(u32, u32, st.booleans())
-def test_decode_fast_small_reads_acks_as_protobuf_does(stream_id: int, seq: int, done: bool) -> None:
-    ack = ev.Ack(stream_id=stream_id, seq=seq, done=done)
-    payload = to_protobuf(ack).SerializeToString()
-    assert decode_fast(payload) == ack == from_protobuf(pb.Envelope.FromString(payload))
-
-
-@FUZZ
-@given(st.integers(1, 2**32 - 1), st.text(max_size=20), st.text())
-def test_decode_fast_small_reads_text_requests_as_protobuf_does(stream_id: int, model: str, text: str) -> None:
-    try:
-        req = ev.Request(stream_id=stream_id, model=model, text=text)
-        payload = to_protobuf(req).SerializeToString()
-    except (UnicodeEncodeError, ValueError):  # lone surrogates: not encodable
-        return
-    assert decode_fast(payload) == req == from_protobuf(pb.Envelope.FromString(payload))
-
-
-@FUZZ
-@given(st.sampled_from([b"\x5a", b"\x1a", b"\x4a", b"\x42"]), st.binary(max_size=48))
-def test_decode_fast_small_on_any_bytes_agrees_with_protobuf_or_leaves_them_to_it(tag: bytes, tail: bytes) -> None:
-    for payload in (tag + tail, tag + bytes((len(tail),)) + tail):
-        fast = decode_fast(payload)
-        if fast is None:
-            continue
-        assert fast == from_protobuf(pb.Envelope.FromString(payload))
-
-
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**60, 2**60).map(float),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
-
-
-@FUZZ
-@given(st.integers(1, 2**32 - 1), st.text(max_size=10),
-       st.dictionaries(st.text(max_size=8), st.one_of(_scalars, st.lists(_scalars, max_size=2),
-                                                     st.dictionaries(st.text(max_size=3), _scalars, max_size=2)),
-                       max_size=5))
-def test_decode_fast_reads_requests_with_flat_params_as_the_library_does(stream_id: int, text: str,
-                                                                          params: dict[str, Any]) -> None:
-    """Params of strings, numbers, bools and nulls are read by hand exactly as the library path reads them
-    (whole numbers as ints below 2**53); nested values, NaN and infinities are left to the library."""
-    try:
-        payload = pb.Envelope(request=pb.Request(stream_id=stream_id, text=text)).SerializeToString()
-        env = pb.Envelope.FromString(payload)
-        env.request.params.update(params)
-        payload = env.SerializeToString()
-    except (UnicodeEncodeError, ValueError):  # lone surrogates: not encodable
-        return
-    fast = decode_fast(payload)
-    try:
-        library = from_protobuf(pb.Envelope.FromString(payload))
-    except (ValueError, RemoteProtocolError):  # NaN or an infinity: refused by the library path
-        assert fast is None
-        return
-    flat = all(v is None or isinstance(v, bool | int | float | str) for v in params.values())
-    if flat:
-        assert fast == library
-    else:
-        assert fast is None or fast == library
-
-
-def test_repeated_params_are_read_once_and_every_request_gets_a_dict_of_its_own(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A client's requests mostly carry the same params: their bytes are read once (a bounded table), and each
-    Request still gets a dict of its own that its model may change."""
-    from lowlat_mw.protocol import codec
-
-    reads: list[bytes] = []
-    flat_struct = codec._flat_struct
-    monkeypatch.setattr(codec, "_flat_struct", lambda buf: reads.append(buf) or flat_struct(buf))
-    monkeypatch.setattr(codec, "_PARAMS_SEEN", {})
-    params = {"temperature": 0.5, "max_tokens": 64, "stop": "\n", "stream": True}
-    payload = to_protobuf(ev.Request(stream_id=1, text="x", params=params)).SerializeToString()
-    first = decode_fast(payload)
-    assert isinstance(first, ev.Request) and first.params == params
-    first.params["max_tokens"] = 1  # (the model changes its own)
-    first.params.pop("stop")
-    second = decode_fast(payload)
-    assert isinstance(second, ev.Request) and second.params == params and second.params is not first.params
-    assert len(reads) == 1
-    for n in range(codec._PARAMS_SEEN_MAX + 10):  # params that differ per request: the table stays bounded
-        other = to_protobuf(ev.Request(stream_id=1, text="x", params={"seed": n})).SerializeToString()
-        assert decode_fast(other).params == {"seed": n}  # type: ignore[union-attr]
-    assert len(codec._PARAMS_SEEN) <= codec._PARAMS_SEEN_MAX
-    big = {"prompt_prefix": "y" * codec._PARAMS_SEEN_SIZE}  # too big to keep: read every time
-    payload = to_protobuf(ev.Request(stream_id=1, text="x", params=big)).SerializeToString()
-    assert decode_fast(payload).params == big and decode_fast(payload).params == big  # type: ignore[union-attr]
-    assert reads.count(reads[-1]) == 2
-
-
-def test_decode_fast_small_leaves_requests_with_nested_params_or_data_and_bad_ids_to_protobuf() -> None:
-    for req in (ev.Request(stream_id=1, text="x", params={"a": {"b": 1}}), ev.Request(stream_id=1, data=b"x"),
-                ev.Request(stream_id=1)):
-        assert decode_fast(to_protobuf(req).SerializeToString()) is None
-    assert decode_fast(b"\x1a\x04\x08\x00\x1a\x00") is None  # stream id 0: the library's bad_request
-    with pytest.raises(RemoteProtocolError):
-        PROTO.decode(b"\x10\x1a\x04\x08\x00\x1a\x00", limit=LIMIT)
-
-
 def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and_stays_frozen() -> None:
     """_fast.maker (the hot paths' constructor of Request and ModelRequest) sets every field as __init__ does:
     the given ones, each other one its default or a new object of its default factory."""
@@ -744,8 +548,26 @@ def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and
         maker(ev.Request, "text")  # stream_id has none
     with pytest.raises(TypeError, match="not a slotted"):
         maker(dataclasses.make_dataclass("Loose", [("a", int)], frozen=True), "a")
+    from lowlat_mw.protocol.wire.fast import decode_request as decode_fast
+
     fast = decode_fast(to_protobuf(ev.Request(stream_id=5, model="m", text="t", params={"k": 1})).SerializeToString())
     assert fast == ev.Request(stream_id=5, model="m", text="t", params={"k": 1})
     big = to_protobuf(ev.Request(stream_id=1, text="t")).SerializeToString()
     big = big.replace(b"\x08\x01", b"\x08\x80\x80\x80\x80\x10")  # stream id 2**32
     assert decode_fast(big[:1] + bytes([len(big) - 2]) + big[2:]) is None  # an id past 32 bits: the library's
+
+
+@FUZZ
+@given(u32, u32, st.one_of(st.text(), st.binary()))
+def test_encode_delta_writes_what_encode_frame_writes_for_the_delta(stream_id: int, seq: int,
+                                                                     chunk: str | bytes) -> None:
+    """Each codec's encode_delta (every token, without an event) is its encode_frame of the Delta."""
+    event = ev.Delta.of(stream_id, seq, chunk)
+    for codec in CODECS:
+        try:
+            want = codec.encode_frame(event)
+        except (UnicodeEncodeError, ValueError):  # a lone surrogate: neither writes it
+            with pytest.raises((UnicodeEncodeError, ValueError)):
+                codec.encode_delta(stream_id, seq, chunk)
+            continue
+        assert codec.encode_delta(stream_id, seq, chunk) == want, codec

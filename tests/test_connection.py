@@ -611,7 +611,7 @@ def test_chunks_count_as_activity() -> None:
 script_steps = st.lists(
     st.one_of(
         st.tuples(st.just("wait"), st.floats(0.01, 400)),
-        st.tuples(st.sampled_from(["request", "chunk", "finish", "cancel"]), st.integers(1, 3)),
+        st.tuples(st.sampled_from(["request", "chunk", "finish", "cancel", "join", "leave"]), st.integers(1, 3)),
         st.tuples(st.just("ping"), st.just(0)),
         st.tuples(st.just("hello"), st.just(0)),
     ),
@@ -620,12 +620,13 @@ script_steps = st.lists(
 
 
 def _deadline_of_parts(conn: ServerProtocol) -> float:
-    """ServerProtocol.next_deadline from its parts' own methods (it writes them out)."""
+    """ServerProtocol.next_deadline from its parts' own methods (the ones it calls)."""
     if conn.state is not ConnState.OPEN:
         return conn.handshake_deadline
     running = conn.session.active if conn.session is not None else 0
+    groups = conn.session.groups if conn.session is not None else ()
     lifetime = conn.settings.max_session_lifetime
-    return min(conn.heartbeat.deadline(), conn.reaper.deadline(running),
+    return min(conn.heartbeat.deadline(), conn.reaper.deadline(running, groups),
                conn.opened_at + lifetime if lifetime and not running else math.inf)
 
 
@@ -675,6 +676,8 @@ def test_next_deadline_is_exactly_when_tick_acts(subprotocol: str, interval: flo
             pair.send(ev.Cancel(stream_id=sid))
         elif kind == "ping":
             pair.send(ev.Ping(id=1))
+        elif kind in ("join", "leave"):  # a session in push groups is listening, not idle
+            conn.join(f"g{sid}", kind == "join", pair.now)
 
 
 # ================================================================================ teardown

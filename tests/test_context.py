@@ -17,9 +17,9 @@ from lowlat_mw.errors import ClientError, ErrorCode, StreamError
 from lowlat_mw.model import ModelRequest
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.client import ClientStream
-from lowlat_mw.protocol.codec import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.protocol.context import ClientDocument, SessionContext, sha256
 from lowlat_mw.protocol.server import StartStream
+from lowlat_mw.protocol.wire import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 from lowlat_mw.testing.inprocess import AppClient
 from lowlat_mw.testing.pair import ConnectionPair

@@ -16,12 +16,13 @@ import pytest
 from driver_support import endpoint_for
 from hypothesis import given
 from hypothesis import strategies as st
+from support import wait_until as wait_for  # (named as before: the call sites stay as they were)
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime import closing as runtime_closing
 from lowlat_mw.runtime.asgi import accept
 from lowlat_mw.runtime.connection import ConnectionDriver
@@ -129,12 +130,6 @@ async def tokens(req: Any) -> Any:
         yield f"t{i} "
         if req.params.get("hold"):  # the stream stays open (until cancelled) after its first token
             await asyncio.Event().wait()
-
-
-async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.001)
 
 
 @pytest.mark.parametrize("subprotocol", [SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
@@ -748,7 +743,11 @@ def _open_pair() -> tuple[Any, Any]:
     from websockets.server import ServerProtocol
     from websockets.uri import parse_uri
 
+    from lowlat_mw.runtime.direct import watch_parser
+
     client, server = ClientProtocol(parse_uri("ws://localhost/")), ServerProtocol()
+    watch_parser(client)
+    watch_parser(server)
     client.send_request(client.connect())
     server.receive_data(b"".join(client.data_to_send()))
     [request] = server.events_received()
@@ -777,6 +776,45 @@ def test_the_parser_is_idle_only_at_a_frame_boundary_not_after_a_header_whose_pa
     assert not parser_idle(conn)  # (half a header: buffered)
     conn.receive_data(head[1:] + b"hello")
     assert [f.data for f in conn.events_received()] == [b"hello"] and parser_idle(conn)
+
+
+def _waits_between_frames(conn: Any) -> bool:
+    """Where websockets' parser generator waits, read from its frames (what parser_idle did before issue 39): in
+    ``StreamReader.at_eof``, between two frames. Tests only: lowlat_mw walks no generator (test_architecture)."""
+    from websockets.streams import StreamReader
+
+    waiting = conn.parser
+    while getattr(waiting, "gi_yieldfrom", None) is not None:
+        waiting = waiting.gi_yieldfrom
+    return getattr(waiting, "gi_code", None) is StreamReader.at_eof.__code__
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_the_watched_parser_is_idle_exactly_where_its_generator_waits_between_frames(side: str) -> None:
+    """Differential: a run of data frames, a fragmented message with a Ping inside and a 16-bit length, cut at every
+    byte, fed in two reads: after each read the watched reader's flag (parser_idle) says what the parser's own
+    generator frames say, and never idle inside a fragmented message."""
+    from lowlat_mw.runtime.direct import parser_idle
+
+    masked = side == "server"
+
+    def frame(op: int, payload: bytes, fin: bool = True) -> bytes:
+        n = len(payload)
+        head = bytes(((0x80 if fin else 0) | op,)) + (bytes(((0x80 if masked else 0) | n,)) if n < 126 else
+                                                       bytes(((0x80 if masked else 0) | 126,)) + n.to_bytes(2, "big"))
+        return head + (b"\0\0\0\0" if masked else b"") + payload
+
+    before = frame(2, b"hello") + frame(1, b"x" * 300) + frame(1, b"par", fin=False)
+    inside = frame(9, b"p") + frame(0, b"tial")
+    wire = before + inside + frame(2, b"")
+    fragmented = range(len(before), len(before + inside))  # (from the first fragment's end to the last one's)
+    for cut in range(len(wire) + 1):
+        conn = _open_pair()[0 if side == "server" else 1]
+        for part, end in ((wire[:cut], cut), (wire[cut:], len(wire))):
+            conn.receive_data(part)
+            assert parser_idle(conn) == (_waits_between_frames(conn) and end not in fragmented), (cut, end)
+        assert parser_idle(conn)
+        conn.events_received()
 
 
 def test_next_message_reads_a_run_of_frames_from_an_offset() -> None:

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from lowlat_mw.errors import ErrorCode, LocalProtocolError
 from lowlat_mw.model import InputEnded, Inputs, ModelRequest, SessionInfo
@@ -151,8 +152,8 @@ async def test_a_sync_model_waits_for_input_from_its_worker_thread() -> None:
     got: list[object] = []
     thread = threading.Thread(target=lambda: got.append(inputs.get_sync(timeout=10)))
     thread.start()
-    while inputs.cond is None:  # the thread's wait has begun (its condition is made on the loop)
-        await asyncio.sleep(0.001)
+    # the thread's wait has begun (its condition is made on the loop)
+    await wait_until(lambda: inputs.cond is not None, interval=0.001, what="the thread to wait")
     inputs.put("hi", False)
     await asyncio.to_thread(thread.join, 10)
     assert got == ["hi"]
@@ -193,8 +194,8 @@ async def test_a_tool_call_nobody_answers_is_a_clear_client_error() -> None:
     async with AppClient(_app(), "/ws") as client:
         with pytest.raises(ClientError, match="asked for tool 'lookup'"):
             await client.complete("x")
-        while "x" not in CANCELLED:  # and its stream was cancelled: the model does not wait for ever
-            await asyncio.sleep(0.01)
+        # and its stream was cancelled: the model does not wait for ever
+        await wait_until(lambda: "x" in CANCELLED, interval=0.01, what="the stream to be cancelled")
         # with the tool given, the same call completes; the tool gets the call's arguments as keywords
         stream = client.stream("rome", tools={"lookup": lambda q: q.upper()})
         got = []

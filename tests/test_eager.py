@@ -276,3 +276,13 @@ async def test_a_first_step_that_ends_in_a_bare_yield_resumes_in_the_next_turn_a
     loop.call_soon(loop.call_soon, log.append, "turn 2")
     await task
     assert log == ["eager", "turn 1", "eager again", "turn 2"]
+
+
+def test_the_runtime_starts_eagerly_by_the_public_api_or_the_servers_starter() -> None:
+    """The seam (lowlat_mw.runtime.eager): Python 3.12's public eager start, else the hand-made one that
+    lowlat_mw.servers.eager installs as the package is imported (private asyncio calls live in servers/ only)."""
+    import sys
+
+    from lowlat_mw.servers import eager as by_hand
+
+    assert eager.start is (eager.native if sys.version_info >= (3, 12) else by_hand.start)

@@ -35,8 +35,8 @@ from hypothesis import strategies as st
 
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import encode_varint
 from lowlat_mw.protocol.compression import compress
+from lowlat_mw.protocol.wire import encode_varint
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 
 HERE = Path(__file__).resolve().parent

@@ -14,8 +14,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from loopback import free_port
 from prometheus_client import CollectorRegistry
+from support.ports import free_port
 
 from lowlat_mw import connect
 from lowlat_mw.endpoint import Endpoint, health

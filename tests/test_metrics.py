@@ -20,8 +20,8 @@ from lowlat_mw.observability.metrics import LATENCY_BUCKETS, Metrics, Snapshot, 
 from lowlat_mw.observability.timing import SAMPLE_EVERY, STAGES, StreamTimer, stage_sum
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.base import FrameStats
-from lowlat_mw.protocol.codec import codec_for
 from lowlat_mw.protocol.selector import CompressionSelector
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime.connection import ConnectionDriver
 from lowlat_mw.runtime.streams import ModelRunner
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings

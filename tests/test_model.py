@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from support import seconds, wait_for
 
 from lowlat_mw.model import (
     DONE,
@@ -306,7 +307,8 @@ async def test_blocking_sync_function_does_not_block_the_loop() -> None:
 
 
 # ============================================================================ cancellation
-async def _cancel_after_first_chunk(fn: Any) -> list[Any]:
+async def _cancel_after_first_chunk(fn: Any, busy: asyncio.Event | threading.Event) -> list[Any]:
+    """The chunks `fn` yielded before it was cancelled while busy on its second (it sets `busy` then)."""
     got: list[Any] = []
     first = asyncio.Event()
 
@@ -317,36 +319,31 @@ async def _cancel_after_first_chunk(fn: Any) -> list[Any]:
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first.wait(), 2)
-    await asyncio.sleep(0.01)  # the generator is now busy producing the next chunk
+    await wait_for(busy, seconds(2.0), what="the generator to start on its next chunk")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     return got
 
 
-async def _wait_for(flag: threading.Event, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not flag.is_set() and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-    return flag.is_set()
-
-
 async def test_cancelling_a_sync_generator_stops_it_within_one_chunk_and_runs_finally() -> None:
     produced: list[int] = []
-    closed = threading.Event()
+    closed, busy = threading.Event(), threading.Event()
 
     def slow(req: ModelRequest) -> Iterator[str]:
         try:
             for i in range(100):
+                if i:
+                    busy.set()
                 time.sleep(0.05)
                 produced.append(i)
                 yield f"c{i}"
         finally:
             closed.set()
 
-    got = await _cancel_after_first_chunk(slow)
+    got = await _cancel_after_first_chunk(slow, busy)
     assert got == ["c0"]
-    assert await _wait_for(closed, 1.0), "the generator's finally block did not run"
+    await wait_for(closed, seconds(1.0), what="the generator's finally block to run")
     assert len(produced) <= 2  # the chunk in flight when cancelled, and nothing after it
     await asyncio.sleep(0.12)  # two more chunk periods: nothing else is produced
     assert len(produced) <= 2
@@ -365,23 +362,25 @@ async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
     agen = stream_model(gen, REQ)
     assert await agen.__anext__() == "one"
     await agen.aclose()  # consumer stops between chunks
-    assert await _wait_for(closed, 1.0)
+    await wait_for(closed, seconds(1.0), what="the generator's finally block to run")
 
 
 async def test_cancelling_an_async_generator_closes_it() -> None:
-    closed = asyncio.Event()
+    closed, busy = asyncio.Event(), asyncio.Event()
     produced: list[int] = []
 
     async def agen(req: ModelRequest) -> AsyncIterator[str]:
         try:
             for i in range(100):
+                if i:
+                    busy.set()
                 await asyncio.sleep(0.02)
                 produced.append(i)
                 yield f"c{i}"
         finally:
             closed.set()
 
-    got = await _cancel_after_first_chunk(agen)
+    got = await _cancel_after_first_chunk(agen, busy)
     assert got == ["c0"]
     assert closed.is_set()  # closed right away, on the loop
     assert len(produced) == 1
@@ -580,11 +579,14 @@ async def test_step_now_passes_model_errors_and_cancellation_through() -> None:
     kind, rest = step_now(agen)
     assert kind == WAIT
 
+    waiting = asyncio.Event()
+
     async def consume() -> Any:
+        waiting.set()  # (then, in the same step, into the model: it waits in its sleep before this test goes on)
         return await rest
 
     task = asyncio.get_running_loop().create_task(consume())
-    await asyncio.sleep(0.01)
+    await wait_for(waiting, what="the consumer to wait on the model")
     task.cancel()  # thrown into the model, which runs its finally
     with pytest.raises(asyncio.CancelledError):
         await task

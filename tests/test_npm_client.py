@@ -13,14 +13,15 @@ Needs Node.js with npm and tests/node's packages (``python3 dev.py test`` instal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from support.models import StopProbe
 from test_npm_package import NODE, needs_node, project  # noqa: F401 - project: the packed package's fixture
 
 from lowlat_mw.testing.pytest_plugin import RunningServer
@@ -30,31 +31,18 @@ pytestmark = [pytest.mark.timeout(180), needs_node]
 WAIT = 20.0  # seconds the probe model waits for the model it watches to stop
 
 
-class Probe:
+class Probe(StopProbe):
     """Model "long" streams until stopped and says so in its ``finally``; model "probe" answers whether the "long"
     stream of the same prompt stopped (waiting up to WAIT for it): the Node program asks in-band, connection open."""
-
-    def __init__(self) -> None:
-        self.stopped: dict[str, threading.Event] = {}
-        self.lock = threading.Lock()
-
-    def event(self, prompt: str) -> threading.Event:
-        with self.lock:
-            return self.stopped.setdefault(prompt, threading.Event())
 
     async def model(self, req: Any):  # (an async generator)
         if req.model == "probe":
             stopped = await asyncio.to_thread(self.event(req.prompt).wait, WAIT)
             yield "stopped" if stopped else "running"
             return
-        try:
-            i = 0
-            while True:
-                yield f"tick{i} "
-                i += 1
-                await asyncio.sleep(0.005)
-        finally:
-            self.event(req.prompt).set()
+        async with contextlib.aclosing(self.ticks(req)) as ticks:  # (closed with this one: its finally runs now)
+            async for tick in ticks:
+                yield tick
 
 
 def served(model: Any) -> RunningServer:

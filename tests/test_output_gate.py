@@ -117,10 +117,10 @@ def test_every_action_of_the_machine_has_one_entry_in_the_drivers_action_table()
     interpreter's own (they are batched). A new kind without an entry fails here, not at run time."""
     import dataclasses
 
-    from lowlat_mw.protocol import base, server
+    from lowlat_mw.protocol import actions, base, server
     from lowlat_mw.runtime import connection
 
-    kinds = {cls for module in (base, server) for cls in vars(module).values()
+    kinds = {cls for module in (base, actions) for cls in vars(module).values()
              if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__}
     assert kinds == {base.SendFrame, base.CloseConnection, base.Measured, server.StartStream, server.DeliverInput,
                      server.CancelStream, server.Authenticate, server.ResumeSession, server.Membership}

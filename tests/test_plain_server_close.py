@@ -22,11 +22,12 @@ import time
 from typing import Any
 
 import pytest
+from support import wait_until
 from uvicorn_support import WAIT, InProcessServer, client_frame
 
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime import closing
 from lowlat_mw.settings import SUBPROTOCOL_PROTO
 
@@ -71,12 +72,6 @@ class Unread:
         self.sock.close()
 
 
-async def wait_for(predicate: Any, timeout: float = WAIT) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize("ws", ["websockets", "wsproto"])
 async def test_plain_uvicorn_releases_a_connection_whose_close_never_goes_out(ws: str, monkeypatch, caplog) -> None:
     pytest.importorskip(ws)
@@ -89,21 +84,22 @@ async def test_plain_uvicorn_releases_a_connection_whose_close_never_goes_out(ws
     async with asyncio.timeout(3 * WAIT), server:
         try:
             await clients[0].open()
-            await wait_for(lambda: endpoint.limiter.total == 1)
+            await wait_until(lambda: endpoint.limiter.total == 1, WAIT)
             start = time.monotonic()
             # The send blocks, 4003 after slow_consumer_timeout; its close frame never reaches the wire (uvicorn's send
             # waits for the paused transport), and no disconnect comes: the driver lets the connection go itself.
-            await wait_for(lambda: endpoint.limiter.total == 0 and not endpoint.connections)
+            await wait_until(lambda: endpoint.limiter.total == 0 and not endpoint.connections, WAIT)
             print(f"\nplain uvicorn ({ws}): released {time.monotonic() - start:.2f} s after the stream began "
                   f"(slow_consumer_timeout {SLOW} s, close_timeout {CLOSE} s + {closing.CLOSE_SLACK} s)")
-            await wait_for(lambda: server.returned == 1)  # the application's call ends too (not waiting on receive())
+            # the application's call ends too (not waiting on receive())
+            await wait_until(lambda: server.returned == 1, WAIT)
             said = [r for r in caplog.records if "cannot drop" in r.getMessage()]
             assert len(said) == 1, [r.getMessage() for r in caplog.records]
             # One connection per client address: a new one is admitted, and served.
             await clients[1].open()
-            await wait_for(lambda: endpoint.limiter.total == 1)
-            await wait_for(lambda: endpoint.limiter.total == 0 and not endpoint.connections)
-            await wait_for(lambda: server.returned == 2)
+            await wait_until(lambda: endpoint.limiter.total == 1, WAIT)
+            await wait_until(lambda: endpoint.limiter.total == 0 and not endpoint.connections, WAIT)
+            await wait_until(lambda: server.returned == 2, WAIT)
             assert len([r for r in caplog.records if "cannot drop" in r.getMessage()]) == 1  # once per process
             closed = {s.labels.get("code"): s.value for m in server.registry.collect()
                       if m.name == "lowlat_connections_closed" for s in m.samples if s.name.endswith("_total")}

@@ -91,3 +91,25 @@ def test_python_error_codes_match_the_proto_enum() -> None:
 
 def test_stale_message_says_how_to_regenerate() -> None:
     assert REGENERATE in STALE
+
+
+def test_the_wire_table_names_every_message_every_field_and_every_event() -> None:
+    """wire/schema.py's table is the one place a message kind is added: it lists every member of the
+    Envelope's oneof, each with exactly its message's fields, which are exactly its event class's fields."""
+    import dataclasses
+    from typing import get_args
+
+    from lowlat_mw.protocol import events as ev
+    from lowlat_mw.protocol.wire.schema import KINDS
+
+    envelope = pb.Envelope.DESCRIPTOR
+    assert [k.name for k in KINDS] and len({k.name for k in KINDS}) == len(KINDS)
+    assert {k.name for k in KINDS} == {f.name for f in envelope.oneofs_by_name["msg"].fields}
+    assert {k.cls for k in KINDS} == set(get_args(ev.Event))
+    for kind in KINDS:
+        message = envelope.fields_by_name[kind.name].message_type
+        table = [f.name for f in kind.fields]
+        assert len(set(table)) == len(table), kind.name
+        assert set(table) == {f.name for f in message.fields}, kind.name
+        assert set(table) == {f.name for f in dataclasses.fields(kind.cls)}, kind.name
+        assert len(message.oneofs) <= 1, kind.name  # (the codec reads one oneof per message)

@@ -23,8 +23,8 @@ from lowlat_mw.adapters.starlette import LowLatMiddleware
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.base import CloseConnection, SendFrame
-from lowlat_mw.protocol.codec import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.protocol.server import Membership, ServerProtocol
+from lowlat_mw.protocol.wire import JSON_CODEC, PROTO_CODEC
 from lowlat_mw.runtime import push
 from lowlat_mw.runtime.push import MAX_PUSH, principal_name
 from lowlat_mw.settings import SUBPROTOCOL_JSON, Settings
@@ -175,7 +175,7 @@ def test_principal_name_is_the_users_key() -> None:
 
 
 def test_publish_with_redis_unreachable_raises_publish_error(tmp_path) -> None:
-    from loopback import free_port
+    from support.ports import free_port
 
     with pytest.raises(lowlat_mw.PublishError, match="unreachable"):
         lowlat_mw.publish("group:a", "x", store=f"redis://127.0.0.1:{free_port()}/0")
@@ -184,7 +184,7 @@ def test_publish_with_redis_unreachable_raises_publish_error(tmp_path) -> None:
 def test_a_process_without_an_app_publishes_where_its_settings_say_or_says_what_to_set() -> None:
     """A script knows no store: PublishError, not a push into the void. A Django management command or Celery task:
     the project's LOWLAT_MW["session_store"] (here a Redis nobody listens on, so "unreachable" proves it went there)."""
-    from loopback import free_port
+    from support.ports import free_port
 
     code = f"""
 import lowlat_mw

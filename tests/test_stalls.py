@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from driver_support import Peer, endpoint_for
+from support import wait_until
 
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.protocol import events as ev
@@ -72,12 +73,6 @@ def blocking_until(event: threading.Event) -> None:
         time.sleep(0.005)
 
 
-async def wait_for(predicate: Any, timeout: float = BOUND) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 def make_models(warnings: Warnings) -> tuple[Any, Any]:
     async def sleepy_model(req: Any) -> Any:  # an async function: its one step blocks
         blocking_until(warnings.came)
@@ -97,7 +92,7 @@ async def test_a_step_holding_the_loop_is_warned_about_naming_the_model(which: i
     model = make_models(warnings)[which]
     peer = Peer(endpoint_for(model, slow_step_warning=THRESHOLD))
     await peer.hello_and_request()
-    await wait_for(lambda: any(isinstance(e, ev.End) for e in peer.events))
+    await wait_until(lambda: any(isinstance(e, ev.End) for e in peer.events), BOUND)
     assert warnings.came.is_set(), "no warning while the model held the loop"
     [record] = warnings.records  # once
     message = record.getMessage()
@@ -122,15 +117,16 @@ async def test_the_same_model_is_named_once_and_its_later_slow_steps_counted(war
     endpoint = endpoint_for(sleepy, slow_step_warning=THRESHOLD)
     first = Peer(endpoint)
     await first.hello_and_request()
-    await wait_for(lambda: any(isinstance(e, ev.End) for e in first.events))
+    await wait_until(lambda: any(isinstance(e, ev.End) for e in first.events), BOUND)
     assert len(warnings.records) == 1
     watch = loop_watch()
-    await wait_for(lambda: watch.pinged[0] == watch.posted)  # the loop free again (it ran the watch's last ping)
+    # the loop free again (it ran the watch's last ping)
+    await wait_until(lambda: watch.pinged[0] == watch.posted, BOUND)
     seen = watch.stale_seen
     until[0] = lambda: watch.stale_seen >= seen + 3  # the second step: until the watch saw it hold the loop
     second = Peer(endpoint)
     await second.hello_and_request()
-    await wait_for(lambda: any(isinstance(e, ev.End) for e in second.events))
+    await wait_until(lambda: any(isinstance(e, ev.End) for e in second.events), BOUND)
     assert watch.stale_seen >= seen + 3
     assert len(warnings.records) == 1  # not named again within REPEAT seconds
     [(_, more)] = stalls.WATCHER.said.values()
@@ -159,7 +155,7 @@ async def test_a_task_that_is_no_model_holding_the_loop_is_not_blamed_on_a_model
     assert watch.stale_seen >= seen + 3  # the watch saw the loop held (three looks: more than a report needs)
     assert warnings.records == []  # by no model: nothing said
     peer.driver.runner.tasks[1].cancel()
-    await wait_for(lambda: not peer.driver.runner.tasks)
+    await wait_until(lambda: not peer.driver.runner.tasks, BOUND)
     await peer.gone()
 
 
@@ -182,7 +178,7 @@ async def test_the_watch_counts_the_model_tasks_of_its_loop(warnings: Warnings) 
     await peer.receive(ev.Request(stream_id=2, model="quick"))  # (ends in its first step)
     assert watched() == 1
     release.set()
-    await wait_for(lambda: sum(isinstance(e, ev.End) for e in peer.events) == 2)
+    await wait_until(lambda: sum(isinstance(e, ev.End) for e in peer.events) == 2, BOUND)
     assert watched() == 0
     await peer.gone()
 
@@ -219,7 +215,7 @@ async def test_a_sync_model_is_not_watched(warnings: Warnings) -> None:
         await asyncio.wait_for(asyncio.to_thread(running.wait, BOUND), BOUND)
         assert watched() == 0, model  # (and the thread, with nothing to look at, sleeps)
         release.set()
-        await wait_for(lambda n=sid: sum(isinstance(e, ev.End) for e in peer.events) == n)  # type: ignore[misc]
+        await wait_until(lambda n=sid: sum(isinstance(e, ev.End) for e in peer.events) == n, BOUND)  # type: ignore[misc]
     await peer.gone()
 
 
@@ -240,7 +236,7 @@ async def test_a_failing_tracer_leaves_no_task_watched_and_the_stream_ends(warni
     await peer.receive(ev.Hello())
     await peer.receive(ev.Request(stream_id=1, text="x"))  # (its first step runs in here: the tracer fails now)
     assert watched() == 0  # not left counted: the watching thread would look at this loop for ever
-    await wait_for(lambda: any(isinstance(e, ev.End | ev.Error) for e in peer.events))
+    await wait_until(lambda: any(isinstance(e, ev.End | ev.Error) for e in peer.events), BOUND)
     [end] = [e for e in peer.events if isinstance(e, ev.End | ev.Error)]
     assert isinstance(end, ev.Error), end  # a stream the tracer broke is not quietly complete
     await peer.gone()
@@ -276,10 +272,10 @@ async def test_each_endpoint_s_setting_applies_to_its_own_models(setting: float,
     await asyncio.wait_for(waiting.wait(), BOUND)
     peer = Peer(endpoint_for(sleepy, slow_step_warning=setting))
     await peer.hello_and_request()
-    await wait_for(lambda: any(isinstance(e, ev.End) for e in peer.events))
+    await wait_until(lambda: any(isinstance(e, ev.End) for e in peer.events), BOUND)
     assert warnings.records == [], [r.getMessage() for r in warnings.records]
     release.set()
-    await wait_for(lambda: any(isinstance(e, ev.End) for e in other.events))
+    await wait_until(lambda: any(isinstance(e, ev.End) for e in other.events), BOUND)
     await peer.gone()
     await other.gone()
 
@@ -329,7 +325,7 @@ def _forked_child() -> int:
     async def main() -> None:
         peer = Peer(endpoint_for(sleepy, slow_step_warning=THRESHOLD))
         await peer.hello_and_request()
-        await wait_for(lambda: any(isinstance(e, ev.End) for e in peer.events))
+        await wait_until(lambda: any(isinstance(e, ev.End) for e in peer.events), BOUND)
         await peer.gone()
 
     asyncio.run(main())

@@ -18,22 +18,17 @@ from typing import Any
 import pytest
 from driver_support import Peer, endpoint_for
 from prometheus_client import CollectorRegistry
+from support import wait_until as wait_for  # (named as before: the call sites stay as they were)
 
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol.client import ClientProtocol, ClientStream
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.runtime.batch import batcher_for
 from lowlat_mw.settings import SUBPROTOCOL_JSON
 
 BOUND = 10.0  # seconds any wait below may take on a loaded machine (each ends at an event, long before)
-
-
-async def wait_for(predicate: Any, timeout: float = BOUND) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 def terminal(peer: Peer, sid: int = 1) -> ev.End | ev.Error | None:
@@ -124,6 +119,40 @@ async def test_a_connection_cancelled_outside_a_shutdown_keeps_its_streams_for_t
     [runner] = list(conn.app.endpoint.store.values())  # type: ignore[attr-defined]
     assert runner.driver is None and 1 in runner.tasks
     runner.destroy()
+
+
+class SlowEndPeer(Peer):
+    """A peer whose socket takes the End only once `gate` is set (a transport past its high-water mark)."""
+
+    def __init__(self, endpoint: Any) -> None:
+        super().__init__(endpoint)
+        self.gate = asyncio.Event()
+
+    async def _send(self, message: Any) -> None:
+        if message["type"] == "websocket.send" and '"type":"end"' in str(message.get("text")):
+            await self.gate.wait()
+        await super()._send(message)
+
+
+async def test_a_stream_that_ends_in_its_first_step_but_waits_to_send_its_end_is_let_go() -> None:
+    # The model's task runs its first step at once (runtime/eager.py). Here that step ends the stream and then waits
+    # to write the End. Before (issue 39), the task was registered in runner.tasks after that step, past the point
+    # where the stream takes it out: it stayed for good, and every later drain of the connection waited the whole
+    # drain_grace for a stream that had ended (seen under daphne and the Flask bridge, with 30 KB Deltas).
+    async def quick(req: Any) -> Any:
+        return "done"
+
+    peer = SlowEndPeer(endpoint_for(quick))
+    await peer.hello_and_request()
+    runner = peer.driver.runner  # type: ignore[union-attr]
+    assert runner is not None and peer.texts() == ["done"] and terminal(peer) is None  # the End waits
+    peer.gate.set()
+    await wait_for(lambda: terminal(peer) is not None)
+    await wait_for(lambda: all(task.done() for task in runner.tasks.values()))
+    assert runner.tasks == {} and not runner.models_running()
+    await asyncio.wait_for(peer.driver.drain(grace=3600), BOUND)  # type: ignore[union-attr]  # no stream to wait for
+    assert peer.closed == 4002
+    await peer.gone()
 
 
 async def test_the_clients_cancel_still_ends_with_end_cancelled() -> None:

@@ -14,7 +14,7 @@ import struct
 import pytest
 
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_PROTO
 
 pytest.importorskip("uvicorn")

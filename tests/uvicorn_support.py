@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from support.time import seconds
+from support.waits import wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ (its raw client) is a top-level folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
@@ -23,7 +26,7 @@ from lowlat_mw.runtime.direct import EXTENSION  # noqa: E402
 
 __all__ = ["WAIT", "Conn", "InProcessServer", "client_frame"]
 
-WAIT = 30.0  # generous: a loaded CI machine
+WAIT = seconds(30.0)  # generous: a loaded CI machine
 
 
 async def echo(req: Any) -> Any:
@@ -76,9 +79,7 @@ class InProcessServer:
 
     async def __aenter__(self) -> InProcessServer:
         self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
-        async with asyncio.timeout(WAIT):
-            while not self.server.started:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: self.server.started, WAIT, interval=0.01, what="uvicorn to start")
         return self
 
     async def __aexit__(self, *exc: object) -> None:

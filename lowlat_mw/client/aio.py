@@ -19,42 +19,30 @@ import inspect
 import itertools
 import json
 import logging
-import math
-import socket
 import ssl as ssl_module
 import time
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Literal, ParamSpec, TypeVar
-from urllib.parse import urlsplit
 
 import websockets
 from websockets.asyncio.client import ClientConnection
-from websockets.asyncio.client import connect as ws_connect
-from websockets.frames import Frame, Opcode
 
-from ..errors import (
-    ClientError,
-    ConnectionClosed,
-    ErrorCode,
-    HandshakeRefused,
-    ReconnectFailed,
-    StreamError,
-    close_code_reconnects,
-)
+from ..errors import ClientError, ConnectionClosed, ErrorCode
 from ..observability.timing import STAGES
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, SendFrame
 from ..protocol.client import ClientProtocol, ClientStream, StreamBroken
-from ..protocol.context import ClientDocument
 from ..protocol.selector import CompressionSelector
-from ..runtime.direct import message_limit, next_message, parser_idle
-from ..runtime.timers import AsyncScheduler, cpu_clock
+from ..runtime.timers import cpu_clock
 from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO
 from .backoff import Backoff
+from .documents import ContextDocuments, Document
+from .push import PushGroups
+from .reconnect import Reconnecting
+from .websocket import _close_ws, _Closed, _keep_running
 
 __all__ = ["AsyncClient", "Document", "Stream", "StreamTimings", "connect"]
 
@@ -110,12 +98,6 @@ def _ms_of(timings: StreamTimings, name: str) -> float | None:
     _deprecated_ms(name, 4)  # (the caller of the property's lambda)
     seconds = getattr(timings, name)
     return None if seconds is None else seconds * 1000.0
-
-
-@dataclass(slots=True)
-class _Closed:
-    code: int | None
-    reason: str
 
 
 class Stream:
@@ -391,190 +373,13 @@ def _text_of(chunk: str | bytes | ev.ToolCall) -> str:
         raise ClientError(f"the model asked for tool {chunk.name!r}: pass tools={{{chunk.name!r}: ...}} to "
                           "answer it, or iterate the stream and answer with send_result()")
     return chunk.decode()  # type: ignore[union-attr]
-class Document:
-    """A context document of the client's session (protocol v1.3): made by :meth:`AsyncClient.context`, changed
-    with :meth:`set`, :meth:`patch` and :meth:`replace`, named by ``client.stream(..., context=[doc])``.
-
-    Each change is sent at once as a patch (offsets in characters here, UTF-8 bytes on the wire) with the
-    SHA-256 of the whole text; the server checks both. When it refuses one, or a connection's session does not
-    hold this version (a new session, patches lost in a drop), the client sends the whole text again by itself.
-    """
-
-    def __init__(self, client: AsyncClient, state: ClientDocument) -> None:
-        self._client = client
-        self.state = state
-        self._waiters: list[asyncio.Future[None]] = []
-
-    @property
-    def name(self) -> str:
-        """The document's name in the session."""
-        return self.state.name
-
-    @property
-    def text(self) -> str:
-        """The current text (as the server has it once :attr:`synced`)."""
-        return self.state.text
-
-    @property
-    def version(self) -> int:
-        """The current version (each change makes the next)."""
-        return self.state.version
-
-    @property
-    def synced(self) -> bool:
-        """Whether the server acknowledged the current version."""
-        return self.state.synced
-
-    async def set(self, text: str) -> None:
-        """Replace the whole text."""
-        await self._client._send_context(self, self.state.set(text))
-
-    async def patch(self, offset: int, length: int, text: str) -> None:
-        """Replace `length` characters at character `offset` with `text` (ValueError outside the text)."""
-        await self._client._send_context(self, self.state.patch(offset, length, text))
-
-    async def replace(self, old: str, new: str) -> None:
-        """Replace the first occurrence of `old` with `new` (ValueError if it does not occur)."""
-        at = self.state.text.find(old)
-        if at < 0:
-            raise ValueError(f"{old!r} is not in document {self.name!r}")
-        await self.patch(at, len(old), new)
-
-    async def drop(self) -> None:
-        """Forget the document here and on the server."""
-        self._client._documents.pop(self.name, None)
-        self._client._dropped[self.name] = self.state.version  # (a new document of this name counts on from it)
-        await self._client._send_context(self, self.state.drop())
-
-    async def wait_synced(self, timeout: float | None = 10.0) -> None:
-        """Wait until the server acknowledged the current version (TimeoutError past `timeout`; StreamError if the
-        server refused it for good: over max_contexts or max_context_bytes, say)."""
-        async with asyncio.timeout(timeout):
-            while not self.state.synced:
-                failed = self.state.failed
-                if failed is not None:
-                    raise StreamError(failed.code, f"context document {self.name!r}: {failed.message}")
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
-                await waiter
-
-    def _answered(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
 
-async def _close_ws(ws: ClientConnection, code: int = 1000, reason: str = "") -> None:
-    """websockets' close of `ws`, bounded. It writes the close frame and waits for its write buffer to drain before
-    its own close_timeout (10 s) starts, and a server that stopped reading never lets it drain: the close (and the
-    socket) would wait for good. Past twice close_timeout (the drain, then the closing handshake) it is aborted."""
-    timeout = ws.close_timeout if ws.close_timeout is not None else 10.0
-    try:
-        async with asyncio.timeout(2 * timeout):
-            await ws.close(code, reason)
-    except TimeoutError:
-        ws.transport.abort()  # (connection_lost follows: the reader and every blocked send end)
-
-
-def _keep_running(tasks: set[asyncio.Task[Any]], coro: Any) -> None:
-    """Run `coro` (a Pong or Ping to send, a close) in a task of its own, kept in `tasks` until it is done."""
-    task = asyncio.get_running_loop().create_task(coro)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
-
-
-class _Timer:
-    """One connection's heartbeat, driven by the loop's one scheduler: the machine's Pings and its 4001.
-
-    The client pings the server when the connection is quiet and closes it with 4001 when the
-    server stops answering, so a dead server is noticed even without server Pings.
-    """
-
-    def __init__(self, client: AsyncClient, ws: ClientConnection) -> None:
-        self.client, self.ws = client, ws
-        self.scheduler = AsyncScheduler.current()
-        self.stopped = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.scheduler.schedule(self, client.protocol.next_deadline())
-
-    def stop(self) -> None:
-        self.stopped = True
-        self.scheduler.cancel(self)
-
-    def on_timer(self, now: float) -> float:
-        if self.stopped:
-            return math.inf
-        proto = self.client.protocol
-        for action in proto.tick(now):
-            if isinstance(action, SendFrame):
-                _keep_running(self._tasks, self.client._send_quietly(self.ws, action.data))
-            elif isinstance(action, CloseConnection):
-                self.stopped = True
-                _keep_running(self._tasks, _close_ws(self.ws, action.code, action.reason))
-                return math.inf
-        proto.deadline_moved = False
-        return proto.next_deadline()
-
-
-class _Connection(ClientConnection):
-    """websockets' client connection, handing each whole message straight to the client from its
-    ``data_received`` (`deliver`, set once the connection is open) instead of queueing it for a reader
-    task to wake up for: one task switch less per message. Only while nothing is queued (order holds),
-    and never again once a message comes fragmented (websockets reassembles those); control frames,
-    bad UTF-8 and the close are websockets' own business as before."""
-
-    deliver: Callable[[bytes | str], None] | None = None
-
-    def data_received(self, data: bytes) -> None:
-        """Messages that are one whole frame each (most are) are read here (lowlat_mw.runtime.direct.next_message)
-        while websockets' parser waits between messages with nothing buffered or queued; from the first
-        frame that is not one (a control frame, a fragment, a partial frame), websockets' parser reads on."""
-        deliver = self.deliver
-        if deliver is not None:
-            proto = self.protocol
-            if not len(self.recv_messages.frames) and parser_idle(proto):
-                limit = message_limit(proto)
-                pos = 0
-                while True:
-                    found = next_message(data, pos, False, limit)
-                    if found is None:
-                        break
-                    message, pos = found
-                    deliver(message)
-                    if self.deliver is not deliver:
-                        break
-                if pos:
-                    if pos == len(data):
-                        return
-                    data = data[pos:]
-        super().data_received(data)
-
-    def process_event(self, event: Any) -> None:
-        deliver = self.deliver
-        if deliver is not None and type(event) is Frame and self.response is not None:
-            opcode = event.opcode
-            if opcode is Opcode.BINARY or opcode is Opcode.TEXT:
-                if not event.fin:
-                    self.deliver = None  # a fragmented message: from here on through websockets' queue
-                elif not len(self.recv_messages.frames):
-                    if opcode is Opcode.BINARY:
-                        deliver(bytes(event.data))
-                        return
-                    try:
-                        text = bytes(event.data).decode()
-                    except UnicodeDecodeError:
-                        pass  # websockets closes with 1007
-                    else:
-                        deliver(text)
-                        return
-            elif opcode is Opcode.CONT:
-                self.deliver = None
-        super().process_event(event)
-
-
-class AsyncClient:
-    """A lowlat-mw connection with many concurrent streams; reconnects between requests and resumes."""
+class AsyncClient(Reconnecting, PushGroups, ContextDocuments):
+    """A lowlat-mw connection with many concurrent streams; reconnects between requests and resumes. (Its connection
+    lifecycle is :class:`~lowlat_mw.client.reconnect.Reconnecting`, its push groups
+    :class:`~lowlat_mw.client.push.PushGroups`, its context documents
+    :class:`~lowlat_mw.client.documents.ContextDocuments`.)"""
 
     def __init__(
         self,
@@ -602,8 +407,8 @@ class AsyncClient:
             raise ValueError("mode must be 'proto' or 'json'")
         if ssl is not None and not url.startswith("wss://"):
             raise ValueError("ssl= needs a wss:// URL")
-        self.url = url
-        self.ssl = ssl  # TLS context for wss:// (None: the system trust store)
+        self._init_connection(url, ssl=ssl, headers=headers, backoff=backoff, open_timeout=open_timeout,
+                              resume=resume, max_pending=max_pending)
         self.mode = mode
         self.subprotocol = SUBPROTOCOL_PROTO if mode == "proto" else SUBPROTOCOL_JSON
         self.protocol = ClientProtocol(
@@ -613,48 +418,25 @@ class AsyncClient:
             history=history)
         self.codec = self.protocol.codec
         self.offered = self.protocol.offered
-        self.backoff = backoff or Backoff()
-        self.open_timeout = open_timeout
         self.max_frame_size = max_frame_size
         self.max_decompressed_size = max_decompressed_size
-        self.headers = dict(headers or {})
         self.answer_pings = answer_pings
         self.heartbeat_timeout = heartbeat_timeout
         self.flow_window = flow_window
-        self.resume_enabled = resume
-        self.max_pending = max_pending
-        self.max_pushes = max_pushes  # pushes kept unread; past it the oldest is dropped (pushes_dropped)
         self.auth = auth
-        self.resumes = 0  # how many times a dropped session was resumed
-        self._resuming: asyncio.Task[None] | None = None
-        self._pending = 0
-        self._timer: _Timer | None = None
-        self._ws: ClientConnection | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._init_pushes(max_pushes)
         self._streams: dict[int, Stream] = {}  # streams waiting for their events, by id
         self._ids = itertools.count(1)
-        self._lock = asyncio.Lock()
-        self._closed_final: ConnectionClosed | None = None
-        self._user_closed = False
-        self.last_close: _Closed | None = None
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._ping_ids = itertools.count(1 << 31)  # apart from the heartbeat's own ids
         self._io_tasks: set[asyncio.Task[Any]] = set()
-        self.groups: set[str] = set()  # push groups joined: joined again on a connection of a new session
-        self._subscribing: dict[int, asyncio.Future[ev.Subscribed]] = {}
-        self._rejoining: dict[int, str] = {}  # Subscribes sent again on a new session, by id
-        self._sub_ids = itertools.count(1)
-        self._pushes: deque[ev.Push | BaseException] = deque()
-        self._push_waiter: asyncio.Future[None] | None = None
-        self.pushes_dropped = 0  # pushes dropped because max_pushes were waiting unread
         # Sent as a warm-up request (see warmup()) when a connection starts a new session: its arguments, checked
         # here (a wrong name or a bad combination is this call's TypeError or LocalProtocolError, not a failure later).
         self.warmup_request: Mapping[str, Any] | None = None if warmup is None else dict(warmup)
         if self.warmup_request is not None:
             _check_warmup(self.warmup_request)
         self.warmups = 0  # warm-up requests the server ran
-        self._documents: dict[str, Document] = {}  # context documents (v1.3): sent again to a session without them
-        self._dropped: dict[str, int] = {}  # the last version of each document dropped, by name
+        self._init_documents()
 
     # ------------------------------------------------------------------ state (the machine's)
     @property
@@ -715,136 +497,6 @@ class AsyncClient:
     def connected(self) -> bool:
         """True while a WebSocket is open and welcomed."""
         return self._ws is not None and self._reader is not None and not self._reader.done()
-
-    async def open(self) -> None:
-        """Connect (with backoff retries) unless already connected; waits for a resume in progress.
-
-        While streams are open on a session that can be resumed, reconnecting resumes it: a fresh
-        session here would orphan those streams (their next resume would find them unknown).
-        """
-        while True:
-            resuming = self._resuming
-            if resuming is not None and not resuming.done():
-                if self._pending >= self.max_pending:
-                    raise ClientError(f"more than {self.max_pending} requests queued while reconnecting")
-                self._pending += 1
-                try:
-                    await asyncio.shield(resuming)
-                finally:
-                    self._pending -= 1
-            async with self._lock:
-                if self.connected:
-                    return
-                if self._resuming is not None and not self._resuming.done():
-                    continue  # another drop started another resume: wait for that one
-                if self._user_closed:
-                    raise ClientError("client is closed")
-                if self._closed_final is not None:
-                    raise self._closed_final
-                await self._connect_with_retries(resume=self.resume_enabled and self.protocol.can_resume)
-                return
-
-    async def close(self) -> None:
-        """Close the connection normally; running streams end with ConnectionClosed."""
-        self._user_closed = True
-        if self._resuming is not None and not self._resuming.done():
-            self._resuming.cancel()
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            await _close_ws(ws)
-        if self._reader is not None:
-            try:
-                await self._reader
-            except Exception:
-                pass
-
-    async def _connect_with_retries(self, resume: bool = False) -> None:
-        attempt = 0
-        while True:
-            try:
-                await self._connect_once(resume=resume)
-                if resume and self.welcome is not None and self.welcome.resumed:
-                    self.resumes += 1
-                return
-            except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
-                    websockets.exceptions.InvalidMessage) as exc:
-                error: Exception = exc
-                if not self.protocol.connections and await _nothing_listens(exc, self.url, self.open_timeout):
-                    # (a reconnect waits for a restart)
-                    raise ReconnectFailed(f"could not connect to {self.url}: connection refused (nothing listens "
-                                          "there: is the server running, on this port?)") from exc
-            except websockets.exceptions.InvalidStatus as exc:
-                status = exc.response.status_code
-                if status in (502, 503, 504):
-                    error = exc
-                else:
-                    raise _refusal(exc.response, self.url) from exc
-            if attempt >= self.backoff.retries:
-                raise ReconnectFailed(
-                    f"could not connect to {self.url} after {attempt + 1} attempts: {error!r}"
-                ) from error
-            await asyncio.sleep(self.backoff.delay(attempt))
-            attempt += 1
-
-    async def _open_ws(self) -> ClientConnection:
-        """The WebSocket to the server, opened (lowlat_mw.testing's in-process client opens one to an ASGI app)."""
-        return await ws_connect(
-            self.url,
-            subprotocols=[self.subprotocol],  # type: ignore[list-item]
-            additional_headers=self.headers or None,
-            open_timeout=self.open_timeout,
-            max_size=self.max_frame_size,
-            ping_interval=None,  # the protocol's own heartbeat replaces WebSocket pings
-            compression=None,
-            create_connection=_Connection,
-            **({"ssl": self.ssl} if self.ssl is not None else {}),  # websockets refuses ssl= for ws://
-        )
-
-    async def _connect_once(self, resume: bool = False) -> None:
-        ws = await self._open_ws()
-        proto = self.protocol
-        try:
-            if ws.subprotocol != self.subprotocol and not (self.mode == "json" and ws.subprotocol is None):
-                raise ConnectionClosed(None, f"server chose subprotocol {ws.subprotocol!r}")
-            await ws.send(proto.connect(time.monotonic(), resume=resume))
-            async with asyncio.timeout(self.open_timeout):
-                frame = await ws.recv()
-            first = next(iter(proto.receive_data(frame, time.monotonic())), None)
-            if isinstance(first, ev.Error):
-                raise StreamError(first.code, first.message)
-            if not isinstance(first, ev.Welcome):
-                reason = first.reason if isinstance(first, CloseConnection) else "no welcome"
-                raise ConnectionClosed(None, reason)
-        except BaseException:
-            proto.connection_lost()
-            await _close_ws(ws)
-            raise
-        sent: dict[str, int] = {}
-        if self._documents and proto.contexts:  # (v1.3) a session without a document's version gets its whole text
-            held = first.contexts if first.resumed else {}
-            for doc in list(self._documents.values()):
-                message = doc.state.welcomed(held)
-                if message is not None:
-                    await self._send_quietly(ws, proto.context(message))
-                sent[doc.name] = doc.state.version
-        self._ws = ws
-        for doc in list(self._documents.values()):  # (changed while the above went out, not connected yet: its
-            if sent.get(doc.name, doc.state.version) != doc.state.version:  # change was not sent, so its whole text)
-                _keep_running(self._io_tasks, self._send_context(doc, doc.state.set(doc.state.text)))
-        self.last_close = None
-        self._timer = _Timer(self, ws)
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop(ws))
-        for stream in list(self._streams.values()):  # (v1.3) the Inputs the server lacks (Welcome.input_seq)
-            if stream.state.inputs:
-                _keep_running(self._io_tasks, self._flush_inputs(stream))
-        if self.warmup_request is not None and not (first.resumed and resume):  # a new session: maybe a new process
-            _keep_running(self._io_tasks, self._warm_new_session())
-        if self.groups and proto.pushes:  # a new session is in none; a resumed one may have lost the last one
-            self._rejoining.clear()  # (written to Redis 10 ms after it was answered): joining again changes nothing
-            for group in sorted(self.groups):
-                sub_id = next(self._sub_ids) & 0xFFFFFFFF
-                self._rejoining[sub_id] = group
-                _keep_running(self._io_tasks, self._send_quietly(ws, proto.subscribe(sub_id, group)))
 
     # ------------------------------------------------------------------ I/O
     async def _send(self, frame: bytes | str) -> None:
@@ -940,83 +592,11 @@ class AsyncClient:
             proto.deadline_moved = False
             timer.scheduler.schedule(timer, proto.next_deadline())
 
-    async def _read_loop(self, ws: ClientConnection) -> None:
-        proto = self.protocol
-        code: int | None = None
-        reason = ""
-        timer = self._timer
-        handle = self._handle
-        try:
-            if isinstance(ws, _Connection):
-                ws.deliver = partial(handle, ws)  # from now on, messages come without this task's wake-up
-            async for frame in ws:  # (messages queued before that, or while direct delivery is off)
-                handle(ws, frame)
-        except websockets.exceptions.ConnectionClosed:
-            pass
-        finally:
-            if isinstance(ws, _Connection):
-                ws.deliver = None
-            if timer is not None:
-                timer.stop()
-            proto.connection_lost()
-            if ws.close_code is not None:
-                code, reason = ws.close_code, ws.close_reason or ""
-            elif ws.protocol.close_rcvd is not None:
-                code, reason = ws.protocol.close_rcvd.code, ws.protocol.close_rcvd.reason
-            closed = _Closed(code, reason)
-            self.last_close = closed
-            if self._ws is ws:
-                self._ws = None
-            if not self._user_closed and not close_code_reconnects(code):
-                self._closed_final = ConnectionClosed(code, reason)
-            for answer in self._subscribing.values():
-                if not answer.done():
-                    answer.set_exception(ConnectionClosed(code, reason or "closed before the Subscribe was answered"))
-            self._subscribing.clear()
-            if (self.resume_enabled and not self._user_closed and self._closed_final is None
-                    and ((self._streams and proto.can_resume) or self.groups or self._push_waiter is not None)):
-                # Streams are open: reconnect in the background and resume them where they stopped. In push
-                # groups, or someone waiting for a push: reconnect too, to go on listening.
-                self._resuming = asyncio.get_running_loop().create_task(self._resume_loop())
-            else:
-                self._fail_all(closed)
-
-    def _fail_all(self, why: _Closed | BaseException) -> None:
-        for stream in list(self._streams.values()):
-            stream._put(why)
-            self._drop(stream)
-        if self.groups or self._push_waiter is not None:  # a reader of pushes learns the connection is over
-            self._pushed(why if isinstance(why, BaseException) else ConnectionClosed(why.code, why.reason))
-
     def _drop(self, stream: Stream) -> None:
         """`stream` is over for this client: no resume will ask for it."""
         if self._streams.get(stream.stream_id) is stream:
             del self._streams[stream.stream_id]
             self.protocol.forget(stream.stream_id)
-
-    async def _resume_loop(self) -> None:
-        """Reconnect with backoff and resume the open streams; fail them if that is impossible."""
-        attempt = 0
-        error: BaseException | None = None
-        async with self._lock:
-            while not self._user_closed:
-                await asyncio.sleep(self.backoff.delay(attempt))
-                try:
-                    await self._connect_once(resume=True)
-                except (TimeoutError, OSError, websockets.exceptions.ConnectionClosed,
-                        websockets.exceptions.InvalidMessage, websockets.exceptions.InvalidStatus) as exc:
-                    error = exc
-                    attempt += 1
-                    if attempt > self.backoff.retries:
-                        break
-                    continue
-                except ClientError as exc:
-                    error = exc
-                    break
-                if self.welcome is not None and self.welcome.resumed:
-                    self.resumes += 1
-                return
-        self._fail_all(ReconnectFailed(f"could not resume the session at {self.url}: {error!r}"))
 
     async def _consumed(self, stream: Stream, event: ev.Event) -> None:
         """Acknowledge what the caller consumed, opening the server's flow-control window."""
@@ -1030,100 +610,6 @@ class AsyncClient:
                 await self._send(ack)
             except ClientError:
                 pass  # the connection dropped: the resume's last_seq acknowledges instead
-
-    # ------------------------------------------------------------------ push (protocol v1.1)
-    async def subscribe(self, group: str, timeout: float = 10.0) -> None:
-        """Join push group `group`: once this returns, what the server publishes to ``group:<name>`` arrives in
-        :meth:`pushes`. The client joins its groups again whenever it reconnects to a new session, and it
-        reconnects on its own after a drop while it is in a group. StreamError if the server refuses
-        (unauthorized: not in its ``push_groups``; bad_request), ClientError if it speaks protocol v1.0."""
-        await self._membership(group, False, timeout)
-        self.groups.add(group)
-        self.protocol.listening = True
-
-    async def unsubscribe(self, group: str, timeout: float = 10.0) -> None:
-        """Leave push group `group` (not connected, with no session to resume: only forgotten, the next session
-        is in no group)."""
-        self.groups.discard(group)
-        if self.connected or (self.protocol.can_resume and not self._user_closed):
-            self.protocol.listening = bool(self.groups)
-            await self._membership(group, True, timeout)
-
-    async def _membership(self, group: str, leave: bool, timeout: float) -> None:
-        if not self.connected:
-            await self.open()
-        if not self.protocol.pushes:
-            raise ClientError(f"the server at {self.url} speaks protocol v1.0: it has no push groups")
-        sub_id = next(self._sub_ids) & 0xFFFFFFFF
-        answer: asyncio.Future[ev.Subscribed] = asyncio.get_running_loop().create_future()
-        self._subscribing[sub_id] = answer
-        try:
-            await self._send(self.protocol.subscribe(sub_id, group, leave=leave))
-            async with asyncio.timeout(timeout):
-                subscribed = await answer
-        finally:
-            self._subscribing.pop(sub_id, None)
-        if subscribed.code is not ErrorCode.UNSPECIFIED:
-            raise StreamError(subscribed.code, subscribed.message)
-
-    def _pushed(self, item: ev.Push | BaseException) -> None:
-        pushes = self._pushes
-        if type(item) is ev.Push and pushes and len(pushes) >= self.max_pushes:
-            pushes.popleft()
-            self.pushes_dropped += 1
-        pushes.append(item)
-        waiter = self._push_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def next_push(self, timeout: float | None = None) -> ev.Push:
-        """The next push (its ``topic`` and ``body``: text or bytes), waiting up to `timeout` seconds (None: no
-        limit; TimeoutError past it). Raises what ended the connection for good (ConnectionClosed,
-        ReconnectFailed) once the pushes that came before are read."""
-        async with asyncio.timeout(timeout):
-            while not self._pushes:
-                if self._push_waiter is not None:
-                    raise ClientError("another task is already waiting for the next push")
-                self._push_waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self._push_waiter
-                finally:
-                    self._push_waiter = None
-        item = self._pushes.popleft()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    async def pushes(self) -> AsyncIterator[ev.Push]:
-        """Every push, as it arrives: ``async for push in client.pushes(): ...`` (ends with what ends the
-        connection for good, see :meth:`next_push`)."""
-        while True:
-            yield await self.next_push()
-
-    # ------------------------------------------------------------------ context documents (protocol v1.3)
-    async def context(self, name: str, text: str = "") -> Document:
-        """The session's context document `name`, with `text` as its whole text (sent now; connects first if need
-        be). A request names it with ``stream(..., context=[doc])``; the model gets ``req.context[name].text``.
-        ClientError if the server is older than protocol v1.3."""
-        if not self.connected:
-            await self.open()
-        if not self.protocol.contexts:
-            raise ClientError(f"the server at {self.url} is older than protocol v1.3: it has no context documents")
-        doc = self._documents.get(name)
-        if doc is None:
-            state = ClientDocument(name)
-            state.version = self._dropped.pop(name, 0)  # (versions go on past a dropped one: its answers are old)
-            doc = self._documents[name] = Document(self, state)
-        await doc.set(text)
-        return doc
-
-    async def _send_context(self, doc: Document, message: ev.Context) -> None:
-        """Send a document's change; without a connection it waits: the next Welcome decides what to resend."""
-        if self.connected and self.protocol.contexts:
-            try:
-                await self._send(self.protocol.context(message))
-            except ConnectionClosed:
-                pass
 
     # ------------------------------------------------------------------ streams
     def stream(
@@ -1205,23 +691,6 @@ class AsyncClient:
             if not self._user_closed:
                 log.warning("warm-up request failed: %s: %s", type(exc).__name__, exc)
 
-    async def _wait_drained(self) -> None:
-        """After a GoAway: wait until the server closes the draining connection."""
-        reader = self._reader
-        if self.goaway is not None and reader is not None and not reader.done():
-            await asyncio.shield(reader)
-
-    async def _resume_carries(self, stream: Stream) -> bool:
-        """A send failed on a drop: whether the reconnect-and-resume carries `stream`.
-
-        The reader task decides what a drop means (resume, or fail every stream). A send can
-        notice the drop before the reader does: wait for that decision instead of failing early.
-        """
-        reader = self._reader
-        if reader is not None and not reader.done():
-            await asyncio.wait([reader], timeout=self.open_timeout)
-        return self._streams.get(stream.stream_id) is stream and self._resuming is not None
-
     async def _start(self, stream: Stream) -> None:
         sid = stream.stream_id
         for attempt in range(2):
@@ -1254,61 +723,6 @@ class AsyncClient:
                 if attempt or self._closed_final is not None:
                     stream._done = True
                     raise
-
-
-async def _nothing_listens(exc: BaseException, url: str, timeout: float) -> bool:
-    """Whether a connection attempt to `url` was refused at every address of its host (a closed port): a first
-    connection fails at once, no retry would find a server there. One address refused: ConnectionRefusedError.
-    Several (``localhost`` may be ::1 and 127.0.0.1): asyncio joins their failures into one OSError that keeps only
-    their text (no errno; Python 3.12's ``all_errors`` is not on every loop), so each address is tried again here."""
-    if isinstance(exc, ConnectionRefusedError):
-        return True
-    if type(exc) is not OSError or exc.errno is not None:  # (a timeout, an unreachable network: retried)
-        return False
-    parts = urlsplit(url)
-    try:
-        port = parts.port or (443 if parts.scheme in ("wss", "https") else 80)
-    except ValueError:
-        return False
-    return await _refused_everywhere(parts.hostname or "", port, timeout)
-
-
-async def _refused_everywhere(host: str, port: int, timeout: float) -> bool:
-    """Whether a TCP connection to `port` is refused at every address `host` resolves to (False at the first that
-    answers, fails otherwise or takes longer than `timeout` seconds)."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(timeout):
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, TimeoutError):
-        return False
-    for family, kind, proto, _, address in infos:
-        try:
-            sock = socket.socket(family, kind, proto)
-        except OSError:
-            return False
-        try:
-            sock.setblocking(False)
-            async with asyncio.timeout(timeout):
-                await loop.sock_connect(sock, address)
-        except ConnectionRefusedError:
-            continue
-        except (OSError, TimeoutError):
-            return False
-        finally:
-            sock.close()
-        return False  # something listens there (now)
-    return bool(infos)
-
-
-def _refusal(response: Any, url: str) -> HandshakeRefused:
-    """The error of a handshake answered with an HTTP status: the answer's text where it is short plain text (what
-    lowlat-mw sends: which check refused), else a hint for the status."""
-    body = bytes(response.body or b"")
-    text = ""
-    if response.headers.get("Content-Type", "").startswith("text/plain") and len(body) <= 500:
-        text = body.decode(errors="replace").strip()
-    return HandshakeRefused(response.status_code, text, path=urlsplit(url).path or "/")
 
 
 class _NoWarmup(ClientError):

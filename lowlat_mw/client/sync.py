@@ -17,10 +17,10 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from ..errors import ClientError
 from ..protocol import events as ev
 from ..protocol.client import ClientProtocol, ClientStream
-from ..protocol.codec import WireCodec
 from ..protocol.context import ClientDocument
 from ..protocol.events import ChatMessage, Delta, End, Push, ToolCall
 from ..protocol.selector import CompressionSelector
+from ..protocol.wire import WireCodec
 from .aio import AsyncClient, Document, Stream, StreamTimings, _Closed, _text_of, parameters_of
 from .backoff import Backoff
 

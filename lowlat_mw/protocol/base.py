@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import CloseCode, RemoteProtocolError
-from ..settings import SUBPROTOCOL_PROTO
 from . import events as ev
-from .codec import JSON_CODEC, PROTO_CODEC
 from .heartbeat import Heartbeat, HeartbeatAction, HeartbeatFrames, MadePing
 from .limits import TokenBucket
 from .selector import CompressionSelector
 from .state import ConnState
+from .wire import ParamsMemo, codec_for
 
 __all__ = ["CODEC_SLOTS", "CloseConnection", "FrameStats", "Measured", "Protocol", "SendFrame", "subprotocol_label"]
 
@@ -92,6 +91,12 @@ class FrameStats:
         sent[base + 1] += raw
         sent[base + 2] += wire
 
+    def count_received(self, size: int) -> None:
+        """One frame of `size` bytes received."""
+        received = self.received
+        received[0] += 1
+        received[1] += size
+
     def by_codec(self) -> list[tuple[int, int, int]]:
         """(frames, bytes before compression, bytes on the wire) per codec id."""
         s = self.sent
@@ -131,6 +136,7 @@ class Protocol:
     APPLICATION: ClassVar[frozenset[type]] = frozenset()
     CONTROL: ClassVar[frozenset[type]] = frozenset()  # kinds the `control` budget counts (the server's)
     PEER_DEAD_REASON: ClassVar[str] = "no pong within heartbeat_timeout"
+    params: ParamsMemo | None = None  # the codec's memo of Request params (a server's own), None: none
 
     def __init__(self, subprotocol: str | None, *, state: ConnState, max_frame_size: int,
                  max_decompressed_size: int, meter: Callable[[], float] | None = None,
@@ -138,7 +144,7 @@ class Protocol:
         """`meter`: a CPU clock the compressor times its own work with (None: its priors, deterministic);
         `heartbeats`: where Pings are made once, shared with other connections (None: this machine's own)."""
         self.subprotocol = subprotocol
-        self.codec = PROTO_CODEC if subprotocol == SUBPROTOCOL_PROTO else JSON_CODEC  # (codec_for, inlined)
+        self.codec = codec_for(subprotocol)
         self.state = state
         self.max_frame_size = max_frame_size
         self.max_decompressed_size = max_decompressed_size
@@ -148,7 +154,7 @@ class Protocol:
         self.heartbeat: Heartbeat | None = None
         self.close_code: int | None = None
         self.close_reason = ""
-        self.stats = FrameStats(_SUBPROTOCOL_LABEL.get(subprotocol, "json"))
+        self.stats = FrameStats(subprotocol_label(subprotocol))
         # Set when next_deadline() may have moved earlier (or later, as when the awaited Pong arrives): the
         # driver re-arms its timer and clears it. Otherwise deadlines only move later, and a timer that fires
         # early finds nothing to do.
@@ -163,6 +169,10 @@ class Protocol:
         self.control: TokenBucket | None = None
 
     # ------------------------------------------------------------------ state
+    def deadline_seen(self) -> None:
+        """The driver has put its timer at :meth:`next_deadline`: ``deadline_moved`` is clear until it moves again."""
+        self.deadline_moved = False
+
     @property
     def open(self) -> bool:
         """True between Welcome and close: frames can be sent."""
@@ -187,10 +197,7 @@ class Protocol:
     def _frame(self, event: ev.Event) -> bytes | str:
         """`event` as a WebSocket message (compressed where it pays), counted."""
         data, raw, codec_id = self.codec.encode_frame(event, self.compressor)
-        sent, base = self.stats.sent, 3 * codec_id  # (FrameStats.count_sent, inlined)
-        sent[base] += 1
-        sent[base + 1] += raw
-        sent[base + 2] += len(data) if type(data) is bytes else raw
+        self.stats.count_sent(codec_id, raw, len(data) if type(data) is bytes else raw)
         return data
 
     def _close(self, code: int, reason: str) -> list[Any]:
@@ -213,9 +220,7 @@ class Protocol:
             return []
         size = len(data) if type(data) is not str or len(data) * 4 <= self.max_frame_size \
             else len(data.encode("utf-8", "surrogatepass"))  # a text frame's size is its UTF-8 length
-        received = self.stats.received
-        received[0] += 1
-        received[1] += size
+        self.stats.count_received(size)
         hb = self.heartbeat
         if hb is not None and hb.awaiting is not None:
             self.deadline_moved = True  # proof of life while a Ping is out: the next Ping may be due sooner
@@ -224,7 +229,8 @@ class Protocol:
                 hb.on_receive(now)
             return self._too_big(size)
         try:
-            event = self.codec.decode(data, limit=self.max_decompressed_size, allowed=self.compression)
+            event = self.codec.decode(data, limit=self.max_decompressed_size, allowed=self.compression,
+                                      params=self.params)
         except RemoteProtocolError as exc:
             if hb is not None:
                 hb.on_receive(now)
@@ -236,10 +242,8 @@ class Protocol:
         control = self.control
         if control is not None and kind in self.CONTROL and not control.take(now):
             return self._flooded()
-        if hb is not None:  # (Heartbeat.on_receive, written out: every message)
-            hb.alive_since_ping = True
-            if kind in self.APPLICATION:
-                hb.rx_since_ping = True
+        if hb is not None:
+            hb.on_receive(now, kind in self.APPLICATION)
         handler = self.HANDLERS[self.state].get(kind)
         if handler is None:
             return self._unexpected(event)
@@ -278,21 +282,17 @@ class Protocol:
         return [Measured("heartbeat_rtt_seconds", self.pong_arrived(now))]
 
     def pong_arrived(self, now: float) -> float:
-        """The awaited Pong (`pong_frame`) arrived whole; returns its RTT. What decoding it and :meth:`_on_pong` do,
-        written out: counted, proof of life, the Ping answered. Only while `pong_frame` is set and the connection is
-        open: :meth:`receive_data` checks; a driver that knows the message by identity (its transport awaited it)
-        calls this instead, and measures the RTT itself."""
+        """The awaited Pong (`pong_frame`) arrived whole; returns its RTT. What decoding it and :meth:`_on_pong` do, by
+        the same functions: counted, proof of life, the Ping answered. Only while `pong_frame` is set and the
+        connection is open: :meth:`receive_data` checks; a driver that knows the message by identity (its transport
+        awaited it) calls this instead, and measures the RTT itself."""
         pong = self.pong_frame
         self.pong_frame = None
-        received = self.stats.received
-        received[0] += 1
-        received[1] += len(pong)  # type: ignore[arg-type]  # (ASCII either way: a Pong's JSON, or bytes)
+        self.stats.count_received(len(pong))  # type: ignore[arg-type]  # (ASCII either way: a Pong's JSON, or bytes)
         hb: Any = self.heartbeat  # (set, and awaiting this Pong: pong_frame is set only while a Ping is out)
         self.deadline_moved = True
-        hb.alive_since_ping = True
-        hb.rtt = rtt = now - hb.last_ping_at
-        hb.awaiting = None
-        return rtt
+        hb.on_pong(hb.awaiting, now)
+        return hb.rtt  # type: ignore[no-any-return]
 
     def _ping(self) -> list[Any]:
         """The Ping the heartbeat just asked for, framed (counted as :meth:`_frame` counts), and the Pong
@@ -309,25 +309,23 @@ class Protocol:
             self.pong_frame = codec.encode(ev.Pong(id=ping_id))
             return [SendFrame(self._frame(ev.Ping(id=ping_id)))]
         send, self.pong_frame = made.send, made.pong
-        size = len(send.data)  # (uncompressed: the three counters of codec id 0)
-        sent = self.stats.sent
-        sent[0] += 1
-        sent[1] += size
-        sent[2] += size
+        size = len(send.data)  # (uncompressed: codec id 0)
+        self.stats.count_sent(0, size, size)
         return [send]
 
     # ------------------------------------------------------------------ time
     def _heartbeat_due(self, now: float) -> list[Any]:
         """Ping when one is due, close with 4001 when the peer stopped answering."""
         hb = self.heartbeat
-        if hb is None:
-            return []
-        action = hb.poll(now)
+        return [] if hb is None else self._heartbeat_answer(hb.poll(now))
+
+    def _heartbeat_answer(self, action: HeartbeatAction | None) -> list[Any]:
+        """What the heartbeat's `action` (:meth:`Heartbeat.poll`'s answer) asks: close 4001, a Ping, or nothing."""
         if action is HeartbeatAction.PEER_DEAD:
             return self._close(CloseCode.HEARTBEAT_TIMEOUT, self.PEER_DEAD_REASON)
         if action is HeartbeatAction.SEND_PING:
             return self._ping()
-        if hb.awaiting is None:
+        if self.heartbeat.awaiting is None:  # type: ignore[union-attr]
             self.pong_frame = None  # (poll found the peer alive without the Pong)
         return []
 

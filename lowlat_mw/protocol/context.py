@@ -122,7 +122,7 @@ class SessionContext:
 
     def apply(self, msg: ev.Context) -> ev.ContextAck:
         """Set, patch or drop a document as `msg` says: the ContextAck to send (refused: code and message)."""
-        name, s = msg.name, self.settings
+        name = msg.name
         if not name or len(name) > MAX_CONTEXT_NAME or not name.isprintable():
             return self._refuse(msg, ErrorCode.BAD_REQUEST,
                                 f"a context name is 1 to {MAX_CONTEXT_NAME} characters, no control characters")
@@ -133,22 +133,33 @@ class SessionContext:
             return self._refuse(msg, ErrorCode.BAD_REQUEST, "a Context's version is > 0")
         doc = self.documents.get(name)
         if not msg.base_version:  # the whole text
-            if msg.patches:
-                return self._refuse(msg, ErrorCode.BAD_REQUEST, "patches need the base_version they apply to")
-            if doc is None and len(self.documents) >= s.max_contexts:
-                return self._refuse(msg, ErrorCode.CONTEXT_LIMIT,
-                                    f"a session holds at most {s.max_contexts} context documents (max_contexts)")
-            data = bytearray(msg.text.encode("utf-8"))
-            held = self.size - (len(doc.data) if doc is not None else 0)
-            if held + len(data) > s.max_context_bytes:
-                return self._refuse(msg, ErrorCode.CONTEXT_LIMIT, f"context documents over {s.max_context_bytes} "
-                                                                  f"bytes in this session (max_context_bytes)")
-            if msg.sha256 and sha256(data) != msg.sha256:
-                return self._refuse(msg, ErrorCode.CONTEXT_MISMATCH, f"sha256 of {name!r} does not match its text")
-            self._drop(name)
-            doc = self.documents[name] = _Document(data, msg.version)
-            self.size += len(data)
-            return ev.ContextAck(name=name, version=msg.version)
+            return self._replace(msg, doc)
+        return self._patch(msg, doc)
+
+    def _replace(self, msg: ev.Context, doc: _Document | None) -> ev.ContextAck:
+        """Set document `msg.name` to `msg`'s whole text (`doc`: the one held now), within the session's limits."""
+        name, s = msg.name, self.settings
+        if msg.patches:
+            return self._refuse(msg, ErrorCode.BAD_REQUEST, "patches need the base_version they apply to")
+        if doc is None and len(self.documents) >= s.max_contexts:
+            return self._refuse(msg, ErrorCode.CONTEXT_LIMIT,
+                                f"a session holds at most {s.max_contexts} context documents (max_contexts)")
+        data = bytearray(msg.text.encode("utf-8"))
+        held = self.size - (len(doc.data) if doc is not None else 0)
+        if held + len(data) > s.max_context_bytes:
+            return self._refuse(msg, ErrorCode.CONTEXT_LIMIT, f"context documents over {s.max_context_bytes} "
+                                                              f"bytes in this session (max_context_bytes)")
+        if msg.sha256 and sha256(data) != msg.sha256:
+            return self._refuse(msg, ErrorCode.CONTEXT_MISMATCH, f"sha256 of {name!r} does not match its text")
+        self._drop(name)
+        self.documents[name] = _Document(data, msg.version)
+        self.size += len(data)
+        return ev.ContextAck(name=name, version=msg.version)
+
+    def _patch(self, msg: ev.Context, doc: _Document | None) -> ev.ContextAck:
+        """Apply `msg`'s patches to `doc` (the document held as `msg.name`), which must be at `msg.base_version`;
+        a refused patch leaves no document (the client then sends the whole text)."""
+        name, s = msg.name, self.settings
         if doc is None:
             return self._refuse(msg, ErrorCode.CONTEXT_MISMATCH, f"no context document {name!r} in this session: "
                                                                  f"send its whole text")

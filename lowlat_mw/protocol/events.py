@@ -126,9 +126,7 @@ class Request:
     """Revision 3 (v1.3): the earlier stream of this session whose input and output this request continues."""
 
     def __post_init__(self) -> None:
-        sid = self.stream_id
-        if type(sid) is not int or not 0 < sid <= _U32:  # (_check_u32, written out: every Request passes here)
-            _check_u32("stream_id", sid, positive=True)
+        _check_u32("stream_id", self.stream_id, positive=True)
         if (self.text is not None) + (self.data is not None) + (self.messages is not None) > 1:
             raise LocalProtocolError("a Request carries at most one of text, data, messages")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 __all__ = ["Heartbeat", "HeartbeatAction", "HeartbeatFrames", "IdleReaper", "MadePing"]
 
@@ -75,15 +75,22 @@ class Heartbeat:
         self.next_ping_at = now + self.current
         return HeartbeatAction.SEND_PING
 
-    def deadline(self) -> float:
-        """When :meth:`poll` next has something to do."""
-        if self.awaiting is not None and not self.alive_since_ping:
+    def deadline(self, answered: bool = False) -> float:
+        """When :meth:`poll` next has something to do; `answered`: as if the Ping out were answered now (for a
+        driver that watches that Pong's timeout apart)."""
+        if self.awaiting is not None and not self.alive_since_ping and not answered:
             return self.last_ping_at + self.timeout
         return self.next_ping_at
 
 
 class IdleReaper:
-    """Closes connections with no application traffic and no stream running for `timeout` s."""
+    """Closes a connection idle for `timeout` s: no application traffic, no stream running, and its session in no
+    push group (a session in push groups is listening for pushes, not idle).
+
+    ``last_activity`` is when the last application traffic happened: :meth:`touch` sets it, and the per-Delta
+    path of :class:`~lowlat_mw.protocol.server.ServerProtocol` writes it as a plain field (a call per token costs).
+    The rule itself lives only here, in :meth:`deadline` and :meth:`expired`.
+    """
 
     __slots__ = ("last_activity", "timeout")
 
@@ -95,13 +102,13 @@ class IdleReaper:
         """Application traffic (Request, Cancel, Delta, End, Error) happened."""
         self.last_activity = now
 
-    def deadline(self, active_streams: int) -> float:
-        """When the connection becomes idle (infinity while a stream runs)."""
-        return math.inf if active_streams else self.last_activity + self.timeout
+    def deadline(self, active_streams: int, groups: Collection[str] = ()) -> float:
+        """When the connection becomes idle (infinity while a stream runs or the session is in push `groups`)."""
+        return math.inf if active_streams or groups else self.last_activity + self.timeout
 
-    def expired(self, now: float, active_streams: int) -> bool:
-        """True when the connection should be reaped now."""
-        return not active_streams and now >= self.last_activity + self.timeout
+    def expired(self, now: float, active_streams: int, groups: Collection[str] = ()) -> bool:
+        """True when the connection should be reaped now (see :meth:`deadline`)."""
+        return now >= self.deadline(active_streams, groups)
 
 
 class MadePing:

@@ -9,7 +9,7 @@ payload that is not smaller than the original (docs/protocol.md, "Compression").
 
 from __future__ import annotations
 
-import functools
+import itertools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -56,8 +56,15 @@ _VARIANTS = (
 _BY_KEY = {v.key: v for v in _VARIANTS}
 
 # Size classes: [.., 2K), [2K, 8K), [8K, 32K), [32K, 128K), [128K, ..): small payloads compress worse.
-# Class of n bytes: (n.bit_length() - 1) // 2 - 4, clamped to 0..4 (inlined where it is computed).
 _CLASSES = range(5)
+
+
+def _size_class(n: int) -> int:
+    """The size class of an n-byte payload: (n.bit_length() - 1) // 2 - 4, clamped to 0..4."""
+    cls = (n.bit_length() - 1) // 2 - 4
+    return 0 if cls < 0 else 4 if cls > 4 else cls
+
+
 _CLASS_START = (0, 2048, 8192, 32768, 131072)
 _NEAREST = tuple(tuple(sorted(_CLASSES, key=lambda c, k=k: (abs(c - k), c))) for k in _CLASSES)
 _BINARY_PRIOR = 0.35  # binary payloads (data deltas) are expected this much less compressible than text
@@ -118,15 +125,20 @@ class _Kind:
         self.count = self.seen = self.probes = 0  # payloads decided, observations, probes made
 
 
-@functools.lru_cache(maxsize=64)
 def _tables(codecs: tuple[str, ...]) -> tuple[tuple[Any, ...], tuple[int, ...], tuple[tuple[float, ...], ...]]:
     """A selector's constant tables for the codecs it may use: (variants, their codec ids, each variant's prior
-    ratio relative to zstd-1's per size class). Made once per codec set and shared: per connection they were
-    ~900 bytes of tuples and floats. (The compress functions are looked up per selector: tests swap them.)"""
+    ratio relative to zstd-1's per size class)."""
     variants = tuple(v for v in _VARIANTS if v.codec in codecs)
     ids = tuple(CODEC_IDS[v.codec] for v in variants)
     rel = tuple(tuple(v.priors[c] / _VARIANTS[0].priors[c] for v in variants) for c in _CLASSES)
     return variants, ids, rel
+
+
+# The tables of every set of codecs, made at import and shared: per connection they were ~900 bytes of tuples and
+# floats. (The compress functions are looked up per selector: tests swap them.)
+_CODECS = tuple(sorted({v.codec for v in _VARIANTS}))
+_TABLES = {frozenset(chosen): _tables(chosen)
+           for k in range(len(_CODECS) + 1) for chosen in itertools.combinations(_CODECS, k)}
 
 
 class CompressionSelector:
@@ -173,7 +185,7 @@ class CompressionSelector:
     def __init__(self, codecs: Iterable[str], *, min_size: int = 512, link_mbps: float = 1000.0,
                  clock: Callable[[], float] | None = None) -> None:
         self.codecs = tuple(c for c in codecs if c in _codecs._REGISTRY)
-        self.variants, self._ids, self._rel = _tables(self.codecs)  # (the priors: ratio to zstd-1's per size class)
+        self.variants, self._ids, self._rel = _TABLES[frozenset(self.codecs)]  # (priors: ratio to zstd-1's by size)
         self._fns = tuple(_codecs._zstd3_compress if v.key == "zstd-3" else _codecs._REGISTRY[v.codec].compress
                          for v in self.variants)
         self.link_bps = link_mbps * 1e6 / 8
@@ -287,8 +299,7 @@ class CompressionSelector:
             return -1, ()
         st = self._kinds.get(kind) or self._kind(kind)
         st.count += 1
-        cls = (n.bit_length() - 1) // 2 - 4
-        cls = 0 if cls < 0 else 4 if cls > 4 else cls
+        cls = _size_class(n)
         lines = st.lines[cls] or self._class_lines(st, cls)
         raw = n / self.link_bps
         keff = st.keff[cls] / self.link_bps
@@ -334,8 +345,7 @@ class CompressionSelector:
             self._learn(self._kind(kind), self.variants.index(v), raw_size, compressed_size, None)
 
     def _learn(self, st: _Kind, vi: int, n: int, out: int, seconds: float | None) -> None:
-        cls = (n.bit_length() - 1) // 2 - 4
-        cls = 0 if cls < 0 else 4 if cls > 4 else cls
+        cls = _size_class(n)
         r = min(out / n, 1.2) if n else 1.0
         v = self.variants[vi]
         old = st.overall[vi]

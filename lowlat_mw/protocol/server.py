@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, get_args
 
 from ..errors import CloseCode, ErrorCode, RemoteProtocolError
-from ..settings import SUBPROTOCOL_JSON, Settings
+from ..settings import Settings
 from . import events as ev
-from .base import CloseConnection, Measured, Protocol, SendFrame
-from .codec import PROTO_CODEC, encode_delta_frame, params_size
-from .compression import available_codecs
+from .actions import Action, Authenticate, CancelStream, DeliverInput, Membership, ResumeSession, StartStream
+from .base import CloseConnection, Measured, SendFrame
+from .handshake import ServerHandshake, negotiate_subprotocol
 from .heartbeat import Heartbeat, HeartbeatAction, HeartbeatFrames, IdleReaper
 from .limits import TokenBucket
 from .session import Session, StreamState, encoded_len, normalize_chunk, split_chunk, tool_call_for
 from .state import SERVER_RECEIVES, ConnState, handlers
+from .wire import ParamsMemo, params_size
 
 __all__ = [
     "Action",
@@ -48,56 +48,6 @@ __all__ = [
 ]
 
 
-# ------------------------------------------------------------------------------------ actions
-@dataclass(frozen=True, slots=True)
-class StartStream:
-    """Run the model for `request`; report its output with ``send_chunk`` and its end with
-    ``finish_stream`` / ``fail_stream``."""
-
-    request: ev.Request
-
-
-@dataclass(frozen=True, slots=True)
-class DeliverInput:
-    """Hand `input` (v1.3: text, data, a tool result and/or its end) to the running model of its stream."""
-
-    input: ev.Input
-
-
-@dataclass(frozen=True, slots=True)
-class CancelStream:
-    """Stop the model of `stream_id`, then call ``finish_stream(reason="cancelled")``."""
-
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Authenticate:
-    """Run the authenticate hook for `hello`, then call ``authenticated(principal, now)``."""
-
-    hello: ev.Hello
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeSession:
-    """The client asks to resume: look the session up by id, then call ``resume(session, now)``."""
-
-    token: str
-    session_id: str
-    last_seq: Mapping[int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Membership:
-    """The session joined (`joined`) or left push group `group`: pushes to it reach this connection, or no more."""
-
-    group: str
-    joined: bool
-
-
-Action = (SendFrame | CloseConnection | Measured | StartStream | CancelStream | ResumeSession | Authenticate
-          | Membership)
-
 MAX_GROUP_NAME = 200  # characters of a push group's name
 
 
@@ -110,22 +60,8 @@ def group_problem(group: str) -> str | None:
     return None
 
 
-def negotiate_subprotocol(offered: list[str] | tuple[str, ...], settings: Settings) -> tuple[bool, str | None]:
-    """Pick the subprotocol: (accept?, subprotocol to answer with).
-
-    The first offered subprotocol the server serves wins. No offer means JSON without a
-    subprotocol header (if JSON is served). Offers of which none is served are refused.
-    """
-    if not offered:
-        return (SUBPROTOCOL_JSON in settings.subprotocols), None
-    for sp in offered:
-        if sp in settings.subprotocols:
-            return True, sp
-    return False, None
-
-
 # ------------------------------------------------------------------------------------ the machine
-class ServerProtocol(Protocol):
+class ServerProtocol(ServerHandshake):
     """Protocol state of one accepted WebSocket, driven by an I/O layer.
 
     Streams live in a :class:`~lowlat_mw.protocol.session.Session` that a later connection can take
@@ -148,6 +84,7 @@ class ServerProtocol(Protocol):
         super().__init__(subprotocol, state=ConnState.AWAIT_HELLO, max_frame_size=settings.max_frame_size,
                          max_decompressed_size=settings.max_decompressed_size, meter=meter, heartbeats=heartbeats)
         self.settings = settings
+        self.params = ParamsMemo()  # (this connection's own: a client repeats its params, no other sees them)
         self._new_session = (session_id, secret)
         self.session_id = session_id  # the session's id (the one a new session gets, until Welcome says which)
         self.session: Session | None = None
@@ -210,112 +147,9 @@ class ServerProtocol(Protocol):
         return [self._error(0, ErrorCode.PROTOCOL_ERROR, f"expected hello, got {type(event).__name__.lower()}"),
                 *self._close(CloseCode.PROTOCOL_ERROR, "expected hello")]
 
-    # ------------------------------------------------------------------ handshake
-    def _on_hello(self, hello: ev.Hello, now: float) -> list[Any]:
-        self.hello = hello
-        offered = hello.compression
-        if offered and self.codec.binary:  # the server's codecs, in its order, that the client offered
-            common = []
-            for codec in self.settings.compression:
-                if codec in offered and codec in _INSTALLED:
-                    common.append(codec)
-            if common:
-                self._negotiated(tuple(common), min_size=self.settings.compression_min_size,
-                                 link_mbps=self.settings.link_mbps)
-        if self.settings.authenticate:
-            self.state = ConnState.ADMITTING
-            return [Authenticate(hello)]
-        if hello.resume_token:
-            self.state = ConnState.ADMITTING
-            return [ResumeSession(hello.resume_token, Session.session_id_of(hello.resume_token), hello.last_seq)]
-        session_id, secret = self._new_session
-        return self._welcome(Session(self.settings, now=now, session_id=session_id, secret=secret), now, resumed=False)
-
-    def authenticated(self, principal: object | None, now: float, reason: str = "") -> list[Any]:
-        """Answer an :class:`Authenticate`: `principal` admits the client, None refuses it (1008)."""
-        if self.state is not ConnState.ADMITTING or self.hello is None:
-            return []
-        if principal is None:
-            return [self._error(0, ErrorCode.UNAUTHORIZED, reason or "authentication failed"),
-                    *self._close(CloseCode.POLICY_VIOLATION, "unauthorized")]
-        self.principal = principal
-        hello = self.hello
-        if hello.resume_token:  # (as for a Hello without the hook)
-            return [ResumeSession(hello.resume_token, Session.session_id_of(hello.resume_token), hello.last_seq)]
-        session_id, secret = self._new_session
-        return self._welcome(Session(self.settings, now=now, session_id=session_id, secret=secret), now, resumed=False)
-
-    def resume(self, session: Session | None, now: float) -> list[Any]:
-        """Answer a :class:`ResumeSession`: `session` is what the store had for the id (or None).
-
-        Returns Welcome (``resumed`` true or false), then everything the client missed, and
-        CancelStream for streams the client no longer wants. A failed resume starts a new
-        session and fails each stream the client listed with ``resume_failed``.
-        """
-        hello = self.hello
-        assert hello is not None and self.state is ConnState.ADMITTING
-        if (session is None or not session.token_matches(hello.resume_token)
-                or (session.principal is not None and session.principal != self.principal)):
-            session_id, secret = self._new_session
-            actions = self._welcome(Session(self.settings, now=now, session_id=session_id, secret=secret), now,
-                                    resumed=False)
-            actions += [self._error(sid, ErrorCode.RESUME_FAILED, "session expired or unknown")
-                        for sid in hello.last_seq]
-            if not hello.last_seq:
-                actions.append(self._error(0, ErrorCode.RESUME_FAILED, "session expired or unknown"))
-            return actions
-        session.attach()
-        actions = self._welcome(session, now, resumed=True)
-        events, cancels = session.replay(hello.last_seq)
-        actions += [self._send(e) for e in events]
-        actions += [CancelStream(sid) for sid in cancels]
-        return actions
-
-    def _welcome(self, session: Session, now: float, *, resumed: bool) -> list[Any]:
-        assert self.hello is not None
-        self.session = session
-        self.session_id = session.session_id
-        self.resumed = resumed
-        if not resumed:
-            session.principal = self.principal
-        session.revision = self.hello.revision
-        hello = self.hello
-        if hello.history and hello.revision >= ev.CONTEXT_REVISION and self.settings.history_size:  # (v1.3)
-            session.keeps_turns = True
-            session.contexts()
-        window = session.set_client_window(self.hello.flow_window)
-        self.state = ConnState.OPEN
-        if self._welcome_moves:
-            self.deadline_moved = True
-        self.reaper.last_activity = now  # (IdleReaper.touch)
-        s = self.settings
-        welcome = ev.Welcome(
-            session_id=session.session_id,
-            resume_token=session.resume_token,
-            compression=self.compression,
-            max_frame_size=s.max_frame_size,
-            max_decompressed_size=s.max_decompressed_size,
-            max_streams=s.max_streams,
-            heartbeat_interval_ms=round(s.heartbeat_interval * 1000),
-            idle_timeout_ms=round(s.idle_timeout * 1000),
-            server=s.server_name,
-            resumed=resumed,
-            resume_window_ms=round(s.resume_window * 1000),
-            flow_window=window,
-            revision=ev.REVISION,
-            # (v1.3) a resume: the Inputs this session holds, so the client sends the rest again
-            input_seq=session.input_seqs() if resumed and self.hello.revision >= ev.DUPLEX_REVISION else {},
-            contexts=session.context.versions() if session.context is not None and resumed else {},
-        )
-        # Welcome itself is never compressed: the client learns the codecs from it.
-        compressor, self.compressor = self.compressor, None
-        frame = SendFrame(self._frame(welcome))
-        self.compressor = compressor
-        return [frame]
-
     # ------------------------------------------------------------------ client messages
     def _on_request(self, req: ev.Request, now: float) -> list[Any]:
-        self.reaper.last_activity = now  # (IdleReaper.touch)
+        self.reaper.touch(now)
         session = self.session
         assert session is not None
         sid = req.stream_id
@@ -333,11 +167,7 @@ class ServerProtocol(Protocol):
             return [self._error(sid, ErrorCode.RATE_LIMITED, retryable=True,
                                 message=f"more than {self.settings.rate_limit:g} requests/s: "
                                         f"retry in {bucket.retry_after():.2f} s")]
-        text = req.text
-        if req.params or req.messages or req.data is not None or (text is not None and not text.isascii()):
-            size = request_size(req)
-        else:  # a plain-text prompt: (request_size, inlined)
-            size = len(req.model) + (len(text) if text is not None else 0)
+        size = request_size(req, self.params.size)
         if size > self.settings.max_request_size:
             return [self._error(sid, ErrorCode.MESSAGE_TOO_BIG,
                                 f"request of {size} bytes exceeds max_request_size ({self.settings.max_request_size})")]
@@ -363,19 +193,18 @@ class ServerProtocol(Protocol):
     def _on_cancel(self, cancel: ev.Cancel, now: float) -> list[Any]:
         self.reaper.touch(now)
         stream = self.session.streams.get(cancel.stream_id)  # type: ignore[union-attr]
-        if stream is None or not stream.running or stream.cancelling:
-            return []  # already finished: the End/Error is on its way
-        stream.cancelling = True
+        if stream is None or not stream.move("cancel"):
+            return []  # already finished or cancelling: the End/Error is on its way
         return [CancelStream(cancel.stream_id)]
 
     def _on_input(self, inp: ev.Input, now: float) -> list[Any]:
         """(v1.3) More input for a running stream: delivered once, in seq order; a resend of one it has is ignored."""
         if self.hello is None or self.hello.revision < ev.DUPLEX_REVISION:  # (as a v1.2 server answers)
             return [self._error(0, ErrorCode.UNSUPPORTED_MESSAGE, "input is protocol v1.3: send Hello.revision 3")]
-        self.reaper.last_activity = now  # (IdleReaper.touch: application traffic)
+        self.reaper.touch(now)
         sid = inp.stream_id
         st = self.session.streams.get(sid)  # type: ignore[union-attr]
-        if st is None or not st.running or st.cancelling or inp.seq <= st.input_seq:
+        if st is None or not st.accepts("input") or inp.seq <= st.input_seq:
             return []  # ended (its End is on its way), or a resend after a resume
         problem = None
         if inp.seq != st.input_seq + 1:
@@ -389,8 +218,7 @@ class ServerProtocol(Protocol):
                                          f"max_request_size ({self.settings.max_request_size})")
         if problem is not None:
             return self.refuse_input(sid, now, ErrorCode.BAD_REQUEST, problem)
-        st.input_seq = inp.seq
-        st.input_ended = inp.end
+        st.input_delivered(inp)
         return [DeliverInput(inp)]
 
     def refuse_input(self, stream_id: int, now: float, code: ErrorCode, message: str) -> list[Any]:
@@ -434,11 +262,10 @@ class ServerProtocol(Protocol):
         """Put the session in push group `group` (`joined` false: take it out), for a client's Subscribe or the
         server's own ``lowlat_mw.join``: a :class:`Membership` action if that changed anything."""
         session = self.session
-        if session is None or self.state is not ConnState.OPEN or (group in session.groups) == joined:
+        if session is None or self.state is not ConnState.OPEN or not session.join(group, joined):
             return []
-        session.groups = session.groups | {group} if joined else session.groups - {group}
         if not session.groups:  # listening until now: idle from now on, not since long ago
-            self.reaper.last_activity = now
+            self.reaper.touch(now)
             self.deadline_moved = True
         return [Membership(group, joined)]
 
@@ -471,24 +298,14 @@ class ServerProtocol(Protocol):
             if type(chunk) is ev.ToolCall:  # (v1.3) one Delta of its own, never split or merged
                 return self._tool_call(stream_id, chunk, now)
             n = encoded_len(chunk)
-        self.reaper.last_activity = now  # (IdleReaper.touch, inlined: once per Delta)
+        self.reaper.last_activity = now  # (the reaper's field, set as IdleReaper.touch sets it: a call per Delta costs)
         limit = self.max_frame_size
-        sent = self.stats.sent
         if len(chunk) * 4 <= limit - 32:  # the common case, far below the frame limit: one Delta as it is
-            compressor = self.compressor
-            data = encode_delta_frame(stream_id, st.seq + 1, chunk) if self.codec is PROTO_CODEC else None
-            if data is not None and (compressor is None or len(data) <= compressor.min_size):
-                raw = size = len(data)  # (ProtoCodec.encode_delta, inlined: a token is too small to compress)
-                codec_id = 0
-            else:
-                data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, compressor)
-                size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
+            data, raw, codec_id = self.codec.encode_delta(stream_id, st.seq + 1, chunk, self.compressor)
+            size = len(data) if type(data) is bytes else raw  # a text frame's size is its UTF-8 length
             if size <= limit or len(chunk) <= 1:
                 session.record_in(st, stream_id, chunk, n, now)
-                base = 3 * codec_id
-                sent[base] += 1
-                sent[base + 1] += raw
-                sent[base + 2] += size
+                self.stats.count_sent(codec_id, raw, size)
                 return [data]
             pending = [chunk]  # a tiny frame limit and a long envelope: split below
         else:
@@ -510,7 +327,7 @@ class ServerProtocol(Protocol):
     def _tool_call(self, stream_id: int, call: ev.ToolCall, now: float) -> list[bytes | str]:
         session = self.session
         call = tool_call_for(session, stream_id, call)  # type: ignore[arg-type]
-        self.reaper.last_activity = now  # (IdleReaper.touch)
+        self.reaper.touch(now)
         seq = session.record(stream_id, call, now)  # type: ignore[union-attr]
         return [self._frame(ev.Delta(stream_id=stream_id, seq=seq, tool_call=call))] if seq is not None else []
 
@@ -527,7 +344,7 @@ class ServerProtocol(Protocol):
         event = session.finish(stream_id, now, reason=reason, timings_ms=timings_ms, error=error)
         if event is None or self.state is ConnState.CLOSED:
             return []
-        self.reaper.last_activity = now  # (IdleReaper.touch)
+        self.reaper.touch(now)
         if not session.active and self._idle_moves:
             self.deadline_moved = True  # idle from now: the reaper's (or the lifetime's) deadline may be sooner
         return [SendFrame(self._frame(event), event if type(event) is ev.Error else None)]
@@ -545,19 +362,22 @@ class ServerProtocol(Protocol):
             return math.inf
         if state is not ConnState.OPEN:
             return self.handshake_deadline  # no Pings before Welcome: see tick()
-        hb = self.heartbeat  # min(Heartbeat.deadline(), IdleReaper.deadline(running), the lifetime), written out
-        when = hb.last_ping_at + hb.timeout if hb.awaiting is not None and not hb.alive_since_ping and not answered \
-            else hb.next_ping_at
         session = self.session
-        if session is None or not session.active:
-            reaper = self.reaper
-            idle = reaper.last_activity + reaper.timeout
-            if idle < when and (session is None or not session.groups):  # (a session in push groups is listening)
-                when = idle
-            lifetime = self.settings.max_session_lifetime
-            if lifetime and self.opened_at + lifetime < when:
-                when = self.opened_at + lifetime
+        running, groups = (session.active, session.groups) if session is not None else (0, ())
+        when = self.heartbeat.deadline(answered)
+        idle = self.reaper.deadline(running, groups)
+        if idle < when:
+            when = idle
+        if self.settings.max_session_lifetime:  # (no limit: no lifetime deadline to ask for; called per timer)
+            end = self._lifetime_end(running)
+            if end < when:
+                when = end
         return when
+
+    def _lifetime_end(self, running: int) -> float:
+        """When ``max_session_lifetime`` closes the connection (never while a stream runs, nor without the limit)."""
+        lifetime = self.settings.max_session_lifetime
+        return self.opened_at + lifetime if lifetime and not running else math.inf
 
     def tick(self, now: float) -> list[Any]:
         """Timers: handshake timeout, heartbeat pings and timeouts, idle reaping, session lifetime."""
@@ -571,22 +391,14 @@ class ServerProtocol(Protocol):
                 return self._close(CloseCode.HANDSHAKE_TIMEOUT, "no hello within handshake_timeout")
             return []
         action = self.heartbeat.poll(now)
-        if action is HeartbeatAction.PEER_DEAD:
-            return self._close(CloseCode.HEARTBEAT_TIMEOUT, "no pong within heartbeat_timeout")
-        session = self.session
-        running = session.active if session is not None else 0
-        reaper = self.reaper
-        if (not running and now >= reaper.last_activity + reaper.timeout  # (IdleReaper.expired, written out)
-                and (session is None or not session.groups)):  # in push groups: listening, not idle
-            return self._close(CloseCode.IDLE_TIMEOUT, "idle")
-        lifetime = self.settings.max_session_lifetime
-        if lifetime and not running and now >= self.opened_at + lifetime:
-            return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
-        if action is HeartbeatAction.SEND_PING:
-            return self._ping()
-        if self.heartbeat.awaiting is None:
-            self.pong_frame = None  # (poll found the peer alive without the Pong)
-        return []
+        if action is not HeartbeatAction.PEER_DEAD:  # (a dead peer is closed as such, idle or not)
+            session = self.session
+            running, groups = (session.active, session.groups) if session is not None else (0, ())
+            if self.reaper.expired(now, running, groups):
+                return self._close(CloseCode.IDLE_TIMEOUT, "idle")
+            if now >= self._lifetime_end(running):
+                return self._close(CloseCode.SESSION_EXPIRED, "max_session_lifetime reached")
+        return self._heartbeat_answer(action)
 
     def drain(self, reconnect_after_ms: int = 0) -> list[Any]:
         """Server shutdown begins: send GoAway and refuse new streams (running ones go on)."""
@@ -609,7 +421,6 @@ class ServerProtocol(Protocol):
 
 
 ServerProtocol.HANDLERS = handlers(ServerProtocol, SERVER_RECEIVES)
-_INSTALLED = available_codecs()  # fixed at import
 
 
 STREAM_MESSAGES = 2  # control-budget tokens a Request brings: its stream's Ack{done} and a Cancel
@@ -625,8 +436,9 @@ def input_size(inp: ev.Input) -> int:
     return len(item.encode("utf-8", "surrogatepass")) if isinstance(item, str) else len(item)
 
 
-def request_size(req: ev.Request) -> int:
-    """Bytes of a Request's input, for max_request_size."""
+def request_size(req: ev.Request, measure: Callable[[Mapping[str, Any]], int] = params_size) -> int:
+    """Bytes of a Request's input, for max_request_size; `measure` gives its params' (the connection's
+    :meth:`ParamsMemo.size <lowlat_mw.protocol.wire.fast.ParamsMemo.size>`: a size kept from the decoding)."""
     size = len(req.model)
     if req.text is not None:
         size += len(req.text) if req.text.isascii() else len(req.text.encode("utf-8", "surrogatepass"))
@@ -635,5 +447,5 @@ def request_size(req: ev.Request) -> int:
     if req.messages:
         size += sum(len(m.role) + len(m.content.encode("utf-8", "surrogatepass")) for m in req.messages)
     if req.params:
-        size += params_size(req.params)
+        size += measure(req.params)
     return size

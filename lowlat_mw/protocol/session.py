@@ -14,66 +14,24 @@ from __future__ import annotations
 
 import hmac
 import math
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import ErrorCode, LocalProtocolError
 from ..settings import Settings
 from . import events as ev
 from .context import SessionContext
+from .resume import SessionResume
+from .stream import DELTA_OVERHEAD, StreamState, encoded_len
 
 __all__ = ["DELTA_OVERHEAD", "ChunkTypeError", "MemorySessionStore", "Session", "SessionStore", "StreamState",
            "encoded_len", "normalize_chunk", "split_chunk"]
 
 _NOTHING_FOLLOWED: frozenset[int] = frozenset()
-DELTA_OVERHEAD = 64  # bytes charged per buffered Delta on top of its chunk (object overhead)
 MAX_FINISHED = 64    # finished streams remembered per session for resume, newest kept
-EMPTY_WINDOW = 10.0  # seconds a dropped session with nothing to resume is kept: the client may have sent a Request
-                     # the drop lost, and its resume then gets "send it again" (protocol.md 14.2), not "expired"
 
 
-@dataclass(slots=True)
-class StreamState:
-    """One stream's bookkeeping on the server."""
-
-    stream_id: int
-    started_at: float
-    seq: int = 0
-    first_chunk_at: float | None = None
-    out_bytes: int = 0
-    cancelling: bool = False
-    acked: int = 0
-    lost_through: int = 0  # Deltas with seq <= this were dropped unacknowledged: no replay below
-    # The Deltas kept for a resume: their chunks and costs (bytes + DELTA_OVERHEAD), oldest first, seqs
-    # seq - len(pieces) + 1 .. seq (a buffer loses only its oldest). Two deques, not one of (seq, chunk,
-    # cost) tuples: no container object per Delta for the garbage collector to count and visit.
-    pieces: deque[str | bytes] = field(default_factory=deque)
-    costs: deque[int] = field(default_factory=deque)
-    terminal: ev.End | ev.Error | None = None
-    input_seq: int = 0  # (v1.3) the seq of the last Input delivered to the model
-    input_ended: bool = False  # (v1.3) an Input with end came
-    # Protocol v1.3, in a session that keeps turns (Hello.history): the output so far (None: not kept), the
-    # Request, and the kept turn it continues (stream id, serial).
-    turn: list[str | bytes] | None = None
-    turn_bytes: int = 0  # (the output's bytes so far: past history_size the turn is not kept, nor its pieces)
-    asked: ev.Request | None = None
-    parent: tuple[int, int] | None = None
-
-    @property
-    def buffer(self) -> list[tuple[int, str | bytes, int]]:
-        """(seq, chunk, cost) of each kept Delta, oldest first."""
-        first = self.seq - len(self.pieces) + 1
-        return [(first + i, piece, cost) for i, (piece, cost) in enumerate(zip(self.pieces, self.costs, strict=True))]
-
-    @property
-    def running(self) -> bool:
-        """True until the stream's End or Error was produced."""
-        return self.terminal is None
-
-
-class Session:
+class Session(SessionResume):
     """Streams of one client session; attached to at most one connection at a time."""
 
     def __init__(self, settings: Settings, *, now: float, session_id: str, secret: str) -> None:
@@ -127,13 +85,46 @@ class Session:
         sid, dot, _ = token.partition(".")
         return sid if dot else ""
 
+    def belongs_to(self, principal: object | None) -> None:
+        """The session is `principal`'s (who authenticated when it began): only they may resume it."""
+        self.principal = principal
+
+    def join(self, group: str, joined: bool) -> bool:
+        """Put the session in push group `group` (`joined` false: take it out); False if that changed nothing."""
+        groups = self.groups
+        if (group in groups) == joined:
+            return False
+        self.groups = groups | {group} if joined else groups - {group}
+        return True
+
+    def rejoin(self, groups: frozenset[str]) -> None:
+        """The push groups it was in, as a shared store kept them (a resume in another process)."""
+        self.groups = groups
+
+    # ------------------------------------------------------------------ journal (shared sessions)
+    def take_journal(self) -> list[Any] | None:
+        """What the session produced since the store last took it (see `journal`); journaling goes on afresh."""
+        journal = self.journal
+        if journal:
+            self.journal = []
+        return journal
+
+    def shrink_journal(self, kept: list[Any]) -> None:
+        """The store fell behind: what waits to be written becomes `kept` (its starts and ends: a gap, bounded)."""
+        if self.journal is not None:
+            self.journal = kept
+
+    def requeue_journal(self, kept: list[Any]) -> None:
+        """A write failed: `kept` (records it held) goes back before what the session produced since."""
+        if self.journal is not None:
+            self.journal[:0] = kept
+
     # ------------------------------------------------------------------ flow control
     def set_client_window(self, window: int) -> int:
         """Grant a flow-control window for a client that sends Acks (0: no Acks); returns it."""
         settings = self.settings
         self.flow_window = flow = min(window, settings.flow_window, settings.resume_buffer_size) if window else 0
-        # (_update_pause, written out: once per Welcome)
-        self.pause_at = flow or (math.inf if self.attached else settings.resume_buffer_size)
+        self._update_pause()
         return flow
 
     def _update_pause(self) -> None:
@@ -290,18 +281,18 @@ class Session:
         None when the stream is not running. The stream is remembered among the newest finished ones.
         """
         st = self.streams.get(stream_id)
-        if st is None or st.terminal is not None:
+        if st is None or not st.move("end"):
             return None
-        if error is not None:
-            st.terminal = error
-        else:
+        terminal = error
+        if terminal is None:
             timings = {"total": (now - st.started_at) * 1000}
             if st.first_chunk_at is not None:
                 timings["first_delta"] = (st.first_chunk_at - st.started_at) * 1000
             if timings_ms:
                 timings.update(timings_ms)
-            st.terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
-                                 usage={"deltas": st.seq, "output_bytes": st.out_bytes})
+            terminal = ev.End(stream_id=stream_id, last_seq=st.seq, finish_reason=reason, timings_ms=timings,
+                              usage={"deltas": st.seq, "output_bytes": st.out_bytes})
+        st.terminal = terminal
         self.active -= 1
         context = self.context
         if context is not None:  # (protocol v1.3)
@@ -332,7 +323,7 @@ class Session:
         st = self.streams.get(stream_id)
         if st is None or not st.running:
             return None
-        st.cancelling = True
+        st.move("cancel")  # (a no-op when cancelling already)
         return self.fail(stream_id, now, code, message)
 
     def _forget(self, sid: int) -> None:
@@ -356,7 +347,7 @@ class Session:
         if st is None:
             return
         self._trim(st, seq)
-        if done and not st.running:
+        if done and st.move("done"):
             self._forget(stream_id)
 
     def _trim(self, st: StreamState, seq: int) -> None:
@@ -377,110 +368,6 @@ class Session:
                     self.buffered -= popleft()
             if not pieces:
                 self._emptied(st)
-
-    def restore(self, stream_id: int, first_seq: int, pieces: list[str | bytes], terminal: ev.End | ev.Error | None,
-                now: float, *, followed: bool = False) -> None:
-        """Take over a stream from a shared store: its kept Deltas, seqs `first_seq` .. (Deltas below
-        `first_seq` are gone: a resume below fails), and its End or Error if it has ended. `followed`: it is
-        still running in another process, whose output this session relays (and does not journal again)."""
-        self._forget(stream_id)
-        st = StreamState(stream_id=stream_id, started_at=now, seq=first_seq - 1 + len(pieces),
-                         lost_through=first_seq - 1, terminal=terminal)
-        for piece in pieces:
-            cost = encoded_len(piece) + DELTA_OVERHEAD
-            st.pieces.append(piece)
-            st.costs.append(cost)
-            st.out_bytes += cost - DELTA_OVERHEAD
-            self.buffered += cost
-        self.streams[stream_id] = st
-        if terminal is None:
-            self.active += 1
-            if pieces:
-                self._holders[stream_id] = st
-        else:
-            if pieces:
-                self._spill[stream_id] = st
-            self._finished.append(stream_id)
-        if followed:
-            if type(self.followed) is not set:
-                self.followed = set()
-            self.followed.add(stream_id)
-
-    # ------------------------------------------------------------------ connection changes
-    def detach(self, now: float) -> None:
-        """The connection dropped; the session waits ``resume_window`` seconds for a resume (an empty one, nothing
-        to resume but a Request the drop may have lost, EMPTY_WINDOW at most)."""
-        self.attached = False
-        self.detached_at = now
-        self.window = self.settings.resume_window if self.worth_keeping() else min(self.settings.resume_window,
-                                                                                    EMPTY_WINDOW)
-        self._update_pause()
-
-    def attach(self) -> None:
-        """A connection took the session over."""
-        self.attached = True
-        self.detached_at = None
-        self._update_pause()
-
-    def expires_at(self) -> float:
-        """When a detached session is given up (inf while attached)."""
-        return math.inf if self.detached_at is None else self.detached_at + self.window
-
-    def worth_keeping(self) -> bool:
-        """Whether anything could still be resumed: a stream the client has not acknowledged as done,
-        one the last resume reported unknown (its Request was lost; the client sends it again), or the
-        push groups it is in (the server's joins among them: a new session would be in none)."""
-        context = self.context
-        return bool(self.streams or self._awaited or self.groups
-                    or (context is not None and (context.documents or context.turns)))
-
-    def input_seqs(self) -> dict[int, int]:
-        """(v1.3) Running stream id -> seq of the last Input it got, for streams that got any: a resume's Welcome
-        says so, and the client sends its later Inputs again."""
-        return {sid: st.input_seq for sid, st in self.streams.items() if st.input_seq and st.terminal is None}
-
-    def replay(self, last_seq: Mapping[int, int]) -> tuple[list[ev.Event], list[int]]:
-        """What a resuming client missed: (events to send in order, stream ids to cancel).
-
-        `last_seq` lists every stream the client still considers open, with the last seq it got.
-        Streams it does not list are done for it: running ones are cancelled, finished ones
-        forgotten. A listed stream whose missing Deltas were dropped from the buffer, or that
-        the server does not know, gets an Error ``resume_failed``.
-        """
-        events: list[ev.Event] = []
-        cancels: list[int] = []
-        for sid, st in list(self.streams.items()):
-            if sid not in last_seq:
-                if st.running:
-                    st.cancelling = True
-                    cancels.append(sid)
-                else:
-                    self._forget(sid)
-                continue
-            have = last_seq[sid]
-            if have < st.lost_through:
-                err = ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED,
-                               message=f"replay buffer exceeded: deltas after seq {have} are gone")
-                events.append(err)
-                if st.running:
-                    st.terminal = err
-                    self.active -= 1
-                    st.cancelling = True
-                    cancels.append(sid)
-                self._forget(sid)
-                continue
-            self._trim(st, have)
-            events.extend(ev.Delta.of(sid, seq, chunk) for seq, chunk, _ in st.buffer if seq > have)
-            if st.terminal is not None:
-                events.append(st.terminal)
-        self._awaited = set()
-        for sid in last_seq:
-            if sid not in self.streams and not any(isinstance(e, ev.Error) and e.stream_id == sid for e in events):
-                self._awaited.add(sid)
-                events.append(ev.Error(stream_id=sid, code=ErrorCode.RESUME_FAILED, retryable=True,
-                                       message=f"stream {sid} is unknown to this session"))
-        return events, cancels
-
 
 class SessionStore(Protocol):
     """Where detached sessions wait to be resumed. The default keeps them in process memory."""
@@ -564,13 +451,6 @@ def normalize_chunk(chunk: object) -> str | bytes | ev.ToolCall:
         except UnicodeEncodeError:
             raise LocalProtocolError("model chunks must be valid Unicode text (unpaired surrogate)") from None
     return chunk
-
-
-def encoded_len(piece: str | bytes | ev.ToolCall) -> int:
-    """Bytes of `piece` in a frame (UTF-8 for text; a tool call: its size as a buffer counts it)."""
-    if isinstance(piece, str):
-        return len(piece) if piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))
-    return len(piece)
 
 
 def split_chunk(chunk: str | bytes, limit: int) -> list[str | bytes]:

@@ -13,16 +13,17 @@ Connection states (both roles)::
     client: AWAIT_WELCOME --Welcome--> OPEN
     any state --close()/timeout/bad frame/connection lost--> CLOSED
 
-Stream states (kept by the server's :class:`~lowlat_mw.protocol.session.Session`, which outlives a
-connection; the client's :class:`~lowlat_mw.protocol.client.ClientStream` mirrors the first two)::
+Stream phases (kept by the server's :class:`~lowlat_mw.protocol.session.Session`, which outlives a
+connection; the client's :class:`~lowlat_mw.protocol.client.ClientStream` mirrors running and ended) are the
+second table, :data:`STREAM_MOVES`: which event each phase accepts, and where it goes::
 
-    Request --> running --Cancel--> cancelling --model stops--> finished (End "cancelled")
-                running --model ends / fails--> finished (End "stop" / Error)
-                running --warm-up hook ends--> finished (End "warmup", a Request with warmup set: v1.2)
-                finished --Ack(done) or resume without it--> forgotten
+    Request --> RUNNING --Cancel / resume without it / input refused--> CANCELLING --model stops--> STOPPED
+                RUNNING --model ends / fails / warm-up hook ends--> ENDED (End "stop" / Error / End "warmup")
+                ENDED, STOPPED (kept for replay) --Ack(done) / resume without it / evicted--> FORGOTTEN
 
-While no connection is attached, running streams go on into the session's replay buffer until it
-is full (then the model pauses), for ``resume_window`` seconds.
+Pausing is not a phase of a stream: a session's models pause together while its flow window (or, detached,
+its replay buffer) is full (``Session.blocked``). While no connection is attached, running streams go on
+into the session's replay buffer for ``resume_window`` seconds.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import enum
 
 from . import events as ev
 
-__all__ = ["CLIENT_RECEIVES", "SERVER_RECEIVES", "ConnState"]
+__all__ = ["CLIENT_RECEIVES", "SERVER_RECEIVES", "STREAM_MOVES", "ConnState", "StreamPhase"]
 
 
 class ConnState(enum.Enum):
@@ -71,3 +72,32 @@ CLIENT_RECEIVES: dict[ConnState, dict[type, str]] = {
 def handlers(cls: type, table: dict[ConnState, dict[type, str]]) -> dict[ConnState, dict[type, object]]:
     """`table` with each handler name resolved to ``cls._on_<name>`` (done once, when the class is made)."""
     return {state: {kind: getattr(cls, f"_on_{name}") for kind, name in row.items()} for state, row in table.items()}
+
+
+class StreamPhase(enum.Enum):
+    """Where a stream is in its life (one session's bookkeeping of it; sans-IO, no clock)."""
+
+    RUNNING = "running"
+    """Its model produces: output is recorded, Inputs and a Cancel are accepted."""
+    CANCELLING = "cancelling"
+    """Its stop was asked (a Cancel, a resume that left it out, an Input refused): output is still recorded until
+    the model stops; no Input, no second Cancel."""
+    ENDED = "ended"
+    """Its End or Error is made (the model ended or failed on its own): kept for replay until acknowledged."""
+    STOPPED = "stopped"
+    """Ended after its stop was asked (End "cancelled", an Error of a refused Input): kept for replay as ENDED."""
+    FORGOTTEN = "forgotten"
+    """Acknowledged done, left out by a resume, or evicted: gone from the session."""
+
+
+STREAM_MOVES: dict[StreamPhase, dict[str, StreamPhase]] = {
+    StreamPhase.RUNNING: {"output": StreamPhase.RUNNING, "input": StreamPhase.RUNNING,
+                          "cancel": StreamPhase.CANCELLING, "end": StreamPhase.ENDED},
+    StreamPhase.CANCELLING: {"output": StreamPhase.CANCELLING, "end": StreamPhase.STOPPED},
+    StreamPhase.ENDED: {"done": StreamPhase.FORGOTTEN},
+    StreamPhase.STOPPED: {"done": StreamPhase.FORGOTTEN},
+    StreamPhase.FORGOTTEN: {},
+}
+"""What each stream phase accepts (an event missing from its row is not) and the phase it moves to. Events:
+``output`` (a model's chunk is recorded), ``input`` (a client's Input is delivered), ``cancel`` (its stop is asked),
+``end`` (its End or Error is made), ``done`` (the client has it all: Ack done, or a resume that left it out)."""

@@ -238,7 +238,7 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
             h.counts[bisect_left(h.bounds, rtt)] += 1  # (_Hist.observe, written out)
             h.sum += rtt
         if self._scheduled == self._answered and not moved:  # (where on_timer put it for this Pong: nothing to do)
-            proto.deadline_moved = False
+            proto.deadline_seen()
         else:
             self.reschedule()
 

@@ -57,7 +57,7 @@ class Deadlines:
         first, the timer goes there."""
         hb = proto.heartbeat
         timeout = hb.last_ping_at + hb.timeout  # type: ignore[union-attr]
-        proto.deadline_moved = False  # (_next_deadline(True), written out: no send is under way)
+        proto.deadline_seen()  # (_next_deadline(True), written out: no send is under way)
         answered = proto.next_deadline(True)
         if timeout < answered:
             self.scheduler.watch(self, timeout, proto.pong_frame, now)
@@ -73,7 +73,7 @@ class Deadlines:
             self.scheduler.schedule(self, now)  # (the scheduler runs it right after this, in the same wake-up)
 
     def _next_deadline(self: ConnectionDriver, answered: bool = False) -> float:
-        self.protocol.deadline_moved = False
+        self.protocol.deadline_seen()
         return min(self.protocol.next_deadline(answered), self.writer.due(self.settings.slow_consumer_timeout))
 
     def reschedule(self: ConnectionDriver) -> None:

@@ -14,11 +14,14 @@ driver's calls. Setting ``direct_writes=False`` keeps every frame on the ASGI pa
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Generator
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 __all__ = ["BURST", "CORK_LIMIT", "EXTENSION", "DirectReads", "DirectTransport", "DropsCloses", "Expected",
-           "apply_mask", "expected", "frame_header", "framed", "message_limit", "next_message", "parser_idle"]
+           "apply_mask", "expected", "frame_header", "framed", "message_limit", "next_message", "parser_idle",
+           "watch_parser"]
 
 EXTENSION = "lowlat.transport"  # the key in scope["extensions"]
 CORK_LIMIT = 64 * 1024  # bytes held for the end of the loop turn; more are written at once
@@ -127,12 +130,8 @@ def frame_header(data: bytes, text: bool) -> bytes:
 
 try:  # websockets (its state constant, its C helper) is there wherever the client or uvicorn's websockets protocol is
     from websockets.protocol import OPEN as _WS_OPEN
-    from websockets.streams import StreamReader
-    # What websockets' parser waits in between two frames (its innermost generator's code); a version without it
-    # leaves this None: the parser never counts as idle, and every read goes to it.
-    _AT_FRAME_BOUNDARY = getattr(getattr(StreamReader, "at_eof", None), "__code__", None)
 except ImportError:  # pragma: no cover - depends on what is installed
-    _WS_OPEN = _AT_FRAME_BOUNDARY = None
+    _WS_OPEN = None
 try:
     from websockets.speedups import apply_mask as _apply_mask
 except ImportError:  # pragma: no cover - depends on what is installed
@@ -194,22 +193,39 @@ def next_message(data: bytes, pos: int, masked: bool, limit: int | None) -> tupl
 
 
 def parser_idle(conn: Any) -> bool:
-    """Whether websockets' sans-I/O protocol `conn` waits between two messages with nothing buffered: open,
-    no fragmented message in progress, no extension, and its parser at a frame boundary. Only then may
-    :func:`next_message` read the frames that follow, in its place.
+    """Whether websockets' sans-I/O protocol `conn` (watched: :func:`watch_parser`) waits between two messages with
+    nothing buffered: open, no fragmented message in progress, no extension, and its parser at a frame boundary.
+    Only then may :func:`next_message` read the frames that follow, in its place.
 
     An empty buffer alone is not enough: websockets takes a frame's header (and mask) out of its buffer as it
     reads them, so a socket read that ends right after a header leaves the buffer empty with the parser waiting
-    for that frame's payload (a client that writes header and payload apart). Its parser, a generator, then
-    waits inside ``Frame.parse``, not in ``StreamReader.at_eof`` where it waits between frames. None of this
-    needs a clock or I/O; it costs a few attribute reads, and our uvicorn protocol asks once per read it parsed."""
-    if not (conn.state is _WS_OPEN and conn.current_size is None and not conn.reader.buffer and not conn.extensions):
-        return False
-    waiting = conn.parser  # (the generator the parser waits in: the innermost of those it delegates to)
-    inner = getattr(waiting, "gi_yieldfrom", None)
-    while inner is not None:
-        waiting, inner = inner, getattr(inner, "gi_yieldfrom", None)
-    return getattr(waiting, "gi_code", None) is _AT_FRAME_BOUNDARY
+    for that frame's payload (a client that writes header and payload apart). None of this needs a clock or I/O;
+    it costs a few attribute reads, and our uvicorn protocol asks once per read it parsed."""
+    reader = conn.reader
+    return (conn.state is _WS_OPEN and conn.current_size is None and not reader.buffer and not conn.extensions
+            and getattr(reader, "lowlat_between_frames", False))
+
+
+def watch_parser(conn: Any) -> None:
+    """Let :func:`parser_idle` see when websockets' sans-I/O protocol `conn` waits at a frame boundary: its parser
+    waits between two frames in its reader's ``at_eof`` (websockets' ``Protocol.parse``), looked up on the reader
+    for each frame, so a wrapper of it set on the reader notes when the parser waits there
+    (``lowlat_between_frames``). Call it as `conn` is made, before it reads frames (the handshake may be read
+    already: it does not wait there); a parser that waits there already counts as idle from its next frame on.
+    A websockets that waits elsewhere leaves the flag False: every read then goes to its parser, as it would."""
+    reader = conn.reader
+    reader.lowlat_between_frames = False
+    reader.at_eof = partial(_at_eof_noted, weakref.ref(reader))  # (weak: no cycle reader -> wrapper -> reader)
+
+
+def _at_eof_noted(ref: weakref.ref[Any]) -> Generator[None, None, bool]:
+    """The reader's own ``at_eof``, with ``lowlat_between_frames`` True while it waits for data."""
+    reader = ref()
+    reader.lowlat_between_frames = True
+    try:
+        return (yield from type(reader).at_eof(reader))
+    finally:
+        reader.lowlat_between_frames = False
 
 
 def message_limit(conn: Any) -> int | None:

@@ -111,7 +111,7 @@ def input_message(session_id: str, inp: Any) -> bytes:
     """What the channel carries to hand a client's Input (protocol v1.3) to the process running its stream's model
     (the client resumed on another process, which relays the stream: runtime.shared). The body is the Input's
     binary frame."""
-    from ..protocol.codec import PROTO_CODEC
+    from ..protocol.wire import PROTO_CODEC
 
     return _message(_INPUT, f"session:{session_id}", PROTO_CODEC.encode(inp))
 
@@ -272,7 +272,7 @@ class PushHub:
         """A client sent, on another process, input for a stream whose model runs here: hand it to the model (on the
         runner's loop). How many runners took it."""
         from ..protocol import events as ev
-        from ..protocol.codec import PROTO_CODEC
+        from ..protocol.wire import PROTO_CODEC
 
         try:
             inp = PROTO_CODEC.decode(frame, limit=len(frame))

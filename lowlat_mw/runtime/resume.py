@@ -95,7 +95,7 @@ async def _remote_session(driver: ConnectionDriver, shared: SharedSessions, acti
     if found is None or found.principal != principal_key(driver.protocol.principal):
         return None
     session, follow = found.to_session(driver.settings, action.token, driver.monotonic())
-    session.principal = driver.protocol.principal
+    session.belongs_to(driver.protocol.principal)
     return session, follow, found.last_id
 
 

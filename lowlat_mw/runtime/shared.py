@@ -43,7 +43,7 @@ import struct
 import uuid
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,7 +293,7 @@ class RemoteSession:
     def to_session(self, settings: Settings, token: str, now: float) -> tuple[Session, dict[int, str]]:
         """A local :class:`Session` with these streams, and the running ones to follow (stream -> writer)."""
         session = Session(settings, now=now, session_id=self.session_id, secret=token.partition(".")[2])
-        session.groups = self.groups
+        session.rejoin(self.groups)
         follow: dict[int, str] = {}
         for sid, st in self.streams.items():
             terminal = st.terminal
@@ -317,11 +317,147 @@ def _entry_id(entry_id: bytes | str) -> tuple[int, int]:
 
 @dataclass(eq=False, slots=True)
 class _Follower:
-    """One stream followed from the shared store: its session's key, the last entry it read, what the tail brings."""
+    """One stream followed from the shared store: its session's key, the last entry it read, what the tail brings,
+    and the run folded from its records so far (the same rules as a resume's RemoteSession.apply)."""
 
     key: str
     last: bytes | str
+    stream_id: int
+    seq: int  # the last seq relayed
+    run: RemoteStream
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    done: bool = False  # its End or Error was relayed
+
+    def lost(self, why: str) -> ev.Error:
+        """The Error that ends the stream when the rest of it cannot be had (resume_failed, retryable)."""
+        self.done = True
+        return ev.Error(stream_id=self.stream_id, code=ErrorCode.RESUME_FAILED, retryable=True,
+                        message=f"stream {self.stream_id} lost after seq {self.seq}: {why}")
+
+    def relay(self, got: list[Any]) -> Iterator[Any]:
+        """This stream's chunks in the entries `got` (one tail read), then its End or Error if they hold it
+        (`done` is then set); entries it already read (another follower of its session started further back)
+        are skipped."""
+        run, stream_id = self.run, self.stream_id
+        newer_than = _entry_id(self.last)
+        for entry_id, fields in got:
+            if _entry_id(entry_id) <= newer_than:
+                continue  # (read again for a follower of the same session that started further back)
+            self.last = entry_id
+            for sid, s, item in unpack(fields[b"b"]):
+                if sid != stream_id:
+                    continue
+                if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
+                    yield self.lost("its end was not saved")
+                    return
+                run.fold(fields[b"o"].decode(), s, item)
+                yield from run.pieces
+                run.first_seq += len(run.pieces)  # (what was relayed is not kept)
+                run.pieces.clear()
+                self.seq = run.first_seq - 1
+                if run.broken:
+                    yield self.lost("part of its output was not saved")
+                    return
+                if run.terminal is not None:
+                    self.done = True
+                    yield run.terminal
+                    return
+
+
+class _Tail:
+    """The process's (one event loop's) reader of the streams it follows from other processes: one blocking XREAD
+    at a time for all of them (one Redis connection: a connection each would run out of the pool at 100 streams
+    followed), each follower handed its session's new entries."""
+
+    def __init__(self, store: SharedSessions) -> None:
+        self.store = store
+        self.followers: dict[str, list[_Follower]] = {}  # by session key
+        self.task: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()
+
+    async def follow(self, session_id: str, stream_id: int, after: bytes | str, seq: int,
+                     writer: str) -> AsyncIterator[Any]:
+        """What :meth:`SharedSessions.follow` yields: the stream's chunks after `seq`, then its End or Error."""
+        follower = _Follower(f"lowlat:d:{session_id}", after, stream_id, seq,
+                             RemoteStream(first_seq=seq + 1, writer=writer))
+        self._join(follower)
+        loop = self.store.loop
+        quiet_since = loop.time()
+        try:
+            while not follower.done:
+                got = await follower.queue.get()
+                if isinstance(got, BaseException):
+                    yield follower.lost("the session store is unreachable")
+                    return
+                if not got:  # nothing new in one tail read
+                    self.wake.set()  # (its queue is empty again: the tail may read its session)
+                    if loop.time() - quiet_since < FOLLOW_QUIET:
+                        continue
+                    quiet_since = loop.time()
+                    why = await self._writer_gone(writer)
+                    if why:
+                        yield follower.lost(why)
+                        return
+                    continue
+                quiet_since = loop.time()
+                for item in follower.relay(got):
+                    yield item
+                if not follower.done:
+                    self.wake.set()  # done with what it had: the tail may read its session again
+        finally:
+            self._leave(follower)
+
+    def _join(self, follower: _Follower) -> None:
+        """Add `follower` to those the tail reads for, starting the tail if it is not running."""
+        self.followers.setdefault(follower.key, []).append(follower)
+        if self.task is None or self.task.done():
+            self.task = self.store.loop.create_task(self._read())
+        self.wake.set()
+
+    def _leave(self, follower: _Follower) -> None:
+        """Take `follower` off the tail's list (its stream ended, or its reader went)."""
+        group = self.followers.get(follower.key)
+        if group is not None and follower in group:
+            group.remove(follower)
+            if not group:
+                del self.followers[follower.key]
+
+    async def _writer_gone(self, writer: str) -> str:
+        """Why a followed stream that brought nothing new for FOLLOW_QUIET cannot go on ("" while its writer
+        process is alive): that process stopped, or the store cannot be reached."""
+        try:
+            alive = await self.store.redis.exists(f"lowlat:p:{writer}")
+        except Exception as exc:
+            self.store._failed("read", exc)
+            return "the session store is unreachable"
+        return "" if alive else "the process running it stopped"
+
+    async def _read(self) -> None:
+        """Read every followed session's new entries with one blocking XREAD at a time and hand each follower its
+        session's. A session is read again once all its followers are done with what they got (backpressure:
+        a slow client's stream is not read ahead into memory)."""
+        while self.followers:
+            cursors: dict[str, Any] = {}
+            for key, group in self.followers.items():
+                if all(f.queue.empty() for f in group):
+                    cursors[key] = min((f.last for f in group), key=_entry_id)
+            if not cursors:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            try:
+                found = await self.store.redis.xread(cursors, count=256, block=TAIL_BLOCK_MS)
+            except Exception as exc:
+                self.store._failed("read", exc)
+                for group in self.followers.values():
+                    for follower in group:
+                        follower.queue.put_nowait(exc)
+                self.followers = {}
+                return
+            entries = {(key.decode() if isinstance(key, bytes) else key): got for key, got in found or ()}
+            for key in cursors:
+                for follower in self.followers.get(key, ()):
+                    follower.queue.put_nowait(entries.get(key))
 
 
 # ================================================================================ the cache tier's scripts
@@ -398,10 +534,7 @@ class SharedSessions:
         self._inputs_out: deque[tuple[str, ev.Input]] = deque()  # (v1.3) Inputs for other processes, in order
         self._input_sender: asyncio.Task[None] | None = None
         self._entry_bytes: dict[str, float] = {}  # each writing session's average entry size (moving)
-        # Streams followed from other processes, by session key: one blocking XREAD reads them all (_tail).
-        self._followers: dict[str, list[_Follower]] = {}
-        self._tail: asyncio.Task[None] | None = None
-        self._tail_wake = asyncio.Event()
+        self._tail = _Tail(self)  # streams followed from other processes: one blocking XREAD reads them all
         self.stream_bytes = 2 * settings.resume_buffer_size
         """Bytes of output kept in Redis per session, about: twice what the replay buffer keeps in memory."""
 
@@ -438,7 +571,7 @@ class SharedSessions:
         self._dirty[id(session)] = session
         journal = session.journal
         if journal is not None and len(journal) > 3 * JOURNAL_MAX:  # the store is slow: a gap rather than no bound
-            session.journal = _ends_only(journal)
+            session.shrink_journal(_ends_only(journal))
         if not self._scheduled:
             self._scheduled = True
             self.loop.call_later(WRITE_EVERY, self._flush)
@@ -467,10 +600,9 @@ class SharedSessions:
             commands += 1
         for session in dirty.values():
             sid = session.session_id
-            journal = session.journal
+            journal = session.take_journal()
             if not journal:
                 continue
-            session.journal = []
             batch.append((session, journal))
             key = f"lowlat:d:{sid}"
             packed = pack(journal)
@@ -500,7 +632,7 @@ class SharedSessions:
             for session, journal in batch:
                 kept = _ends_only(journal)
                 if kept and session.journal is not None:  # (a write that timed out but landed repeats its starts:
-                    session.journal[:0] = kept           # the stream then restarts there, and fails a resume)
+                    session.requeue_journal(kept)        # the stream then restarts there, and fails a resume)
                     self._dirty[id(session)] = session
         else:
             self._ok()
@@ -688,103 +820,12 @@ class SharedSessions:
             remote.apply(fields[b"o"].decode(), unpack(fields[b"b"]))
         return remote
 
-    async def follow(self, session_id: str, stream_id: int, after: bytes | str, seq: int,
-                     writer: str) -> AsyncIterator[Any]:
+    def follow(self, session_id: str, stream_id: int, after: bytes | str, seq: int,
+               writer: str) -> AsyncIterator[Any]:
         """The chunks of a stream another process is running, after `seq`, read from entry `after` on; then
         its End or Error. If that process stops (or Redis goes) first: an Error resume_failed (retryable).
-        Read by the process's one tail of followed streams (:meth:`_tail_read`), not by a connection of its own."""
-        run = RemoteStream(first_seq=seq + 1, writer=writer)  # (the same rules as a resume's RemoteSession.apply)
-        follower = _Follower(f"lowlat:d:{session_id}", after)
-
-        def lost(why: str) -> ev.Error:
-            return ev.Error(stream_id=stream_id, code=ErrorCode.RESUME_FAILED, retryable=True,
-                            message=f"stream {stream_id} lost after seq {seq}: {why}")
-
-        self._followers.setdefault(follower.key, []).append(follower)
-        if self._tail is None or self._tail.done():
-            self._tail = self.loop.create_task(self._tail_read())
-        self._tail_wake.set()
-        quiet_since = self.loop.time()
-        try:
-            while True:
-                got = await follower.queue.get()
-                if isinstance(got, BaseException):
-                    yield lost("the session store is unreachable")
-                    return
-                if not got:  # nothing new in one tail read
-                    self._tail_wake.set()  # (its queue is empty again: the tail may read its session)
-                    if self.loop.time() - quiet_since < FOLLOW_QUIET:
-                        continue
-                    quiet_since = self.loop.time()
-                    try:
-                        alive = await self.redis.exists(f"lowlat:p:{writer}")
-                    except Exception as exc:
-                        self._failed("read", exc)
-                        yield lost("the session store is unreachable")
-                        return
-                    if not alive:
-                        yield lost("the process running it stopped")
-                        return
-                    continue
-                quiet_since = self.loop.time()
-                newer_than = _entry_id(follower.last)
-                for entry_id, fields in got:
-                    if _entry_id(entry_id) <= newer_than:
-                        continue  # (read again for a follower of the same session that started further back)
-                    follower.last = entry_id
-                    for sid, s, item in unpack(fields[b"b"]):
-                        if sid != stream_id:
-                            continue
-                        if s == 0:  # the stream id was reused: this stream ended without its End reaching the store
-                            yield lost("its end was not saved")
-                            return
-                        run.fold(fields[b"o"].decode(), s, item)
-                        for piece in run.pieces:
-                            yield piece
-                        run.first_seq += len(run.pieces)  # (what was relayed is not kept)
-                        run.pieces.clear()
-                        seq = run.first_seq - 1
-                        if run.broken:
-                            yield lost("part of its output was not saved")
-                            return
-                        if run.terminal is not None:
-                            yield run.terminal
-                            return
-                self._tail_wake.set()  # done with what it had: the tail may read its session again
-        finally:
-            group = self._followers.get(follower.key)
-            if group is not None and follower in group:
-                group.remove(follower)
-                if not group:
-                    del self._followers[follower.key]
-
-    async def _tail_read(self) -> None:
-        """Read every followed session's new entries with one blocking XREAD at a time (one Redis connection for
-        all of them: a connection each would run out of the pool at 100 streams followed) and hand each follower
-        its session's. A session is read again once all its followers are done with what they got (backpressure:
-        a slow client's stream is not read ahead into memory)."""
-        while self._followers:
-            cursors: dict[str, Any] = {}
-            for key, group in self._followers.items():
-                if all(f.queue.empty() for f in group):
-                    cursors[key] = min((f.last for f in group), key=_entry_id)
-            if not cursors:
-                self._tail_wake.clear()
-                await self._tail_wake.wait()
-                continue
-            try:
-                found = await self.redis.xread(cursors, count=256, block=TAIL_BLOCK_MS)
-            except Exception as exc:
-                self._failed("read", exc)
-                for group in self._followers.values():
-                    for follower in group:
-                        follower.queue.put_nowait(exc)
-                self._followers = {}
-                return
-            entries = {(key.decode() if isinstance(key, bytes) else key): got for key, got in found or ()}
-            for key in cursors:
-                for follower in self._followers.get(key, ()):
-                    follower.queue.put_nowait(entries.get(key))
+        Read by the process's one tail of followed streams (:class:`_Tail`), not by a connection of its own."""
+        return self._tail.follow(session_id, stream_id, after, seq, writer)
 
     async def aclose(self) -> None:
         """Write what is left and close the connection (tests; a process that ends just stops)."""

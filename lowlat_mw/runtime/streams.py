@@ -1,9 +1,12 @@
 """The model runner: one :class:`ModelRunner` per session runs its models, one task per stream.
 
-It hands each chunk to the session's current driver in one call (:meth:`ConnectionDriver.chunk
-<lowlat_mw.runtime.connection.ConnectionDriver.chunk>`), or, while no connection is attached, keeps it in the
-session for a resume. It waits for the flow-control window and, once the connection dropped, for the resume window
-to end. A session outlives a connection, so the runner does too.
+Each stream is one pipeline: its source (sources.py: a reply the result cache kept, its batch's reply, the
+model's chunks; or, relayed, another process's), its shape (plain, or merged Deltas), then the one emit
+(:meth:`ModelRunner._emit`), which hands each chunk to the session's current driver in one call
+(:meth:`ConnectionDriver.chunk <lowlat_mw.runtime.connection.ConnectionDriver.chunk>`) or, while no connection is
+attached, keeps it in the session for a resume; then its one finish (finish.py). It waits for the flow-control
+window and, once the connection dropped, for the resume window to end. A session outlives a connection, so the
+runner does too.
 """
 
 from __future__ import annotations
@@ -11,34 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .._fast import maker
-from ..cache import CHUNK_OVERHEAD, is_deterministic, merged, request_key
+from ..cache import is_deterministic, request_key
 from ..errors import CloseCode, ErrorCode
-from ..model import (
-    DONE,
-    WAIT,
-    WHOLE_REPLY,
-    Inputs,
-    ModelInterrupted,
-    ModelRequest,
-    chunks_of,
-    model_name,
-    reply_type_error,
-    step_now,
-    stream_model,
-    warm_up,
-)
+from ..model import WHOLE_REPLY, Inputs, ModelRequest, warm_up
 from ..observability import tracing
 from ..observability.timing import StreamTimer
 from ..protocol import events as ev
-from ..protocol.session import ChunkTypeError, Session
+from ..protocol.session import Session
 from . import eager, push, stalls
-from .batch import batcher_for
+from .finish import CANCELLED, INTERRUPTED, STOP, cancelled_by_client, error_of, failed, finish, send_end, stopped
 from .shared import process_id, shared_sessions
+from .sources import cached_reply, each, keep_reply, merged_deltas, model_chunks, recorded
 
 if TYPE_CHECKING:
     from .connection import ConnectionDriver
@@ -47,44 +37,16 @@ __all__ = ["INTERRUPTED", "ModelRunner", "error_of"]
 
 log = logging.getLogger("lowlat_mw")
 
-# How a stream ends whose model the server stopped before it finished, for a reason of its own (a forced shutdown
-# cancelled its task, its thread pool is shut down, its batch call was cancelled; not the client's Cancel, not the
-# model's failure): a retryable Error, never a normal End, so a client never takes the cut output for the whole
-# (docs/protocol.md 13.1).
-INTERRUPTED = (ErrorCode.INTERNAL, "stream interrupted: the server stopped its model before it finished (shutting "
-               "down?); the output is incomplete", True)
-_CANCELLED = ("cancelled",)
-_TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
-_NO_RESULT = object()  # (ModelRunner._run: the model was not awaited for a result)
 _make_model_request = maker(ModelRequest, "stream_id", "model", "text", "data", "messages", "params", "session")
 
 
-def error_of(sid: int, ending: tuple[Any, ...]) -> ev.Error:
-    """The Error of an `ending` (code, message[, retryable]) of stream `sid` (see ModelRunner._run)."""
-    return ev.Error(stream_id=sid, code=ending[0], message=ending[1], retryable=len(ending) > 2 and ending[2])
-
-
-def _kept(chunk: Any) -> Any:
-    """A chunk as the result cache keeps it: a mutable buffer copied, as it is when it comes."""
-    return bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk
-
-
-async def _recorded(agen: Any, kept: list[Any], limit: int) -> AsyncIterator[Any]:
-    """`agen`'s chunks, each also put in `kept` (copied if mutable): a reply for the result cache, recorded up to
-    about `limit` bytes (past it, `kept` holds only _TOO_BIG). Closed, it closes `agen` at once."""
-    size = 0
-    try:
-        async for chunk in agen:
-            if size <= limit:
-                sized = isinstance(chunk, str | bytes | bytearray | memoryview)
-                size += len(chunk) + CHUNK_OVERHEAD if sized else limit + 1
-                if size <= limit:
-                    kept.append(_kept(chunk))
-                else:
-                    kept[:] = [_TOO_BIG]
-            yield chunk
-    finally:
-        await agen.aclose()
+async def _relayed(source: AsyncIterator[Any], ends: list[Any]) -> AsyncIterator[Any]:
+    """The chunks of a stream another process runs, from `source`, up to its End or Error (put in `ends`)."""
+    async for item in source:
+        if isinstance(item, ev.End | ev.Error):
+            ends.append(item)
+            return
+        yield item
 
 
 # ================================================================================ the model runner
@@ -241,10 +203,10 @@ class ModelRunner:
             if self.settings.delta_timing or (kind != "asyncgen" and kind != "async") or self.settings.merge_deltas:
                 timer.every = 1  # asked for, or lapped per chunk anyway (a thread hop, a merge): every Delta timed
         # Started eagerly: the model's first step (for a quick model, its first Delta) runs now, not a loop turn later.
-        # Its task is named for the model: a step that holds the loop is told whose (stalls).
-        task, finished = eager.start(self.loop, self._run(request, fn, label, kind, timer), stalls.TASK_PREFIX + name)
-        if not finished:  # (a stream that ended in that step popped itself already)
-            self.tasks[request.stream_id] = task
+        # Its task is named for the model: a step that holds the loop is told whose (stalls). It registers itself in
+        # self.tasks (_run): that step may end the stream and then wait to write its End, past the point where it
+        # takes itself out again.
+        eager.start(self.loop, self._run(request, fn, label, kind, timer), stalls.TASK_PREFIX + name)
         if self.shared is not None:  # (its start, and what its first step produced)
             self.shared.touch(self.session)
 
@@ -254,43 +216,29 @@ class ModelRunner:
         self.tasks[stream_id] = self.loop.create_task(self._follow(stream_id, source))
 
     async def _follow(self, sid: int, source: AsyncIterator[Any]) -> None:
-        terminal: ev.End | ev.Error | None = None
+        """Relay stream `sid` from `source` (see follow): its chunks through the one emit (the client's flow window
+        applies here), then its End or Error; a Cancel from the client stops the model on the other process too."""
+        ends: list[ev.End | ev.Error] = []
+        ending: tuple[Any, ...] = CANCELLED
         try:
-            async for item in source:
-                if isinstance(item, ev.End | ev.Error):
-                    terminal = item
-                    break
-                await self._emit(sid, item, None)  # (the client's flow window applies here)
+            await self._emit(sid, _relayed(source, ends), None, False)
+            if ends:
+                ending = (ends[0],)
         except asyncio.CancelledError:  # a Cancel from the client: the other process stops its model too
             if self.destroyed:
                 raise
-            if not self._cancelled_by_client(sid):  # (the loop ending, say): the stream runs on elsewhere, and its
-                return  # client, once this connection is gone, resumes it there; nothing is sent for it here
+            if not cancelled_by_client(self.session, sid):  # (the loop ending, say): the stream runs on elsewhere,
+                return  # and its client, once this connection is gone, resumes it there; nothing is sent for it here
             if self.shared is not None:
                 self.shared.cancel_elsewhere(self.session.session_id, sid)
         except Exception:  # a bug of ours: the stream ends with an Error, as a failing model's
             log.exception("relaying stream %s of %s failed", sid, self.session.session_id,
                           extra={"session_id": self.session.session_id, "stream_id": sid})
-            terminal = ev.Error(stream_id=sid, code=ErrorCode.INTERNAL, message="internal error")
+            ending = (ev.Error(stream_id=sid, code=ErrorCode.INTERNAL, message="internal error"),)
         finally:
             await source.aclose()  # type: ignore[attr-defined]
             self.tasks.pop(sid, None)
-        if self.destroyed:
-            return
-        ending: tuple[Any, ...] = (terminal,) if terminal is not None else _CANCELLED
-        driver = self.driver
-        if driver is not None:
-            await driver.end_stream(sid, ending, None, None, None)
-        elif terminal is not None:
-            self.session.finish(sid, self.monotonic(), error=terminal)
-        else:
-            self.session.finish(sid, self.monotonic(), reason="cancelled")
-
-    def _cancelled_by_client(self, sid: int) -> bool:
-        """Whether stream `sid` stops because its client asked (a Cancel, or a resume that left it out): the machine
-        marked it cancelling (or ended it already)."""
-        st = self.session.streams.get(sid)
-        return st is None or st.cancelling or st.terminal is not None
+        await send_end(self, sid, ending, None, None, None)
 
     def deliver(self, inp: ev.Input) -> str | None:
         """(v1.3) Hand the client's Input to its stream's model; why not, if it cannot take it."""
@@ -314,10 +262,9 @@ class ModelRunner:
         here (once, in seq order: the other process's session, restored from the store, does not know which Inputs
         came before and forwards what the client sends again after its resume)."""
         st = self.session.streams.get(inp.stream_id)
-        if self.destroyed or st is None or not st.running or st.cancelling or inp.seq != st.input_seq + 1:
+        if self.destroyed or st is None or not st.accepts("input") or inp.seq != st.input_seq + 1:
             return
-        st.input_seq = inp.seq
-        st.input_ended = inp.end
+        st.input_delivered(inp)
         problem = self.deliver(inp)
         if problem is not None and self.session.refuse(inp.stream_id, self.monotonic(), ErrorCode.BAD_REQUEST,
                                                        problem) is not None:
@@ -332,22 +279,24 @@ class ModelRunner:
         if task is not None:
             st = self.session.streams.get(stream_id)
             if st is not None:
-                st.cancelling = True
+                st.move("cancel")
             task.cancel()
 
     async def _run(self, req: ev.Request, fn: Any, label: str, kind: str, timer: StreamTimer | None) -> None:
-        sid = req.stream_id
-        session = self.session
+        """Stream `req.stream_id`, start to end: its pipeline (:meth:`_stream`), then its one finish
+        (finish.finish), whatever happened in it. How it ended: ("stop",), ("cancelled",), ("warmup",) or (code,
+        message[, retryable]); INTERRUPTED unless the pipeline or its failure says otherwise (a KeyboardInterrupt
+        or SystemExit raised in the model, say).
+
+        An async model's task is watched (runtime/stalls.py) from here to the top of the finally: nothing between
+        them raises. (A sync model's steps run in worker threads: they cannot hold the loop.)"""
         started = self.monotonic()
         tracer = self.driver.tracer if self.driver is not None else None
         span = None
-        # How the stream ends: ("stop",), ("cancelled",) or (code, message[, retryable]); INTERRUPTED unless a path
-        # below says otherwise (a KeyboardInterrupt or SystemExit raised in the model, say)
         ending: tuple[Any, ...] = INTERRUPTED
-        # An async model's task is watched (runtime/stalls.py) from here to the top of the finally below: nothing
-        # between them raises. (A sync model's steps run in worker threads: they cannot hold the loop.)
         watch = self.stalls if kind == "asyncgen" or kind == "async" else None
-        watched = asyncio.current_task(self.loop) if watch is not None else None
+        task = self.tasks[req.stream_id] = asyncio.current_task(self.loop)  # (taken out by its finish)
+        watched = task if watch is not None else None
         if watched is not None:
             running = watch.running  # type: ignore[union-attr]
             running[watched] = self.settings.slow_step_warning
@@ -355,204 +304,112 @@ class ModelRunner:
                 watch.wake.set()  # type: ignore[union-attr]  # (the watching thread looks at it from now on)
         try:
             if tracer is not None:  # (in the try: a tracer that fails ends the stream with an Error, as any failure)
-                span = tracing.start_stream(tracer, req, session.session_id, label, timer)
-            if fn is None:
-                served = ", ".join(self.endpoint.models.names())
-                ending = (ErrorCode.UNKNOWN_MODEL, f"unknown model {req.model!r}; served: {served}")
-                return
-            kept: list[Any] | None = None  # the reply's chunks, for the result cache (looked up first: a hit needs
-            key = b""  # no ModelRequest)
-            cache = self.endpoint.cache
-            if cache is not None and not req.warmup and not req.contexts and not req.continues and is_deterministic(fn):
-                key = request_key(req)
-                cached = cache.get(key, self.monotonic())
-                if cached is None and self.shared is not None:  # the shared tier: what another process kept
-                    cached = await self.shared.cache_get(key)
-                    if cached is not None:
-                        cache.put(key, cached, self.monotonic())
-                if self.metrics is not None:
-                    self.metrics.inc("cache_lookups", label, "miss" if cached is None else "hit")
-                if cached is not None:  # the reply kept for this request, at once: the model does not run
-                    if timer is not None:
-                        timer.model_started = timer.lap("queue")
-                    for chunk in cached:
-                        await self._emit(sid, chunk, timer)
-                    ending = ("stop",)
-                    return
-                kept = []
-            if req.contexts or req.continues:  # (protocol v1.3) what the session kept for it, as it was at its Request
-                given = session.context.given.pop(sid, None) if session.context is not None else None
-                mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
-                                    messages=req.messages, params=req.params, session=self.info,
-                                    context=given[0] if given else {}, history=given[1] if given else ())
-            else:
-                mreq = _make_model_request(sid, req.model, req.text, req.data, req.messages, req.params, self.info)
-            inputs = mreq.inputs  # (v1.3: what the client sends while it runs)
-            early = self.inputs.get(sid)
-            if early is not None:  # (sent while the result cache was asked: kept for it)
-                inputs.extend(early)
-                inputs.ended = early.ended
-            self.inputs[sid] = inputs
-            inputs.loop = self.loop
-            if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
-                if timer is not None:
-                    timer.model_started = timer.lap("queue")
-                await warm_up(fn, mreq, self.endpoint.executor)
-                ending = ("warmup",)
-                return
-            result: Any = _NO_RESULT  # (what an awaited call returned: a whole reply, or something to iterate)
-            if getattr(fn, "batch", False):  # (micro-batching, batch.is_batched) this request's reply, from its batch
-                if timer is not None:
-                    timer.model_started = timer.lap("queue")  # (the batch's wait counts as the model's time)
-                s = self.settings
-                result = await batcher_for(fn, self.endpoint.executor, s.max_batch_size, s.max_batch_wait).reply(mreq)
-            elif kind == "asyncgen":  # iterated as it is: no wrapper generator per chunk (see stream_model)
-                if timer is not None:
-                    timer.model_started = timer.lap("queue")  # (StreamTimer.model_running)
-                agen = fn(mreq)
-            elif kind == "async" and not self.settings.merge_deltas:  # awaited here: no wrapper generators
-                if timer is not None:
-                    timer.model_started = timer.lap("queue")
-                result = await fn(mreq)
-            else:
-                agen = stream_model(fn, mreq, self.endpoint.executor,
-                                    timer.model_running if timer is not None else None, kind)
-            if result is not _NO_RESULT:
-                if isinstance(result, WHOLE_REPLY):  # one chunk (as chunks_of would yield it)
-                    await self._emit(sid, result, timer)
-                    agen = None
-                    if kept is not None:
-                        kept.append(_kept(result))
-                else:
-                    agen = chunks_of(result, self.endpoint.executor, None, fn)
-            if agen is not None:
-                if kept is not None:
-                    agen = _recorded(agen, kept, self.endpoint.cache.max_entry)  # type: ignore[union-attr]
-                try:
-                    if self.settings.merge_deltas:
-                        await self._pump_merged(sid, agen, timer)
-                    else:  # (_emit, written out: once per token)
-                        shared = self.shared
-                        first = True
-                        async for chunk in agen:
-                            driver = self.driver
-                            if driver is not None:
-                                await driver.chunk(sid, chunk, timer)
-                            else:
-                                self._keep(sid, chunk, timer)
-                            if shared is not None:
-                                shared.touch(session)
-                            if session.buffered >= session.pause_at:  # (Session.blocked)
-                                await self._paused(timer)
-                            if first:
-                                # Fair scheduling (docs/architecture.md): the first Delta is out. If another stream's
-                                # went out in this loop turn too (a burst of Requests), the model's next step waits
-                                # for the next turn, after the other Requests read in this one. (Counted only in a
-                                # turn that wrote: its end-of-turn callback resets the count.)
-                                first = False
-                                turns = driver._turns if driver is not None else None
-                                if turns is not None and turns.scheduled:
-                                    turns.started += 1
-                                    if turns.started > 1:
-                                        await asyncio.sleep(0)
-                finally:
-                    await agen.aclose()
-            if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
-                ending = self._stopped(sid, fn, None)  # (the model caught its cancellation and returned)
-            else:
-                ending = ("stop",)
-                if kept is not None:
-                    self._cache_reply(key, kept, sid)
+                span = tracing.start_stream(tracer, req, self.session.session_id, label, timer)
+            ending = await self._stream(req, fn, label, kind, timer)
         except asyncio.CancelledError as exc:
             if self.destroyed:
                 raise
-            ending = self._stopped(sid, fn, exc)
+            ending = stopped(self.session, req.stream_id, fn, exc, self.settings.expose_model_errors)
         except Exception as exc:
-            ending = self._failed(sid, fn, exc)
+            ending = failed(self.session, req.stream_id, fn, exc, self.settings.expose_model_errors)
         finally:
             if watched is not None:
                 del watch.running[watched]  # type: ignore[union-attr]
-            if timer is not None and fn is not None:  # closing the model (its finally blocks; a thread hop)
-                timer.lap("model")
-            self.tasks.pop(sid, None)
-            inputs = self.inputs.pop(sid, None)
-            if inputs is not None:  # no more input comes (for a sync model still waiting in a thread, say)
-                inputs.ended = True
-                if inputs.waiters or inputs.cond is not None:
-                    inputs.put(None, True)
-            # The stream is observed, then its End or Error recorded, the span ended, and only then is the End
-            # sent: whoever reads it finds the metrics and the span already there. The timings are read first:
-            # that splits what the timer lumped together (StreamTimer.tick) before the metrics see the stages.
-            timings = timer.timings_ms() if timer is not None else None
-            if self.metrics is not None:  # (a warm-up's hook time is no model stage of a request: not in them)
-                # (from the Request's arrival where it was timed, as its first Delta is, on the timer's clock)
-                seconds = self.clock() - timer.start if timer is not None else self.monotonic() - started
-                self.metrics.stream_ended(label, ending[0] if len(ending) == 1 else "error", seconds,
-                                          timer if not req.warmup else None)
-            if not self.settings.stage_timings:
-                timings = None
-            driver = self.driver
-            if self.destroyed:
-                if span is not None:
-                    tracing.end_stream(span, None, timer)
-            elif driver is not None:
-                await driver.end_stream(sid, ending, timings, span, timer)
-            else:  # no connection: kept in the session for the resume
-                now = self.monotonic()
-                terminal = (session.finish(sid, now, reason=ending[0], timings_ms=timings) if len(ending) == 1
-                            else session.finish(sid, now, error=error_of(sid, ending)))
-                if span is not None:
-                    tracing.end_stream(span, terminal, timer)
-            if self.shared is not None and not self.destroyed:
-                self.shared.touch(session)
+            await finish(self, req, fn, label, ending, timer, span, started)
 
-    def _stopped(self, sid: int, fn: Any, exc: asyncio.CancelledError | None) -> tuple[Any, ...]:
-        """How stream `sid` ends when its model stopped on a CancelledError (`exc`; None: the model caught its
-        cancellation and returned). Its client's Cancel: End("cancelled"). Its task cancelled by anything else (a
-        forced shutdown, the loop ending): INTERRUPTED, never a normal End. A CancelledError the model raised
-        while its task was not cancelled (it awaited something cancelled): the model's failure."""
-        if self._cancelled_by_client(sid):
-            return _CANCELLED
-        if exc is not None and not asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
-            return self._failed(sid, fn, exc)
-        return INTERRUPTED
-
-    def _failed(self, sid: int, fn: Any, exc: BaseException) -> tuple[Any, ...]:
-        """How stream `sid` ends when its model `fn` raised `exc`: Error model_error, logged once with the traceback
-        (a chunk no Delta carries as the model's TypeError, as a reply of a wrong type); INTERRUPTED when the server
-        stopped it (ModelInterrupted)."""
-        if isinstance(exc, ModelInterrupted):
-            return INTERRUPTED
-        if isinstance(exc, ChunkTypeError):
-            exc = reply_type_error(fn, exc.chunk, yielded=True).with_traceback(exc.__traceback__)
-        session_id = self.session.session_id
-        log.error("model %s failed on stream %s of %s", model_name(fn), sid, session_id, exc_info=exc,
-                  extra={"session_id": session_id, "stream_id": sid})
-        text = f"{type(exc).__name__}: {exc}" if self.settings.expose_model_errors else type(exc).__name__
-        return (ErrorCode.MODEL_ERROR, f"model failed ({text})")
-
-    def _cache_reply(self, key: bytes, chunks: list[Any], sid: int) -> None:
-        """A deterministic model's reply ended normally: keep it for the same request (the result cache), unless it
-        grew too big to keep, or its stream was cancelled (the client's Cancel, even if the model went on)."""
+    async def _stream(self, req: ev.Request, fn: Any, label: str, kind: str, timer: StreamTimer | None) -> tuple:
+        """Stream `req.stream_id`'s pipeline; returns how it ended. Its source: the reply the result cache kept for
+        this request (the model does not run), or the model's warm-up (no output), or the model's chunks
+        (sources.model_chunks), recorded for the result cache if it keeps them; shaped: plain, or merged
+        (merge_deltas); then the one emit (:meth:`_emit`). A model that caught its cancellation and returned
+        ends as stopped; a deterministic model's reply that ended normally is kept for the result cache."""
+        sid = req.stream_id
+        if fn is None:
+            served = ", ".join(self.endpoint.models.names())
+            return (ErrorCode.UNKNOWN_MODEL, f"unknown model {req.model!r}; served: {served}")
+        kept: list[Any] | None = None  # the reply's chunks, for the result cache (looked up first: a hit needs
+        key = b""  # no ModelRequest)
         cache = self.endpoint.cache
-        st = self.session.streams.get(sid)
-        if cache is None or (chunks and chunks[0] is _TOO_BIG) or (st is not None and st.cancelling):
-            return
-        if cache.put(key, chunks, self.monotonic()) and self.shared is not None:
-            self.shared.cache_put(key, merged(chunks))
+        if cache is not None and not req.warmup and not req.contexts and not req.continues and is_deterministic(fn):
+            key = request_key(req)
+            cached = await cached_reply(cache, self.shared, self.metrics, key, label, self.monotonic)
+            if cached is not None:  # the reply kept for this request, at once: the model does not run
+                if timer is not None:
+                    timer.model_running()
+                await self._emit(sid, each(cached), timer, False)
+                return STOP
+            kept = []
+        mreq = self._model_request(req)
+        if req.warmup:  # (protocol v1.2) the model's warm-up hook, if it has one, and no output
+            if timer is not None:
+                timer.model_running()
+            await warm_up(fn, mreq, self.endpoint.executor)
+            return ("warmup",)
+        source = await model_chunks(fn, mreq, kind, timer, self.settings, self.endpoint.executor)
+        whole = isinstance(source, WHOLE_REPLY)  # (one chunk: nothing to merge; see _emit for `fair`)
+        chunks = each((source,)) if whole else source
+        if kept is not None:
+            chunks = recorded(chunks, kept, cache.max_entry)  # type: ignore[union-attr]
+        merge = self.settings.merge_deltas and not whole
+        if merge:
+            chunks = merged_deltas(chunks, timer, self.settings)
+        await self._emit(sid, chunks, timer, not whole and not merge)
+        if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
+            return stopped(self.session, sid, fn, None, False)  # (the model caught its cancellation and returned)
+        if kept is not None:
+            keep_reply(cache, self.shared, self.session.streams.get(sid), key, kept,  # type: ignore[arg-type]
+                       self.monotonic())
+        return STOP
 
-    async def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
-        """One chunk out: through the attached connection, else into the session for the resume."""
-        driver = self.driver
-        if driver is not None:
-            await driver.chunk(sid, chunk, timer)
+    def _model_request(self, req: ev.Request) -> ModelRequest:
+        """The ModelRequest of `req`, with what the session kept for it (protocol v1.3: its context and history, as
+        they were at its Request) and its inputs: what the client sends while the model runs, from what it sent
+        while the result cache was asked on."""
+        sid = req.stream_id
+        if req.contexts or req.continues:
+            given = self.session.context.given.pop(sid, None) if self.session.context is not None else None
+            mreq = ModelRequest(stream_id=sid, model=req.model, text=req.text, data=req.data,
+                                messages=req.messages, params=req.params, session=self.info,
+                                context=given[0] if given else {}, history=given[1] if given else ())
         else:
-            self._keep(sid, chunk, timer)
+            mreq = _make_model_request(sid, req.model, req.text, req.data, req.messages, req.params, self.info)
+        inputs = mreq.inputs
+        early = self.inputs.get(sid)
+        if early is not None:
+            inputs.extend(early)
+            inputs.ended = early.ended
+        self.inputs[sid] = inputs
+        inputs.loop = self.loop
+        return mreq
+
+    async def _emit(self, sid: int, chunks: AsyncIterator[Any], timer: StreamTimer | None, fair: bool) -> None:
+        """Every chunk of stream `sid` out, the one way a chunk leaves the runner: through the attached connection
+        (ConnectionDriver.chunk), else into the session for the resume; the shared store told; the model paused
+        while the flow-control window (or, detached, the replay buffer) is full. It closes `chunks`, however it
+        ends. (The loop is here, not in the caller: no call per token on the hottest path.)
+
+        `fair` (a model iterated chunk by chunk; docs/architecture.md, "Fair scheduling"): once the first Delta is
+        out, if the driver says another stream's went out in this loop turn too (a burst of Requests), the model's
+        next step waits for the next turn, after the other Requests read in this one."""
         session = self.session
-        if self.shared is not None:
-            self.shared.touch(session)
-        if session.buffered >= session.pause_at:  # (Session.blocked)
-            await self._paused(timer)
+        shared = self.shared
+        try:
+            async for chunk in chunks:
+                driver = self.driver
+                if driver is not None:
+                    await driver.chunk(sid, chunk, timer)
+                else:
+                    self._keep(sid, chunk, timer)
+                if shared is not None:
+                    shared.touch(session)
+                if session.buffered >= session.pause_at:  # (Session.blocked)
+                    await self._paused(timer)
+                if fair:
+                    fair = False
+                    if driver is not None and driver.writer.first_delta():
+                        await asyncio.sleep(0)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     def _keep(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
         """A chunk while no connection is attached: into the session, for the resume."""
@@ -573,64 +430,6 @@ class ModelRunner:
             self.waiting -= 1
             if timer is not None:
                 timer.lap("flow")
-
-    async def _pump_merged(self, sid: int, agen: Any, timer: StreamTimer | None) -> None:
-        """Emit `agen`'s chunks, merging text chunks it yields back to back into one Delta (merge_deltas).
-
-        A chunk joins the batch only if the model produced it without waiting and its previous step
-        was quick too; the batch goes out when the model waits, a chunk of another kind comes, it
-        would pass a quarter of the frame limit, or its first chunk is merge_max_delay old. The
-        stream's first chunk always goes out at once (time to first delta is not traded away).
-        """
-        clock = time.perf_counter
-        max_delay = self.settings.merge_max_delay
-        budget = min(16384, (self.settings.max_frame_size - 32) // 4)  # chars: never needs a split
-        parts: list[str] = []
-        size = 0
-        since = 0.0
-        quick = False  # the previous step produced its chunk without waiting, within max_delay
-
-        async def flush() -> None:
-            nonlocal parts, size
-            if parts:
-                text = "".join(parts)
-                parts, size = [], 0
-                await self._emit(sid, text, timer)
-
-        while True:
-            began = clock()
-            try:
-                kind, chunk = step_now(agen)
-            except Exception:
-                await flush()  # what the model yielded before it failed still goes out
-                raise
-            if kind == WAIT:
-                await flush()
-                try:
-                    chunk = await chunk
-                except StopAsyncIteration:
-                    break
-                quick = False
-            elif kind == DONE:
-                break
-            else:
-                now = clock()
-                was_quick, quick = quick, now - began < max_delay
-                if type(chunk) is str and was_quick and quick:
-                    if timer is not None:
-                        timer.chunk()
-                    if size + len(chunk) > budget or now - since > max_delay:
-                        await flush()
-                    if not parts:
-                        since = now
-                    parts.append(chunk)
-                    size += len(chunk)
-                    continue
-            if timer is not None:
-                timer.chunk()
-            await flush()
-            await self._emit(sid, chunk, timer)
-        await flush()
 
     async def _wait_window(self) -> None:
         """Pause the model until the client acknowledges output (or resumes); 4003 if stuck."""

@@ -344,11 +344,31 @@ def version_line() -> str:
 
 def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
     """Entry point of the ``lowlat-mw`` console script (and of ``python -m lowlat_mw``)."""
+    parser = _build_parser(prog)
+    args = _parse_args(parser, sys.argv[1:] if argv is None else list(argv))
+    try:
+        return int(args.func(args))
+    except (SettingsError, ImportError, TypeError, ValueError) as exc:
+        print(f"lowlat-mw: {exc}", file=sys.stderr)
+        return 2
+
+
+def _build_parser(prog: str) -> argparse.ArgumentParser:
+    """The command line's parser: the serve, chat and bench commands (bench's options are the benchmarks')."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_chat(sub)
+    bench = sub.add_parser("bench", add_help=False,
+                           help="run the benchmark suites (source checkout; options of python -m benchmarks)")
+    bench.set_defaults(func=_bench, rest=[])
+    return parser
 
+
+def _add_serve(sub: Any) -> None:
+    """The ``serve`` command: its options map to uvicorn's and to settings (docs/settings.md)."""
     serve = sub.add_parser("serve", help="serve a model callable over WebSocket (uvicorn)")
     serve.add_argument("model", nargs="?", default=None, help="module:callable (default: the demo model)")
     serve.add_argument("--app-dir", default=".", metavar="DIR",
@@ -377,6 +397,9 @@ def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
                             "every SECONDS (default 0: off)")
     serve.set_defaults(func=_serve)
 
+
+def _add_chat(sub: Any) -> None:
+    """The ``chat`` command: a terminal client of a lowlat-mw server."""
     chat = sub.add_parser("chat", help="stream a reply from a lowlat-mw server to the terminal")
     chat.add_argument("url", help="e.g. ws://127.0.0.1:8000/ws (http:// and https:// are taken as ws:// and wss://)")
     chat.add_argument("prompt", nargs="?", default=None,
@@ -392,25 +415,19 @@ def main(argv: list[str] | None = None, prog: str = "lowlat-mw") -> int:
     chat.add_argument("--retries", type=int, default=5, help="reconnect attempts before giving up")
     chat.set_defaults(func=_chat)
 
-    bench = sub.add_parser("bench", add_help=False,
-                           help="run the benchmark suites (source checkout; options of python -m benchmarks)")
-    bench.set_defaults(func=_bench, rest=[])
 
-    argv = sys.argv[1:] if argv is None else list(argv)
+def _parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed: everything after ``bench`` goes to the benchmarks' own parser, and chat's prompt may come
+    after its options (argparse alone would refuse it there)."""
     if argv[:1] == ["bench"]:  # everything after it belongs to the benchmarks' own parser
-        args = argparse.Namespace(func=_bench, rest=argv[1:])
-    else:
-        args, extra = parser.parse_known_args(argv)
-        if args.command == "chat" and args.prompt is None and len(extra) == 1 \
-                and (extra[0] == "-" or not extra[0].startswith("-")):
-            args.prompt = extra[0]  # the prompt after an option (argparse fills an optional positional early)
-        elif extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        return int(args.func(args))
-    except (SettingsError, ImportError, TypeError, ValueError) as exc:
-        print(f"lowlat-mw: {exc}", file=sys.stderr)
-        return 2
+        return argparse.Namespace(func=_bench, rest=argv[1:])
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "chat" and args.prompt is None and len(extra) == 1 \
+            and (extra[0] == "-" or not extra[0].startswith("-")):
+        args.prompt = extra[0]  # the prompt after an option (argparse fills an optional positional early)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 if __name__ == "__main__":

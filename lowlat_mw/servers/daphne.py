@@ -56,6 +56,7 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from types import MethodType
 from typing import Any
 
 try:
@@ -495,13 +496,14 @@ class DrainingServer(daphne.server.Server):
     another server at once (nginx's next or backup upstream) instead of the client being closed with 4002 and
     coming back, again and again, while the drain runs (thousands of reconnects in a failover run).
 
-    It keeps no state of its own from ``__init__`` (:func:`_adopt` turns runserver's daphne Server into one)."""
+    It keeps no state of its own from ``__init__``, and its methods call daphne's by name, not through ``super()``:
+    :func:`_adopt` gives runserver's daphne Server these methods, bound on the instance."""
 
     def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
         """daphne's, for a WebSocket of ours with the direct-writes extension and an :class:`_Inbox` as the
         application's queue (its reads pause while the application has input waiting)."""
         if scope.get("type") != "websocket" or not isinstance(protocol, OneBufferWebSocketProtocol):
-            return super().create_application(protocol, scope)
+            return daphne.server.Server.create_application(self, protocol, scope)
         scope["extensions"] = {**(scope.get("extensions") or {}), EXTENSION: DaphneDirect(protocol)}
         # (daphne.server.Server.create_application, with the queue ours)
         assert "application_instance" not in self.connections[protocol]
@@ -521,11 +523,11 @@ class DrainingServer(daphne.server.Server):
         flow = getattr(protocol, "flow", None)
         if flow is not None and message.get("type") == "websocket.send" and not flow.writable.is_set():
             await flow.writable.wait()
-        await super().handle_reply(protocol, message)
+        await daphne.server.Server.handle_reply(self, protocol, message)
 
     def listen_success(self, port: Any) -> None:
         self.lowlat_ports = [*getattr(self, "lowlat_ports", []), port]
-        super().listen_success(port)
+        daphne.server.Server.listen_success(self, port)
 
     def kill_all_applications(self) -> defer.Deferred[Any]:
         # A "before shutdown" trigger: Twisted waits for the Deferred. New connections are refused from now on; one
@@ -534,7 +536,7 @@ class DrainingServer(daphne.server.Server):
             port.stopListening()
         drained: defer.Deferred[Any] = defer.Deferred.fromFuture(asyncio.ensure_future(drain_all()))
         drained.addErrback(lambda failure: None)
-        drained.addCallback(lambda _: super(DrainingServer, self).kill_all_applications())
+        drained.addCallback(lambda _: daphne.server.Server.kill_all_applications(self))
         return drained
 
 
@@ -582,9 +584,13 @@ def install_runserver() -> None:
 
 
 def _adopt(server: daphne.server.Server) -> None:
-    """Make daphne's `server` a :class:`DrainingServer` (which adds no state of its own, only methods) and give its
-    TCP endpoints the runner's backlog: called as its ``run`` builds its HTTP factory, before it uses any of them."""
-    server.__class__ = DrainingServer
+    """Give daphne's `server` the methods of a :class:`DrainingServer` (which adds no state of its own, only methods),
+    each bound on the instance, where an attribute shadows its class's method (every caller looks them up on the
+    server: ``self.server.create_application``, ``self.kill_all_applications`` as ``run`` registers it), and its TCP
+    endpoints the runner's backlog: called as its ``run`` builds its HTTP factory, before it uses any of them."""
+    for name, method in vars(DrainingServer).items():
+        if callable(method) and not name.startswith("__"):
+            setattr(server, name, MethodType(method, server))
     server.endpoints = _backlog(list(server.endpoints))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from ..endpoint import Endpoint
 from ..errors import ErrorCode, SettingsError
 from ..protocol import events as ev
-from ..protocol.codec import codec_for
+from ..protocol.wire import codec_for
 from ..settings import Settings
 
 __all__ = ["DAPHNE_RUNSERVER", "HANDSHAKE_HEADER_LIMIT", "READ_BUDGET", "READ_SLICE", "SMALL_FRAGMENT", "HeaderBudget",

@@ -37,7 +37,16 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.protocol import State as _WebSocketState
 
 from lowlat_mw.observability.logs import CLIENT_LOGS
-from lowlat_mw.runtime.direct import EXTENSION, Expected, apply_mask, framed, message_limit, next_message, parser_idle
+from lowlat_mw.runtime.direct import (
+    EXTENSION,
+    Expected,
+    apply_mask,
+    framed,
+    message_limit,
+    next_message,
+    parser_idle,
+    watch_parser,
+)
 from lowlat_mw.runtime.drain import drain_all, drain_on_shutdown
 from lowlat_mw.servers.serving import (
     HeaderBudget,
@@ -521,6 +530,10 @@ class WebSocketProtocol(_FairReads, _LatestPong, _OffersDirect, _DrainOnShutdown
     """
 
     _lowlat_lingering = False  # failed (close frame sent): reading and dropping until the peer or LINGER ends it
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        watch_parser(self.conn)  # (parser_idle: websockets' protocol made, nothing read yet)
 
     def data_received(self, data: bytes | memoryview) -> None:
         if self._lowlat_rest is not None:

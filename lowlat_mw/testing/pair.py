@@ -21,10 +21,10 @@ from typing import Any
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, SendFrame
 from ..protocol.client import ClientProtocol
-from ..protocol.codec import codec_for
 from ..protocol.selector import CompressionSelector
 from ..protocol.server import ServerProtocol
 from ..protocol.session import Session
+from ..protocol.wire import codec_for
 from ..settings import SUBPROTOCOL_PROTO, Settings
 
 __all__ = ["T0", "ConnectionPair"]

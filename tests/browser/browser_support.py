@@ -15,13 +15,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-START_TIMEOUT = 15.0
+from support.ports import free_port
+from support.time import seconds
+from support.waits import wait_until_sync
+
+START_TIMEOUT = seconds(15.0)
+PAGE_WAIT = seconds(15.0)  # how long a page may take to show what a test waits for
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -70,16 +74,9 @@ def stop_chromium(browser: Any) -> None:
         shutil.rmtree(getattr(browser, "_lowlat_profile", ""), ignore_errors=True)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "") -> Any:
-    """Poll `predicate()` until it returns something truthy (returned); AssertionError on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}; last value {last!r}")
+def wait_until(predicate: Callable[[], Any], timeout: float = PAGE_WAIT, what: str = "") -> Any:
+    """support's wait_until_sync at a page's pace: every poll is a round trip to chromium, so every 50 ms."""
+    return wait_until_sync(predicate, timeout, interval=0.05, what=what)
 
 
 @dataclass
@@ -124,7 +121,7 @@ def start_uvicorn(app: Any) -> Uvicorn:
 
     running.thread = threading.Thread(target=run, name=f"uvicorn-{running.port}", daemon=True)
     running.thread.start()
-    wait_until(lambda: server.started or running.errors, START_TIMEOUT, 0.01, "uvicorn to start")
+    wait_until_sync(lambda: server.started or running.errors, START_TIMEOUT, interval=0.01, what="uvicorn to start")
     if running.errors:
         raise RuntimeError(f"uvicorn failed to start: {running.errors!r}")
     return running
@@ -151,12 +148,6 @@ class ServeProcess:
             self.proc.wait(timeout=10)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_serve(log: Path, *args: str) -> ServeProcess:
     """Run `lowlat-mw serve` (the venv's script) on a free loopback port; return once it listens."""
     script = Path(sys.executable).with_name("lowlat-mw")
@@ -178,7 +169,7 @@ def start_serve(log: Path, *args: str) -> ServeProcess:
             return False
 
     try:
-        wait_until(listening, 30, 0.05, "lowlat-mw serve to listen")
+        wait_until_sync(listening, seconds(30), interval=0.05, what="lowlat-mw serve to listen")
     except BaseException:
         server.stop()
         raise

@@ -6,6 +6,7 @@ printed in the summary at the end of the run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,24 @@ _skipped: list[str] = []
 _npm: list[NpmInstall] = []
 
 
-@pytest.hookimpl(trylast=True)  # after -k / -m deselection
-def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """Start installing React from npm now (in the background) if a selected test needs it."""
+def _start_npm_if_needed(items: list[Any]) -> None:
+    """Start installing React from npm (in the background) if one of `items` needs it."""
     if not _npm and any("react_modules" in getattr(item, "fixturenames", ()) for item in items):
         _npm.append(NpmInstall.start(Path(__file__).resolve().parents[2] / "examples" / "react" / "package.json"))
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """In one process, start the install at collection. Under pytest-xdist every process collects every test,
+    and only the one running tests/browser needs it: there it starts with its first browser test."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _start_npm_if_needed(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _npm_with_the_first_browser_test(request: pytest.FixtureRequest) -> None:
+    """Under pytest-xdist: the install starts with this process's first browser test (see above)."""
+    _start_npm_if_needed(request.session.items)
 
 
 @pytest.fixture(scope="session")

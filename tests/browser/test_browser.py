@@ -27,7 +27,7 @@ from browser_support import PageServer, start_uvicorn, wait_until
 from lowlat_mw.client import connect_sync
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import ProtoCodec
+from lowlat_mw.protocol.wire import ProtoCodec
 from lowlat_mw.testing import FaultProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

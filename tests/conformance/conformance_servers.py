@@ -6,16 +6,16 @@ bounded; ``ServerProcess.stop`` sends SIGTERM, then SIGKILL to the whole process
 
 from __future__ import annotations
 
-import errno
 import http.client
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+from support.ports import free_port
 
 from lowlat_mw.errors import SettingsError
 from lowlat_mw.servers.serving import daphne_args, gunicorn_args, uvicorn_args
@@ -46,21 +46,6 @@ _PORT_IN_USE = re.compile(r"address already in use|errno 98|couldn't listen|cann
 
 
 # ================================================================================ processes
-def free_port() -> int:
-    """A loopback port that was free a moment ago (bind to port 0, read it, close)."""
-    for _ in range(20):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
-        except OSError as exc:  # pragma: no cover - only under port exhaustion
-            if exc.errno != errno.EADDRINUSE:
-                raise
-        finally:
-            sock.close()
-    raise RuntimeError("no free loopback port")
-
-
 def transport_settings(env: Mapping[str, str] | None = None) -> Settings:
     """The settings a server started with `env` runs with (defaults if they are invalid: startup tests)."""
     try:
@@ -104,8 +89,8 @@ def server_env(extra: Mapping[str, str] | None = None, *, pythonpath: bool = Tru
     env["PYTHONUNBUFFERED"] = "1"
     # gunicorn >= 25 opens a control socket in ~/.gunicorn by default: one path for every instance.
     env["GUNICORN_CMD_ARGS"] = "--no-control-socket"
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO)])
+    if pythonpath:  # (tests/: the helpers these modules import, tests/support, for a process run from one of them)
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), str(REPO)])
     env.update(extra or {})
     return env
 

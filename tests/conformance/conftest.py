@@ -14,12 +14,11 @@ Fixtures:
 * ``marks_dir``: where the models write ``<tag>.closed`` markers (``CONFORMANCE_MARKS``).
 
 The process machinery (ports, command lines, environments, bounded start/stop) is in
-``conformance_servers.py``; raw-client helpers are in ``conformance_support.py``.
+``conformance_servers.py``; raw-client helpers are in tests/support/raw.py (shared with tests/integration).
 """
 
 from __future__ import annotations
 
-import re
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 from conformance_servers import DIRECT_OFF, FRAMEWORKS, SERVERS, ServerProcess, running_server, spawn, start_ready
 from conformance_support import MEASUREMENTS, SHORT_TIMERS, STARTUP_TIMES
+from support.scheduling import param_named
 
 
 # ================================================================================ fixtures
@@ -118,11 +118,9 @@ _COUNTS: dict[str, int] = defaultdict(int)
 
 
 def _framework_of(nodeid: str) -> str:
-    m = re.search(r"\[([^\]]*)\]$", nodeid)
-    if m:
-        for part in m.group(1).split("-"):
-            if part in (*FRAMEWORKS, *SERVERS):
-                return part
+    found = param_named(nodeid, (*FRAMEWORKS, *SERVERS))
+    if found is not None:
+        return found
     return "django" if "test_conformance_django.py" in nodeid else "other"
 
 

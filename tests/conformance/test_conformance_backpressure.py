@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
-from conformance_support import PROTO, codec_of, hello, measure, measure_max, raw_connect, wait_for_file
+from conformance_support import measure, measure_max, wait_for_file
+from support.raw import PROTO, codec_of, hello, raw_connect
 from test_conformance_limits import PeakRSS, serving_pid
 from websockets.exceptions import ConnectionClosed
 

@@ -24,16 +24,8 @@ import lz4.frame
 import pytest
 import zstandard
 from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
-from conformance_support import (
-    JSON,
-    PROTO,
-    assert_streams,
-    codec_of,
-    hello,
-    measure,
-    raw_connect,
-    read_until_closed,
-)
+from conformance_support import assert_streams, measure
+from support.raw import JSON, PROTO, codec_of, hello, raw_connect, read_until_closed
 from test_conformance_transport import frame
 from websockets.exceptions import ConnectionClosed
 
@@ -42,7 +34,7 @@ from lowlat_mw.errors import ErrorCode, canonical_close_code
 from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -29,6 +29,8 @@ import pytest
 from conformance_servers import SERVERS, ServerProcess, running_server
 from conformance_support import STARTUP_TIMES, measure, wait_for_file
 from delivery_support import drop_client_sides
+from support.time import MARGIN
+from support.waits import wait_until
 
 from lowlat_mw import Backoff
 from lowlat_mw.client import connect
@@ -76,15 +78,17 @@ def starts(marks: Path, tag: str) -> int:
 
 async def wait_all_closed(marks: Path, tags: list[str], timeout: float) -> float:
     """Seconds until every ``<tag>.closed`` exists; AssertionError naming the missing ones."""
+    def missing() -> list[str]:
+        return [t for t in tags if not (marks / f"{t}.closed").exists()]
+
     start = time.monotonic()
-    while True:
-        missing = [t for t in tags if not (marks / f"{t}.closed").exists()]
-        if not missing:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"{len(missing)} of {len(tags)} models still running {timeout} s after the "
-                                 f"client left (finally not run), e.g. {missing[:3]}")
-        await asyncio.sleep(0.05)
+    try:
+        await wait_until(lambda: not missing(), timeout, interval=0.05)
+    except AssertionError:
+        gone = missing()
+        raise AssertionError(f"{len(gone)} of {len(tags)} models still running {timeout} s after the "
+                             f"client left (finally not run), e.g. {gone[:3]}") from None
+    return time.monotonic() - start
 
 
 async def take(stream, n: int, what: str, timeout: float = 8.0) -> list[str | bytes]:
@@ -169,9 +173,8 @@ async def test_no_model_left_running_when_the_client_leaves_after_many_resumes(s
     tasks = [asyncio.create_task(consume(i, t)) for i, t in enumerate(tags)]
     try:
         async with asyncio.timeout(40):
-            while client.resumes < 10:
-                await asyncio.sleep(0.01)
-                assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
+            await wait_until(lambda: client.resumes >= 10 or any(t.done() for t in tasks), 40)
+            assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
             proxy.cut_after(None)  # the next connection stays up: the client can close it normally
             while True:  # connected, and no cut for 0.5 s while four streams flow (a cut comes within 6 KB)
                 cuts = proxy.cuts
@@ -314,7 +317,6 @@ SLOW_ENV = {
     "LOWLAT_RESUME_WINDOW": str(SLOW_RESUME_WINDOW),  # the abandoned session (and its model) ends soon
 }
 SLOW_TOTAL, SLOW_SIZE = 100_000, 100  # 10 MB if nothing paused the model
-MARGIN = 1.0  # scheduling slack on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module", params=SERVERS)

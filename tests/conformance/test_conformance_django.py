@@ -27,9 +27,10 @@ from conformance_servers import (
     start_ready,
     wait_for_line,
 )
-from conformance_support import MODES, PROTO, raw_connect
+from conformance_support import MODES
 from guide_support import guide_block
-from loopback import wait_listening  # (tests/: the guides' code blocks)
+from support.ports import wait_listening  # (tests/: the guides' code blocks)
+from support.raw import PROTO, raw_connect
 from test_conformance_backpressure import CHUNK, CHUNKS, SLOW_CONSUMER_TIMEOUT, no_ack_client_gets_4003
 from websockets.exceptions import InvalidStatus
 

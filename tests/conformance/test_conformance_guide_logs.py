@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conformance_servers import VENV_BIN, free_port, server_env, wait_for_line
+from conformance_servers import VENV_BIN, server_env, wait_for_line
 from guide_support import guide_block
-from loopback import wait_listening
+from support.ports import free_port, wait_listening
 
 from lowlat_mw.client import connect
 from lowlat_mw.testing import LoggedProcess

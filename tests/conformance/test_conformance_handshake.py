@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conformance_support import JSON, PROTO, codec_of, hello, raw_connect
+from support.raw import JSON, PROTO, codec_of, hello, raw_connect
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw.client import Backoff, connect

@@ -30,28 +30,19 @@ from typing import Any
 import pytest
 from conformance_auth import PRINCIPAL
 from conformance_servers import REPO, SERVERS, ServerProcess, base_env, server_argv, server_env, start_ready
-from conformance_support import (
-    JSON,
-    MODES,
-    PROTO,
-    assert_streams,
-    codec_of,
-    hello,
-    measure,
-    raw_connect,
-    read_until_closed,
-)
+from conformance_support import MODES, assert_streams, measure
+from support.raw import JSON, PROTO, codec_of, hello, raw_connect, read_until_closed
+from support.time import MARGIN, seconds
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode, ErrorCode, StreamError, canonical_close_code
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import encode_varint
+from lowlat_mw.protocol.wire import encode_varint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
-MARGIN = 0.6  # scheduling slack for timers on a loaded 2-core machine
 
 # ================================================================================ configurations
 ALLOWED = ("https://app.example.com", "*.trusted.example")
@@ -293,7 +284,7 @@ async def test_silent_client_is_closed_with_4004_after_handshake_timeout(silent,
         out = await read_until_closed(ws, timeout=5)  # says nothing at all
     elapsed = time.monotonic() - start
     assert_closed_with(out, CloseCode.HANDSHAKE_TIMEOUT, None)
-    assert HANDSHAKE_TIMEOUT - 0.05 <= elapsed <= HANDSHAKE_TIMEOUT + MARGIN, elapsed
+    assert HANDSHAKE_TIMEOUT - 0.05 <= elapsed <= HANDSHAKE_TIMEOUT + 0.6 * MARGIN, elapsed
     measure(f"handshake_timeout {silent.framework}-{mode}",
             f"4004 after {elapsed:.3f} s (setting {HANDSHAKE_TIMEOUT} s)")
 
@@ -307,7 +298,7 @@ async def test_idle_session_is_closed_with_4005_at_max_session_lifetime(auth):
     elapsed = time.monotonic() - start
     assert canonical_close_code(out.close_code) == CloseCode.SESSION_EXPIRED, out
     assert isinstance(out.events[0], ev.Welcome) and out.errors == [], out.events
-    assert SESSION_LIFETIME - 0.05 <= elapsed <= SESSION_LIFETIME + MARGIN, elapsed
+    assert SESSION_LIFETIME - 0.05 <= elapsed <= SESSION_LIFETIME + 0.6 * MARGIN, elapsed
     measure(f"max_session_lifetime {auth.framework}", f"4005 after {elapsed:.3f} s (setting {SESSION_LIFETIME} s)")
 
 
@@ -320,7 +311,7 @@ async def test_session_lifetime_never_cuts_a_stream_and_forces_reauthentication(
         assert stream.end.finish_reason == "stop" and client.connections == 1
         ended = time.monotonic()
         while client.connected:  # idle between streams past the lifetime: closed at once
-            assert time.monotonic() - ended < 2 * MARGIN + 1, "not closed after the stream ended"
+            assert time.monotonic() - ended < 1.2 * MARGIN + seconds(1), "not closed after the stream ended"
             await asyncio.sleep(0.01)
         assert canonical_close_code(client.last_close.code) == CloseCode.SESSION_EXPIRED
         # the client reconnects (4005 says so) and the hook runs again on the new connection

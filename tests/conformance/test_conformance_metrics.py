@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 from conformance_servers import DIRECT_READS, DIRECT_WRITES, http_get
-from conformance_support import JSON, MODES, PROTO, hello, measure, raw_connect, read_until_closed
+from conformance_support import MODES, measure
 from prometheus_client.parser import text_string_to_metric_families
+from support.raw import JSON, PROTO, hello, raw_connect, read_until_closed
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import ErrorCode, StreamError

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
-from conformance_support import PROTO, codec_of, hello, measure, raw_connect, read_until_closed, recv_event
+from conformance_support import measure
+from support.raw import PROTO, codec_of, hello, raw_connect, read_until_closed, recv_event
+from support.time import MARGIN
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
@@ -33,7 +35,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 DRAIN_GRACE = 1.5
 SHORT, LONG = 8, 10_000  # tokens of the two streams, DELAY apart
 DELAY = 0.05
-MARGIN = 1.0  # scheduling slack on a loaded 2-core machine
 EXIT_BOUND = 10.0  # seconds after the 4002 close for the process to exit by itself
 
 

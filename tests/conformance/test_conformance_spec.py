@@ -14,7 +14,7 @@ import dataclasses
 import json
 
 import pytest
-from conformance_support import JSON, PROTO, codec_of, hello, raw_connect, recv_event
+from support.raw import JSON, PROTO, codec_of, hello, raw_connect, recv_event
 
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev

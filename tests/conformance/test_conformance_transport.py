@@ -30,12 +30,14 @@ from typing import Any
 
 import pytest
 from conformance_servers import ServerProcess, base_env, server_argv, start_ready, transport_settings
-from conformance_support import PROTO, KnownBug, measure, raw_connect
+from conformance_support import KnownBug, measure
+from support.raw import PROTO, raw_connect
+from support.waits import wait_until
 from test_conformance_limits import PeakRSS, serving_pid
 
 from lowlat_mw.errors import canonical_close_code
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import ProtoCodec
+from lowlat_mw.protocol.wire import ProtoCodec
 from lowlat_mw.servers.serving import HANDSHAKE_HEADER_LIMIT, transport_limit
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -476,10 +478,13 @@ SLOW_SOCKETS = 200
 NORMAL_GAP = 0.005  # between a normal client's handshakes: ~200-400 of them while the 200 are held
 
 
-async def _slow_socket(port: int, drip: bool) -> float:
-    """Seconds until the server closed a connection that sends nothing (or drips its request)."""
+async def _slow_socket(port: int, drip: bool, connected: list[bool] | None = None) -> float:
+    """Seconds until the server closed a connection that sends nothing (or drips its request); `connected` gets
+    an entry once the connection is up."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     start = time.monotonic()
+    if connected is not None:
+        connected.append(True)
     request = _upgrade_request(port)
 
     async def dripper() -> None:
@@ -513,14 +518,16 @@ async def test_silent_and_dripping_sockets_are_closed_within_the_handshake_timeo
     that time (a few hundred), have a p99 under 100 ms, and an HTTP upload whose headers came at once
     but whose body takes longer than the timeout is answered by the app (neither 408 nor 431)."""
     failures: list[str] = []
-    slow = [asyncio.ensure_future(_slow_socket(srv.port, drip=i % 2 == 1)) for i in range(SLOW_SOCKETS)]
+    connected: list[bool] = []
+    slow = [asyncio.ensure_future(_slow_socket(srv.port, i % 2 == 1, connected)) for i in range(SLOW_SOCKETS)]
     # and a slow upload: its headers are in at once, its body takes longer than the handshake timeout
     upload, upload_body = _post(srv.port, 64 * KiB)
     upload.sendall(upload_body[:1000])
 
     async def normal_handshakes() -> list[float]:
         times: list[float] = []
-        await asyncio.sleep(0.2)  # the slow sockets are all connected
+        await wait_until(lambda: len(connected) == SLOW_SOCKETS or any(task.done() for task in slow),
+                         what="the slow sockets to connect")
         while not all(task.done() for task in slow):  # until the server has closed every slow socket
             start = time.monotonic()
             try:

@@ -25,8 +25,9 @@ from typing import Any
 import psutil
 import pytest
 from conformance_servers import SERVERS, ServerProcess, base_env, http_get, server_argv, start_ready
-from conformance_support import PROTO, STARTUP_TIMES, assert_streams, hello, measure, raw_connect
+from conformance_support import STARTUP_TIMES, assert_streams, measure
 from prometheus_client.parser import text_string_to_metric_families
+from support.raw import PROTO, hello, raw_connect
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Opcode
@@ -36,7 +37,7 @@ from websockets.uri import parse_uri
 
 from lowlat_mw.errors import CloseCode, canonical_close_code
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import ProtoCodec
+from lowlat_mw.protocol.wire import ProtoCodec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 SERVER_LEVEL = True  # the servers of conformance_servers.SERVERS (conftest)

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 from conformance_servers import base_env, server_argv, wait_for_line
-from loopback import wait_listening
+from support.ports import wait_listening
 
 from lowlat_mw.client import connect
 from lowlat_mw.servers.serving import SEVERAL_WORKERS

@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+from support import seconds, wait_until
 
 from examples import openai_upstream
 from lowlat_mw import connect
@@ -116,8 +117,8 @@ async def test_a_cancel_stops_the_upstream_generation(servers: tuple[Upstream, R
         rest = [c async for c in stream]  # (what was in flight, then the End)
         assert set(rest) <= {"one ", "two ", "three "}
         assert stream.end is not None and stream.end.finish_reason == "cancelled"
-        while not upstream.ended:  # the upstream sees its client go (bounded by the timeout above)
-            await asyncio.sleep(0.01)
+        # the upstream sees its client go
+        await wait_until(lambda: upstream.ended, seconds(30), interval=0.01, what="the upstream to see its client go")
     assert upstream.ended == ["closed early"]
 
 

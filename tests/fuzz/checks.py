@@ -19,7 +19,6 @@ from typing import Any, get_args
 
 from lowlat_mw.errors import CloseCode, ErrorCode, LocalProtocolError, RemoteProtocolError
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec, to_json_dict
 from lowlat_mw.protocol.compression import available_codecs
 from lowlat_mw.protocol.server import (
     Authenticate,
@@ -34,6 +33,7 @@ from lowlat_mw.protocol.server import (
     ServerProtocol,
     StartStream,
 )
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec, to_json_dict
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 from lowlat_mw.testing import ConnectionPair
 

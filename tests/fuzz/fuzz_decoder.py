@@ -29,8 +29,8 @@ with atheris.instrument_imports(include=["lowlat_mw", "fuzz"]):
     from fuzz.checks import JSON, PROTO, SUBPROTOCOLS, check_connection, check_frame
     from lowlat_mw.errors import ErrorCode
     from lowlat_mw.protocol import events as ev
-    from lowlat_mw.protocol.codec import to_json_dict
     from lowlat_mw.protocol.compression import compress
+    from lowlat_mw.protocol.wire import to_json_dict
 
 
 def _frames(fdp: atheris.FuzzedDataProvider, text: bool) -> list[tuple[str, object]]:

@@ -180,16 +180,6 @@ def serve(uvicorn_server: Callable[..., Any], probe: Probe | None = None, *, por
     return Served(srv=srv, endpoint=asgi.endpoint, app=app, probe=probe)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> float:
-    """Poll `predicate()` until true; the seconds it took (AssertionError on timeout)."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)
-    return time.monotonic() - start
-
-
 def cut_schedule(proxy: FaultProxy, sizes: list[int | None]) -> None:
     """Cut the next new connections after sizes[0], sizes[1], ... server bytes; later ones never.
 

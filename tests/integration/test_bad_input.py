@@ -11,13 +11,14 @@ import lz4.frame
 import pytest
 import snappy
 import zstandard
+from support.raw import JSON, PROTO, hello, raw_connect, read_until_closed
 
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import JsonCodec, ProtoCodec
+from lowlat_mw.protocol.wire import JsonCodec, ProtoCodec
 
-from ._support import JSON, PROTO, hello, raw_connect, raw_request, read_stream, read_until_closed
+from ._support import raw_request, read_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from loopback import free_port, wait_listening
+from support.ports import free_port, wait_listening
 
 from lowlat_mw import Backoff, ResumeFailed, connect
 from lowlat_mw.testing import FaultProxy, LoggedProcess

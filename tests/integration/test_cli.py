@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loopback import free_port, wait_listening
+from support.ports import free_port, wait_listening
+from support.time import seconds
+from support.waits import wait_until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -133,9 +135,7 @@ def test_serve_metrics_and_stats_lines(tmp_path):
         assert "lowlat_time_to_first_delta_seconds_bucket" in body
 
         # the stream shows up in a summary line within a few intervals
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "p50" not in err_log.read_text():
-            time.sleep(0.1)
+        wait_until_sync(lambda: "p50" in err_log.read_text(), seconds(10), interval=0.1, what="a summary line")
         lines = err_log.read_text().splitlines()
         summaries = [line for line in lines if line.startswith("lowlat-mw: ")]
         assert any(re.search(r"p50 .* over 1 streams?$", line) for line in summaries), lines
@@ -165,9 +165,8 @@ def test_stats_printer_stops(tmp_path):
     printer = StatsPrinter(metrics, 0.02, out)
     printer.start()
     metrics.observe("time_to_first_delta_seconds", 0.003, "demo")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and "no new streams" not in out.getvalue().partition("p50")[2]:
-        time.sleep(0.01)
+    wait_until_sync(lambda: "no new streams" in out.getvalue().partition("p50")[2], seconds(5), interval=0.01,
+                    what="a line after the first summary")
     printer.stop()
     printed = out.getvalue()
     # each line covers the streams since the previous one: the stream is counted exactly once
@@ -354,9 +353,8 @@ def test_serve_refuses_an_app_that_is_not_a_model_before_serving(tmp_path, sourc
         proc = subprocess.Popen([*_cli(), "serve", "notamodel:app", "--app-dir", str(tmp_path), "--port",
                                  str(free_port())], stdout=out, stderr=err)
     try:
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and "lowlat-mw serving" not in out_log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until_sync(lambda: proc.poll() is not None or "lowlat-mw serving" in out_log.read_text(), seconds(30),
+                        interval=0.05, what="serve to exit")
         assert proc.poll() is not None, f"it started serving:\n{out_log.read_text()}{err_log.read_text()}"
     finally:
         _stop(proc)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from blocked_imports import REPO, not_in_extra, python_without
-from loopback import free_port, wait_listening
+from support.ports import free_port, wait_listening
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -13,9 +13,9 @@ from websockets.asyncio.server import serve
 from websockets.frames import Frame, Opcode
 
 from lowlat_mw.client import connect
-from lowlat_mw.client.aio import _Connection
+from lowlat_mw.client.websocket import _Connection
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import codec_for
+from lowlat_mw.protocol.wire import codec_for
 from lowlat_mw.settings import SUBPROTOCOL_PROTO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]

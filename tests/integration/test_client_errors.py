@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support import seconds, wait_until
 
 from lowlat_mw.client import AsyncClient, connect, connect_sync
 from lowlat_mw.client.backoff import Backoff
@@ -108,8 +109,7 @@ async def test_a_reconnect_after_a_drop_still_waits_with_backoff(uvicorn_server:
     async with asyncio.timeout(30):
         assert await client.complete("one") == "one"
         await asyncio.to_thread(srv.stop)
-        while client.connected:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: not client.connected, seconds(30), interval=0.01, what="the client to see it go")
         with pytest.raises(ReconnectFailed, match="after 6 attempts"):
             await client.complete("two")
     assert client.attempts == 1 + 6

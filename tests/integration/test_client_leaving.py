@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.models import StopProbe
 
 from lowlat_mw.client import connect, connect_sync
 from lowlat_mw.errors import ClientError
@@ -27,36 +27,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 WAIT = 20.0  # seconds for the model to see the Cancel (it takes a few ms; a loaded machine is slow)
 
 
-class Probe:
-    """A model that streams until it is stopped, and tells when it was (its ``finally``)."""
-
-    def __init__(self) -> None:
-        self.stopped: dict[str, threading.Event] = {}
-        self.lock = threading.Lock()
-
-    def event(self, prompt: str) -> threading.Event:
-        with self.lock:
-            return self.stopped.setdefault(prompt, threading.Event())
-
-    async def model(self, req: Any):  # (an async generator)
-        try:
-            i = 0
-            while True:
-                yield f"tick{i} "
-                i += 1
-                await asyncio.sleep(0.005)
-        finally:
-            self.event(req.prompt).set()
+@pytest.fixture
+def probe() -> StopProbe:
+    return StopProbe()
 
 
 @pytest.fixture
-def probe() -> Probe:
-    return Probe()
-
-
-@pytest.fixture
-def url(uvicorn_server: Callable[..., Any], starlette_app: Callable[..., Any], probe: Probe) -> str:
-    return uvicorn_server(starlette_app(probe.model)).url
+def url(uvicorn_server: Callable[..., Any], starlette_app: Callable[..., Any], probe: StopProbe) -> str:
+    return uvicorn_server(starlette_app(probe.ticks)).url
 
 
 class Boom(Exception):
@@ -117,7 +95,7 @@ async def leave_async(client: Any, how: str, prompt: str) -> list[Any]:
 
 @pytest.mark.parametrize("how", ["break", "break-inline", "exception", "dropped", "aclose", "task-cancelled",
                                  "events"])
-async def test_leaving_an_async_stream_early_cancels_its_model(url: str, probe: Probe, how: str) -> None:
+async def test_leaving_an_async_stream_early_cancels_its_model(url: str, probe: StopProbe, how: str) -> None:
     async with asyncio.timeout(WAIT * 2), connect(url) as client:
         for prompt in (f"{how} 1", f"{how} 2"):  # the connection stays usable after each
             got = await leave_async(client, how, prompt)
@@ -162,7 +140,7 @@ def leave_sync(client: Any, how: str, prompt: str) -> list[Any]:
 
 
 @pytest.mark.parametrize("how", ["break", "break-inline", "exception", "next-close", "events"])
-def test_leaving_a_sync_stream_early_cancels_its_model(url: str, probe: Probe, how: str) -> None:
+def test_leaving_a_sync_stream_early_cancels_its_model(url: str, probe: StopProbe, how: str) -> None:
     with connect_sync(url) as client:
         for prompt in (f"{how} 1", f"{how} 2"):
             got = leave_sync(client, how, prompt)
@@ -172,7 +150,7 @@ def test_leaving_a_sync_stream_early_cancels_its_model(url: str, probe: Probe, h
         assert client.connections == 1
 
 
-async def test_reading_on_after_cancel_gives_the_cancelled_end(url: str, probe: Probe) -> None:
+async def test_reading_on_after_cancel_gives_the_cancelled_end(url: str, probe: StopProbe) -> None:
     """``stream.cancel()`` (documented now) stops the model and the loop then ends with End("cancelled")."""
     async with asyncio.timeout(WAIT * 2), connect(url) as client:
         stream = client.stream("cancel")
@@ -210,7 +188,7 @@ print("done")
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_leaving_a_stream_then_the_client_prints_nothing(url: str, probe: Probe, kind: str) -> None:
+def test_leaving_a_stream_then_the_client_prints_nothing(url: str, probe: StopProbe, kind: str) -> None:
     """The sync client printed "Event loop is closed" (a stream's iterator finalized after close() closed its loop)."""
     result = subprocess.run([sys.executable, "-c", NOISE_PROGRAM, url, kind], capture_output=True, text=True,
                             timeout=60)

@@ -6,13 +6,13 @@ import asyncio
 import time
 
 import pytest
+from support import seconds, wait_until
+from support.raw import JSON
 
 from lowlat_mw.client import connect, connect_sync
 from lowlat_mw.client.backoff import Backoff
 from lowlat_mw.errors import CloseCode, ConnectionClosed, ErrorCode, NotDelivered, ReconnectFailed, ResumeFailed
 from lowlat_mw.testing import FaultProxy
-
-from ._support import JSON, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -29,7 +29,7 @@ async def test_reconnects_to_a_server_restarted_on_the_same_port(uvicorn_server,
     async with asyncio.timeout(20), connect(first.url, backoff=FAST) as client:
         assert await client.complete("before restart") == "before restart "
         await asyncio.to_thread(first.stop)
-        await wait_for(lambda: not client.connected, timeout=5)
+        await wait_until(lambda: not client.connected, timeout=seconds(5))
         assert client.last_close.code == 1012  # uvicorn's "service restart" on shutdown: reconnect
         second = await asyncio.to_thread(uvicorn_server, starlette_app(words), port=first.port)
         assert second.url == first.url
@@ -43,7 +43,7 @@ async def test_reconnect_waits_with_backoff_until_the_server_is_back(uvicorn_ser
     async with asyncio.timeout(20), connect(first.url, backoff=FAST) as client:
         assert await client.complete("one") == "one "
         await asyncio.to_thread(first.stop)
-        await wait_for(lambda: not client.connected, timeout=5)
+        await wait_until(lambda: not client.connected, timeout=seconds(5))
 
         async def restart_later():
             await asyncio.sleep(down_for)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support.raw import JSON, PROTO, hello, raw_connect
 
 from lowlat_mw.client import connect
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol.codec import to_protobuf
 from lowlat_mw.protocol.compression import CODEC_IDS, available_codecs
+from lowlat_mw.protocol.wire import to_protobuf
 
-from ._support import JSON, PROTO, hello, raw_connect, read_stream, record_frames
+from ._support import read_stream, record_frames
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 import pytest
+from support import seconds, wait_until
+from support.raw import LIMIT, codec_of, raw_connect
 from websockets.exceptions import ConnectionClosed
 
 from lowlat_mw.client import AsyncClient
@@ -26,8 +28,8 @@ from lowlat_mw.protocol import events as ev
 from lowlat_mw.settings import Settings
 from lowlat_mw.testing import FaultProxy
 
-from ._delivery_support import Probe, Served, cut_schedule, rss_kib, serve, split_tokens, tokens, wait_until
-from ._support import LIMIT, codec_of, raw_connect, record_frames
+from ._delivery_support import Probe, Served, cut_schedule, rss_kib, serve, split_tokens, tokens
+from ._support import record_frames
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -112,7 +114,7 @@ async def test_cuts_during_the_handshake_are_retried(uvicorn_server, mode):
                 cuts_before = proxy.cuts
                 client = AsyncClient(url, mode=mode, backoff=FAST)
                 opener = asyncio.create_task(client.open())
-                await wait_until(lambda before=cuts_before: proxy.cuts >= before + 3, timeout=5)
+                await wait_until(lambda before=cuts_before: proxy.cuts >= before + 3, timeout=seconds(5))
                 assert not opener.done()  # still retrying
                 proxy.cut_after(None)
                 await opener
@@ -203,7 +205,7 @@ async def test_resume_window_exceeded_fails_with_resume_failed(uvicorn_server, m
             proxy.stall()
             proxy.cut_all()
             # Reconnects hang (stalled link) and time out; the server gives the session up at 0.3 s.
-            await wait_until(lambda: served.live_sessions() == 0, timeout=5)
+            await wait_until(lambda: served.live_sessions() == 0, timeout=seconds(5))
             await asyncio.sleep(0.2)
             proxy.resume()
             rest: list[str] = []
@@ -230,7 +232,7 @@ async def test_resume_fails_when_missed_output_exceeded_the_buffer(uvicorn_serve
             stream = client.stream("x", model="count", params={"n": n, "pause_at": 10, "pause": 0.3})
             head = await read_n(stream, 10)
             proxy.stall()  # the model's remaining output queues up in front of the proxy
-            await wait_until(lambda: served.probe.running == 0, timeout=5)
+            await wait_until(lambda: served.probe.running == 0, timeout=seconds(5))
             proxy.cut_all()
             proxy.resume()
             rest: list[str] = []
@@ -254,7 +256,7 @@ async def test_resume_within_the_buffer_succeeds_without_acks(uvicorn_server):
             stream = client.stream("x", model="count", params={"n": n, "pause_at": 10, "pause": 0.3})
             head = await read_n(stream, 10)
             proxy.stall()
-            await wait_until(lambda: served.probe.running == 0, timeout=5)
+            await wait_until(lambda: served.probe.running == 0, timeout=seconds(5))
             proxy.cut_all()
             proxy.resume()
             assert split_tokens("".join(head + await drain_rest(stream))) == tokens(n)
@@ -273,7 +275,7 @@ async def test_detached_session_without_acks_pauses_the_model_instead_of_droppin
                                                     open_timeout=0.25) as client:
             stream = client.stream("x", model="count", params={"n": n, "size": size, "pause_at": 10, "pause": 0.3})
             head = await read_n(stream, 10)
-            await wait_until(lambda: stream.received_seq == 10, timeout=5)
+            await wait_until(lambda: stream.received_seq == 10, timeout=seconds(5))
             proxy.stall()
             proxy.cut_all()  # cut while the model sleeps: everything it makes next is made detached
             await asyncio.sleep(0.6)
@@ -299,7 +301,7 @@ async def test_slow_reader_pauses_the_model_then_4003_and_memory_stays_bounded(u
             rss_before = rss_kib()
             stream = client.stream("x", model="count", params={"n": n, "size": size})
             await read_n(stream, 1)  # then stop reading (no more Acks)
-            await wait_until(lambda: client.last_close is not None, timeout=5)  # server closed: 4003
+            await wait_until(lambda: client.last_close is not None, timeout=seconds(5))  # server closed: 4003
             produced = served.probe.only_stream()
             rss_after = rss_kib()
             assert client.last_close.code == CloseCode.SLOW_CONSUMER
@@ -362,7 +364,7 @@ async def test_cancel_stops_the_model_within_one_chunk(uvicorn_server, model):
         await stream.cancel()
         rest = await drain_rest(stream)  # ends quietly with End("cancelled")
         assert stream.end is not None and stream.end.finish_reason == "cancelled"
-        await wait_until(lambda: served.probe.running == 0, timeout=2)
+        await wait_until(lambda: served.probe.running == 0, timeout=seconds(2))
         after = served.probe.only_stream() - at_cancel
         print(f"\n{model}: {after} chunk(s) produced after Cancel; {len(rest)} delivered after it")
         assert after <= 1
@@ -384,7 +386,7 @@ async def test_drain_finishes_running_stream_and_moves_new_requests(uvicorn_serv
             head = await read_n(running, 5)
             [old_conn] = list(old.endpoint.connections)
             drain = asyncio.ensure_future(old.on_server_loop(old.endpoint.drain(5.0)))
-            await wait_until(lambda: client.goaway is not None, timeout=5)
+            await wait_until(lambda: client.goaway is not None, timeout=seconds(5))
             proxy.target = ("127.0.0.1", new.port)  # new connections reach the new server
             later = asyncio.ensure_future(client.complete("x", model="count", params={"n": 40}))
             rest = await drain_rest(running)
@@ -414,7 +416,7 @@ async def test_request_crossing_the_goaway_is_refused_then_resent(uvicorn_server
             head = await read_n(running, 5)
             proxy.delay = 0.05  # the GoAway and the new Request cross on the wire
             drain = asyncio.ensure_future(old.on_server_loop(old.endpoint.drain(5.0)))
-            await wait_until(lambda: old.endpoint.draining, timeout=5)
+            await wait_until(lambda: old.endpoint.draining, timeout=seconds(5))
             proxy.target = ("127.0.0.1", new.port)
             assert client.goaway is None
             crossing = asyncio.ensure_future(client.complete("x", model="count", params={"n": 40}))
@@ -440,7 +442,7 @@ async def test_drain_then_restart_on_the_same_port_carries_the_new_request(uvico
             running = client.stream("x", model="slow", params={"n": 30, "delay": 0.01})
             head = await read_n(running, 5)
             drain = asyncio.ensure_future(old.on_server_loop(old.endpoint.drain(5.0)))
-            await wait_until(lambda: client.goaway is not None, timeout=5)
+            await wait_until(lambda: client.goaway is not None, timeout=seconds(5))
             later = asyncio.ensure_future(client.complete("x", model="count", params={"n": 40}))
             assert split_tokens("".join(head + await drain_rest(running))) == tokens(30)
             await drain

@@ -8,11 +8,11 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from loopback import free_port
+from support.ports import free_port
+from support.waits import wait_until
 
 from lowlat_mw.client import connect
 from lowlat_mw.testing import LoggedProcess
@@ -32,11 +32,9 @@ async def test_dev_demo_installs_only_the_demo_and_serves_it(tmp_path: Path) -> 
     proc = LoggedProcess("dev-demo", [sys.executable, str(ROOT / "dev.py"), "demo"], logdir=tmp_path, env=env,
                          cwd=ROOT)
     try:
-        deadline = time.monotonic() + INSTALL_BOUND
-        while "Uvicorn running" not in proc.output(100_000):
-            assert proc.alive(), proc.output()
-            assert time.monotonic() < deadline, f"not serving within {INSTALL_BOUND} s\n{proc.output()}"
-            await asyncio.sleep(0.2)
+        await wait_until(lambda: "Uvicorn running" in proc.output(100_000) or not proc.alive(), INSTALL_BOUND,
+                         interval=0.2, what="the demo to serve")
+        assert proc.alive(), proc.output()
         async with asyncio.timeout(30), connect(f"ws://127.0.0.1:{port}/ws") as client:
             assert "You said: 'hi'" in await client.complete("hi")
         log = proc.stdout_path.read_text() + proc.stderr_path.read_text()

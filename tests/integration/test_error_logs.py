@@ -6,6 +6,9 @@ import asyncio
 import logging
 
 import pytest
+from support.raw import JSON, LIMIT, codec_of, hello, raw_connect
+from support.time import seconds
+from support.waits import wait_until
 from websockets.exceptions import ConnectionClosed
 
 from lowlat_mw.errors import CloseCode
@@ -13,7 +16,6 @@ from lowlat_mw.observability.logs import CLIENT_LOGS
 from lowlat_mw.protocol import events as ev
 
 from ._delivery_support import serve
-from ._support import JSON, LIMIT, codec_of, hello, raw_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -67,8 +69,8 @@ async def test_a_slow_consumer_closed_is_logged_within_its_address_budget(uvicor
         assert isinstance(codec.decode(await ws.recv(), limit=LIMIT, allowed=()), ev.Welcome)
         await ws.send(codec.encode(ev.Request(stream_id=1, model="count", text="x",
                                               params={"n": 100_000, "size": 4096})))
-        while not [r for r in caplog.records if "slow consumer" in r.getMessage()]:  # (the test's timeout bounds it)
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: [r for r in caplog.records if "slow consumer" in r.getMessage()], seconds(20),
+                         interval=0.05, what="the slow-consumer log")
         with pytest.raises(ConnectionClosed):
             async for _ in ws:  # the queued Deltas, then the close
                 pass

@@ -8,10 +8,9 @@ import urllib.request
 
 import pytest
 from fastapi import FastAPI, WebSocket
+from support.raw import JSON, PROTO, raw_connect
 
 from lowlat_mw.client import connect
-
-from ._support import JSON, PROTO, raw_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

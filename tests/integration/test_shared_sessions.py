@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
-from loopback import free_port, wait_listening
+from support.ports import free_port, wait_listening
+from support.time import seconds
+from support.waits import wait_until, wait_until_sync
 
 from lowlat_mw import Backoff, ResumeFailed, ToolCall, connect
 from lowlat_mw.cache import request_key
@@ -397,11 +398,10 @@ async def test_with_redis_stopped_sessions_go_on_and_resume_across_processes_onc
     async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws") as client:
         assert await client.complete("without redis", params={"n": 20, "gap": 0}) == "".join(EXPECTED[:20])
     redis_server.start()
-    for _ in range(int(WAIT * 10)):  # A's keep-alive and push listener (every second) find Redis back and say so
-        out = servers.procs[0].output()
-        if "sessions are shared again" in out and "pushes from other processes arrive again" in out:
-            break
-        await asyncio.sleep(0.1)
+    # A's keep-alive and push listener (every second) find Redis back and say so
+    await wait_until(lambda: all(line in servers.procs[0].output() for line in (
+        "sessions are shared again", "pushes from other processes arrive again")), WAIT, interval=0.1,
+        what="process A to find Redis back")
     received: list[str] = []
     async with asyncio.timeout(WAIT), connect(f"ws://127.0.0.1:{servers.proxy.port}/ws",
                                                backoff=Backoff(base=0.05, cap=0.2, retries=8)) as client:
@@ -437,11 +437,8 @@ def test_the_session_is_in_redis_with_a_digest_of_its_token(servers: Servers, re
     token = asyncio.run(run())
     sid = token.partition(".")[0]
     client = redis.Redis.from_url(redis_url)
-    for _ in range(200):  # written behind the socket: soon after the reply, not before it
-        meta = client.hgetall(f"lowlat:s:{sid}")
-        if meta:
-            break
-        time.sleep(0.05)
+    # written behind the socket: soon after the reply, not before it
+    meta = wait_until_sync(lambda: client.hgetall(f"lowlat:s:{sid}"), seconds(10), interval=0.05, what="the session")
     assert meta[b"token"] != token.encode() and len(meta[b"token"]) == 64
     assert token.partition(".")[2].encode() not in b"".join(meta.values())
 

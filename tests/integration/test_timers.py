@@ -6,17 +6,19 @@ import asyncio
 import time
 
 import pytest
+from support import seconds, wait_until
+from support.raw import JSON, PROTO, hello, raw_connect, read_until_closed
+from support.time import MARGIN
 
 from lowlat_mw.client import connect
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
 
-from ._support import JSON, PROTO, hello, raw_connect, read_until_closed, record_frames, wait_for
+from ._support import record_frames
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 INTERVAL, MAX_INTERVAL, TIMEOUT = 0.2, 0.4, 0.2
-MARGIN = 0.3  # scheduling slack on a loaded machine
 
 
 async def words(req):
@@ -45,7 +47,7 @@ async def test_peer_that_stops_answering_pings_is_closed_with_heartbeat_timeout(
         (out, elapsed), _ = await asyncio.gather(silent_peer(), asyncio.sleep(5 * MAX_INTERVAL))
         assert out.close_code == CloseCode.HEARTBEAT_TIMEOUT
         assert any(isinstance(e, ev.Ping) for e in out.events), "the server never pinged"
-        assert TIMEOUT <= elapsed <= INTERVAL + TIMEOUT + MARGIN, elapsed
+        assert TIMEOUT <= elapsed <= INTERVAL + TIMEOUT + 0.3 * MARGIN, elapsed
 
         # The client that answers pings was pinged several times and is still connected.
         pings = [e for _, e in rec.received_events() if isinstance(e, ev.Ping)]
@@ -65,7 +67,7 @@ async def test_idle_connection_is_reaped(uvicorn_server, starlette_app):
         elapsed = time.monotonic() - start
     assert out.close_code == CloseCode.IDLE_TIMEOUT
     assert out.events == []  # closed without any frame first
-    assert idle <= elapsed + 0.02 and elapsed <= idle + MARGIN, elapsed
+    assert idle <= elapsed + 0.02 and elapsed <= idle + 0.3 * MARGIN, elapsed
 
 
 async def test_python_client_reconnects_lazily_after_idle_reap(uvicorn_server, starlette_app):
@@ -73,8 +75,10 @@ async def test_python_client_reconnects_lazily_after_idle_reap(uvicorn_server, s
     srv = uvicorn_server(starlette_app(words, idle_timeout=idle))
     async with asyncio.timeout(15), connect(srv.url) as client:
         assert await client.complete("one") == "one "
-        took = await wait_for(lambda: not client.connected, timeout=5)
-        assert took <= idle + MARGIN
+        start = time.monotonic()
+        await wait_until(lambda: not client.connected, timeout=seconds(5))
+        took = time.monotonic() - start
+        assert took <= idle + 0.3 * MARGIN
         assert client.last_close.code == CloseCode.IDLE_TIMEOUT
         assert await client.complete("two") == "two "
         assert client.connections == 2
@@ -95,7 +99,7 @@ async def test_running_stream_is_not_reaped(uvicorn_server, starlette_app):
         assert time.monotonic() - start >= 3 * idle
         assert client.connections == 1 and client.last_close is None
         # once the stream is over, the reaper starts counting again
-        await wait_for(lambda: not client.connected, timeout=5)
+        await wait_until(lambda: not client.connected, timeout=seconds(5))
         assert client.last_close.code == CloseCode.IDLE_TIMEOUT
 
 
@@ -110,7 +114,7 @@ async def test_no_hello_within_handshake_timeout(uvicorn_server, starlette_app, 
         elapsed = time.monotonic() - start
         assert out.close_code == CloseCode.HANDSHAKE_TIMEOUT
         assert out.events == []
-        assert limit - 0.02 <= elapsed <= limit + MARGIN, elapsed
+        assert limit - 0.02 <= elapsed <= limit + 0.3 * MARGIN, elapsed
         # a client that says hello in time is fine on the same server
         async with connect(srv.url) as client:
             await asyncio.sleep(2 * limit)

@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from opentelemetry import propagate, trace
@@ -26,17 +25,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from support import seconds, wait_until
+from support.raw import JSON, codec_of, raw_connect, read_until_closed
 
 from lowlat_mw.client import AsyncClient, connect
 from lowlat_mw.errors import CloseCode, ErrorCode, StreamError
 from lowlat_mw.observability.timing import STAGES
 from lowlat_mw.protocol import events as ev
 
-from ._support import JSON, codec_of, raw_connect, read_until_closed
-
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
-WAIT = 5.0  # bound on every wait for a span or a log record from the server thread
+WAIT = seconds(5.0)  # bound on every wait for a span or a log record from the server thread
 LOGGER = "lowlat_mw"
 
 
@@ -105,18 +104,6 @@ def refuse_everyone(handshake):
 
 
 # ------------------------------------------------------------------------------ helpers
-async def wait_for(what: str, fetch: Callable[[], Any], timeout: float = WAIT) -> Any:
-    """Poll `fetch` until it returns something truthy (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fetch()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def session_of(client: AsyncClient) -> str:
     assert client.welcome is not None
     return client.welcome.session_id
@@ -128,8 +115,8 @@ def named(exporter: InMemorySpanExporter, name: str, session_id: str) -> list[Re
 
 
 async def handshake_span(exporter: InMemorySpanExporter, session_id: str) -> ReadableSpan:
-    found = await wait_for(f"the handshake span of {session_id}",
-                           lambda: named(exporter, "lowlat.handshake", session_id))
+    found = await wait_until(lambda: named(exporter, "lowlat.handshake", session_id), WAIT,
+                             what=f"the handshake span of {session_id}")
     assert len(found) == 1, found
     return found[0]
 
@@ -139,7 +126,7 @@ async def stream_span(exporter: InMemorySpanExporter, session_id: str, stream_id
         return [s for s in named(exporter, "lowlat.stream", session_id)
                 if s.attributes["lowlat.stream_id"] == stream_id]
 
-    found = await wait_for(f"the stream span of {session_id}/{stream_id}", fetch)
+    found = await wait_until(fetch, WAIT, what=f"the stream span of {session_id}/{stream_id}")
     assert len(found) == 1, found
     return found[0]
 
@@ -163,8 +150,8 @@ def records(caplog: pytest.LogCaptureFixture, session_id: str, prefix: str) -> l
 
 
 async def close_record(caplog: pytest.LogCaptureFixture, session_id: str) -> logging.LogRecord:
-    found = await wait_for(f"the close log of {session_id}",
-                           lambda: records(caplog, session_id, f"connection {session_id} closed"))
+    found = await wait_until(lambda: records(caplog, session_id, f"connection {session_id} closed"), WAIT,
+                             what=f"the close log of {session_id}")
     assert len(found) == 1, [r.getMessage() for r in found]
     return found[0]
 
@@ -361,7 +348,7 @@ async def test_refused_handshake_span_has_error_status_and_close_code(uvicorn_se
     def refused() -> list[ReadableSpan]:
         return [s for s in spans.get_finished_spans() if s.name == "lowlat.handshake"]
 
-    (span,) = await wait_for("the refused handshake span", refused)
+    (span,) = await wait_until(refused, WAIT, what="the refused handshake span")
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes["lowlat.close_code"] == CloseCode.POLICY_VIOLATION
     assert span.attributes["lowlat.resumed"] is False
@@ -379,8 +366,8 @@ async def test_handshake_timeout_span_has_error_status(uvicorn_server, starlette
     async with asyncio.timeout(10), raw_connect(srv.url, [JSON]) as ws:
         out = await read_until_closed(ws)  # no Hello
     assert out.close_code == CloseCode.HANDSHAKE_TIMEOUT
-    (span,) = await wait_for("the timed-out handshake span",
-                             lambda: [s for s in spans.get_finished_spans() if s.name == "lowlat.handshake"])
+    (span,) = await wait_until(lambda: [s for s in spans.get_finished_spans() if s.name == "lowlat.handshake"], WAIT,
+                               what="the timed-out handshake span")
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes["lowlat.close_code"] == CloseCode.HANDSHAKE_TIMEOUT
     assert (span.end_time - span.start_time) / 1e9 == pytest.approx(0.2, abs=0.15)
@@ -393,8 +380,8 @@ async def test_handshake_abandoned_by_the_client_is_not_a_success(uvicorn_server
     async with asyncio.timeout(10):
         async with raw_connect(srv.url, [JSON]):
             pass  # closes (1000) without sending Hello
-        (span,) = await wait_for("the abandoned handshake span",
-                                 lambda: [s for s in spans.get_finished_spans() if s.name == "lowlat.handshake"])
+        (span,) = await wait_until(lambda: [s for s in spans.get_finished_spans() if s.name == "lowlat.handshake"],
+                                   WAIT, what="the abandoned handshake span")
         closed = await close_record(logs, span.attributes["lowlat.session_id"])
     assert closed.closed_by == "client" and closed.close_code == CloseCode.NORMAL
     assert span.attributes["lowlat.close_code"] == CloseCode.NORMAL
@@ -407,8 +394,9 @@ async def test_refusal_warning_carries_session_id_and_client(uvicorn_server, sta
     async with asyncio.timeout(10), raw_connect(srv.url, [JSON]) as ws:
         await ws.send(codec_of(ws).encode(ev.Hello(client="refused")))
         assert (await read_until_closed(ws)).close_code == CloseCode.POLICY_VIOLATION
-    (warning,) = await wait_for("the refusal warning", lambda: [
-        r for r in list(logs.records) if r.name == LOGGER and r.levelno == logging.WARNING])
+    (warning,) = await wait_until(lambda: [
+        r for r in list(logs.records) if r.name == LOGGER and r.levelno == logging.WARNING], WAIT,
+            what="the refusal warning")
     assert hasattr(warning, "session_id"), warning.__dict__
     closed = await close_record(logs, warning.session_id)
     assert warning.client == closed.client and warning.client[0] == "127.0.0.1"
@@ -446,7 +434,7 @@ async def test_idle_reaped_connection_logs_server_close_4000(uvicorn_server, sta
         start = time.monotonic()
         closed = await close_record(logs, session_id)
         assert time.monotonic() - start < 3.0
-        await wait_for("the client to see the close", lambda: client.last_close is not None)
+        await wait_until(lambda: client.last_close is not None, WAIT, what="the client to see the close")
         assert client.last_close.code == CloseCode.IDLE_TIMEOUT
     assert closed.levelno == logging.INFO
     assert closed.close_code == CloseCode.IDLE_TIMEOUT
@@ -462,8 +450,9 @@ async def test_model_failure_logged_at_error_with_stream_id(uvicorn_server, star
         with pytest.raises(StreamError):
             _ = [c async for c in stream]
         session_id = session_of(client)
-    errors = await wait_for("the model failure log", lambda: [
-        r for r in list(logs.records) if r.name == LOGGER and r.levelno >= logging.ERROR])
+    errors = await wait_until(lambda: [
+        r for r in list(logs.records) if r.name == LOGGER and r.levelno >= logging.ERROR], WAIT,
+            what="the model failure log")
     assert len(errors) == 1, [r.getMessage() for r in errors]
     rec = errors[0]
     assert rec.levelno == logging.ERROR

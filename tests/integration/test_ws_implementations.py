@@ -11,12 +11,11 @@ import importlib
 import json
 
 import pytest
+from support.raw import JSON, PROTO, raw_connect
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw.client import connect
 from lowlat_mw.proto import lowlat_v1_pb2 as pb
-
-from ._support import JSON, PROTO, raw_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -19,6 +19,7 @@ from lowlat_mw.protocol import events as ev
 from lowlat_mw.protocol import session as session_module
 from lowlat_mw.protocol.server import CancelStream, ResumeSession, StartStream
 from lowlat_mw.protocol.session import DELTA_OVERHEAD, MAX_FINISHED, MemorySessionStore, Session
+from lowlat_mw.protocol.state import StreamPhase
 from lowlat_mw.settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 from lowlat_mw.testing import ConnectionPair
 
@@ -729,3 +730,45 @@ def test_chunks_sent_on_a_connection_count_their_utf8_bytes_in_the_buffer(subpro
     assert session.streams[1].out_bytes == sum(cost(p) - DELTA_OVERHEAD for p in as_sent) == 3 + 3 + 2 + 6 + 2 + 3 + 4
     assert session.buffered == sum(cost(p) for p in as_sent) == buffer_cost(session)
     assert list(session.streams[1].pieces) == as_sent and session.streams[1].seq == len(pieces)
+
+
+# ================================================================================ state has one owner (issue 39)
+def test_join_says_whether_the_groups_changed() -> None:
+    s = new_session()
+    assert s.join("news", True) and s.groups == {"news"}
+    assert not s.join("news", True)  # in it already
+    assert s.join("news", False) and s.groups == frozenset()
+    assert not s.join("news", False)
+
+
+def test_the_journal_is_taken_shrunk_and_requeued_by_its_session() -> None:
+    s = new_session()
+    assert s.take_journal() is None  # not shared: no journal
+    s.shrink_journal([1])
+    assert s.journal is None
+    s.start_journal()
+    s.start(ev.Request(stream_id=1), T0)
+    taken = s.take_journal()
+    assert taken == [1, 0, None] and s.journal == []
+    s.record(1, "x", T0)
+    s.requeue_journal(taken)  # a write failed: back before what came since
+    assert s.journal == [1, 0, None, 1, 1, "x"]
+    s.shrink_journal([1, 0, None])
+    assert s.journal == [1, 0, None]
+
+
+def test_a_stream_moves_only_as_the_phase_table_says() -> None:
+    s = new_session()
+    s.start(ev.Request(stream_id=1), T0)
+    st = s.streams[1]
+    assert st.phase is StreamPhase.RUNNING and st.accepts("input") and not st.accepts("done")
+    assert st.move("cancel") and st.cancelling and not st.accepts("input")
+    assert not st.move("cancel")  # a second Cancel: nothing moves
+    assert s.finish(1, T0 + 1, reason="cancelled") is not None
+    assert st.phase is StreamPhase.STOPPED and st.cancelling and not st.running
+    assert s.finish(1, T0 + 2) is None  # ended once
+    s.ack(1, st.seq, done=True)
+    assert 1 not in s.streams and st.phase is StreamPhase.FORGOTTEN
+    s.start(ev.Request(stream_id=2), T0)
+    s.finish(2, T0 + 1)
+    assert s.streams[2].phase is StreamPhase.ENDED and not s.streams[2].cancelling

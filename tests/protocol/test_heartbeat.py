@@ -281,3 +281,18 @@ def test_reaper_counts_from_stream_end() -> None:
     r.touch(T0 + 100)  # its End
     assert not r.expired(T0 + 109, 0)
     assert r.expired(T0 + 110, 0)
+
+
+@pytest.mark.parametrize("streams", [0, 1])
+def test_reaper_never_expires_while_the_session_listens_in_push_groups(streams: int) -> None:
+    r = IdleReaper(10, T0)
+    assert r.deadline(streams, {"news"}) == math.inf
+    assert not r.expired(T0 + 1e9, streams, frozenset({"news"}))
+    assert r.expired(T0 + 10, 0, frozenset())  # out of every group: idle again
+
+
+def test_deadline_as_if_answered_is_the_next_ping() -> None:
+    h = Heartbeat(30, 120, 10, T0)
+    assert h.poll(T0 + 30) is HeartbeatAction.SEND_PING
+    assert h.deadline() == T0 + 40  # the Pong's timeout
+    assert h.deadline(answered=True) == T0 + 60  # where the Pong will put it

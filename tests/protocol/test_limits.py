@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from lowlat_mw.errors import CloseCode, ErrorCode
 from lowlat_mw.model import SessionInfo
 from lowlat_mw.protocol import events as ev
-from lowlat_mw.protocol import server as server_module
 from lowlat_mw.protocol.limits import ConnectionLimiter, TokenBucket
 from lowlat_mw.protocol.server import (
     Authenticate,
@@ -344,18 +343,18 @@ def test_request_over_max_request_size_fails_only_that_stream(subprotocol: str, 
 @pytest.mark.parametrize("subprotocol", BOTH)
 def test_params_sent_again_and_again_are_measured_as_the_first_time(subprotocol: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Protobuf decoder keeps the size of params it has read (codec.params_size): a Request that repeats
-    them is held to max_request_size exactly as the first one was, at the limit and one byte over."""
-    from lowlat_mw.protocol import codec
+    """The Protobuf decoder keeps the size of params it has read (the connection's ParamsMemo.size): a Request
+    that repeats them is held to max_request_size exactly as the first one was, at the limit and one byte over."""
+    from lowlat_mw.protocol.wire import ParamsMemo
 
     kept: list[bool] = []
-    params_size = codec.params_size
+    size = ParamsMemo.size
 
-    def counted(params: Any) -> int:
-        kept.append(params is codec._last_params[0])
-        return params_size(params)
+    def counted(memo: ParamsMemo, params: Any) -> int:
+        kept.append(params is memo.last)
+        return size(memo, params)
 
-    monkeypatch.setattr(server_module, "params_size", counted)
+    monkeypatch.setattr(ParamsMemo, "size", counted)
     limit = 100
     c = opened(Settings(max_request_size=limit, max_streams=64), subprotocol)
     at_limit = {"k": "v" * (limit - 2 - len('{"k": ""}')), "n": None}  # with the model name and the text: the
@@ -372,17 +371,21 @@ def test_params_sent_again_and_again_are_measured_as_the_first_time(subprotocol:
 
 
 def test_a_kept_params_size_is_used_once_and_only_for_the_dict_it_was_kept_for() -> None:
-    from lowlat_mw.protocol.codec import decode_fast, params_size, to_protobuf
+    from lowlat_mw.protocol.wire import ParamsMemo, to_protobuf
+    from lowlat_mw.protocol.wire.fast import decode_request
 
     params = {"temperature": 0.5, "stop": "\n"}
     frame = to_protobuf(ev.Request(stream_id=1, text="x", params=params)).SerializeToString()
-    decode_fast(frame)  # (kept from now on)
-    req = decode_fast(frame)
+    memo = ParamsMemo()
+    decode_request(frame, memo)  # (kept from now on)
+    req = decode_request(frame, memo)
     assert isinstance(req, ev.Request)
+    params_size = memo.size
     assert params_size(dict(req.params)) == len(json.dumps(params))  # an equal dict: measured
     assert params_size(req.params) == len(json.dumps(params))  # the kept size
     req.params["stop"] = "a much longer stop sequence"  # (a model may change its params)
     assert params_size(req.params) == len(json.dumps(req.params))  # used once: measured anew
+    assert ParamsMemo().size(req.params) == len(json.dumps(req.params))  # another connection's: measured
 
 
 _JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**400), max_value=10**400),

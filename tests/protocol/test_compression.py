@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from lowlat_mw.errors import CloseCode, ErrorCode, RemoteProtocolError
 from lowlat_mw.protocol import compression as cmp
-from lowlat_mw.protocol.codec import encode_varint
 from lowlat_mw.protocol.compression import (
     CODEC_IDS,
     CODEC_NAMES,
@@ -29,6 +28,7 @@ from lowlat_mw.protocol.compression import (
     decompress,
 )
 from lowlat_mw.protocol.selector import BINARY, TEXT, CompressionSelector
+from lowlat_mw.protocol.wire import encode_varint
 
 MiB = 1024 * 1024
 CODECS = ("zstd", "lz4", "snappy")

@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 from driver_support import Peer, endpoint_for
+from support import wait_until
 
 from lowlat_mw.errors import CloseCode
 from lowlat_mw.protocol import events as ev
@@ -23,12 +24,6 @@ async def ticks(req: Any) -> Any:
         yield f"{i};"
 
 
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 async def test_drain_lets_short_streams_finish_and_closes_everything_with_4002() -> None:
     endpoint = endpoint_for(ticks, drain_grace=0.5)
     short, long_, idle = Peer.admitted(endpoint), Peer.admitted(endpoint), Peer.admitted(endpoint)
@@ -36,7 +31,7 @@ async def test_drain_lets_short_streams_finish_and_closes_everything_with_4002()
     await long_.hello_and_request(n=10_000, delay=0.02)
     await idle.receive(ev.Hello())
     assert not endpoint.draining
-    await wait_for(lambda: short.texts() and long_.texts())
+    await wait_until(lambda: short.texts() and long_.texts())
     started = asyncio.get_running_loop().time()
     await drain_all()  # each connection's own drain_grace (0.5 s)
     took = asyncio.get_running_loop().time() - started
@@ -48,7 +43,7 @@ async def test_drain_lets_short_streams_finish_and_closes_everything_with_4002()
     assert not any(isinstance(e, ev.End) for e in long_.events)  # cut at the grace, left for a resume
     assert 0.45 <= took < 3.0, took
     late = Peer.admitted(endpoint)  # a connection that starts while draining is closed at once
-    await wait_for(lambda: late.closed is not None)
+    await wait_until(lambda: late.closed is not None)
     assert late.closed == CloseCode.DRAINING and late.events == []
     for peer in (short, long_, idle, late):
         await peer.gone()
@@ -64,7 +59,7 @@ async def test_drain_on_shutdown_calls_back_after_the_drain_or_says_there_is_not
     first = drain_on_shutdown(lambda: called.append("first"))
     assert first is not None
     assert drain_on_shutdown(lambda: called.append("second")) is first  # joins the same drain
-    await wait_for(lambda: len(called) == 2)
+    await wait_until(lambda: len(called) == 2)
     assert called == ["first", "second"]
     assert peer.texts() == ["0;", "1;", "2;", "3;"] and peer.closed == CloseCode.DRAINING  # finished, not cut
     await peer.gone()

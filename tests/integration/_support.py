@@ -61,9 +61,10 @@ class RecordingCodec:
         self.sent.append(frame[0])
         return frame  # type: ignore[no-any-return]
 
-    def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = ()) -> ev.Event:
+    def decode(self, frame: bytes | str, *, limit: int, allowed: Iterable[str] | None = (),
+               params: Any = None) -> ev.Event:
         self.received.append(frame)
-        return self.inner.decode(frame, limit=limit, allowed=allowed)
+        return self.inner.decode(frame, limit=limit, allowed=allowed, params=params)
 
     def received_events(self) -> list[tuple[bytes | str, ev.Event]]:
         """(frame, event) pairs of everything received (decoded again, without limits)."""

@@ -56,10 +56,11 @@ from .auth import authenticate
 from .closing import CLOSE_SLACK, Closing
 from .deadlines import Deadlines
 from .direct import BURST, DirectTransport, DropsCloses
+from .finish import error_of
 from .membership import PUSH_BACKLOG, PUSH_LISTEN_WAIT, PushTarget
 from .resume import resume
 from .shared import shared_sessions
-from .streams import ModelRunner, error_of
+from .streams import ModelRunner
 from .timers import AsyncScheduler, cpu_clock
 from .writer import CorkedWriter, Writer
 

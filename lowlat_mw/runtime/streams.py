@@ -26,14 +26,14 @@ from ..observability.timing import StreamTimer
 from ..protocol import events as ev
 from ..protocol.session import Session
 from . import eager, push, stalls
-from .finish import CANCELLED, INTERRUPTED, STOP, cancelled_by_client, error_of, failed, finish, send_end, stopped
+from .finish import CANCELLED, INTERRUPTED, STOP, cancelled_by_client, failed, finish, send_end, stopped
 from .shared import process_id, shared_sessions
 from .sources import cached_reply, each, keep_reply, merged_deltas, model_chunks, recorded
 
 if TYPE_CHECKING:
     from .connection import ConnectionDriver
 
-__all__ = ["INTERRUPTED", "ModelRunner", "error_of"]
+__all__ = ["ModelRunner"]
 
 log = logging.getLogger("lowlat_mw")
 

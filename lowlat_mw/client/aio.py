@@ -589,7 +589,7 @@ class AsyncClient(Reconnecting, PushGroups, ContextDocuments):
                 _keep_running(self._io_tasks, _close_ws(ws, item.code, item.reason))
         timer = self._timer
         if proto.deadline_moved and timer is not None:
-            proto.deadline_moved = False
+            proto.deadline_seen()
             timer.scheduler.schedule(timer, proto.next_deadline())
 
     def _drop(self, stream: Stream) -> None:

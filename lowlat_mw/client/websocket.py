@@ -82,7 +82,7 @@ class _Timer:
                 self.stopped = True
                 _keep_running(self._tasks, _close_ws(self.ws, action.code, action.reason))
                 return math.inf
-        proto.deadline_moved = False
+        proto.deadline_seen()
         return proto.next_deadline()
 
 

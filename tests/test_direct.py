@@ -378,6 +378,19 @@ async def test_a_transport_paused_past_slow_consumer_timeout_closes_with_4003() 
     await conn.driver.disconnected(CloseCode.SLOW_CONSUMER)
 
 
+async def _blocked_past_slow_consumer_timeout(conn: Conn) -> None:
+    """Hello, then a held stream whose first write waits for a blocked transport, and the timer past
+    slow_consumer_timeout (5 s): the driver has begun its close (4003)."""
+    driver = conn.driver
+    await conn.send(ev.Hello())
+    await end_of_turn()
+    conn.direct.writable.clear()
+    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10, "hold": True}))
+    await wait_for(lambda: driver.writer.sender is not None)
+    driver.on_timer(driver.writer.send_since + 5.0)
+    await wait_for(lambda: conn.closed() is not None)
+
+
 async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_socket_is_gone(monkeypatch) -> None:
     """The close frame waits behind what the peer does not read: a server that drops unanswered closes (ours) drops
     the socket within close_timeout, and says so (disconnected). Until then the connection holds its place in the
@@ -390,13 +403,7 @@ async def test_after_a_4003_for_a_blocked_send_the_connection_counts_until_its_s
     endpoint = driver.endpoint
     assert endpoint.admit((SUBPROTOCOL_PROTO,), None, None, "10.0.0.1") is not None
     driver.address = "10.0.0.1"  # (what the endpoint admitted it as)
-    await conn.send(ev.Hello())
-    await end_of_turn()
-    conn.direct.writable.clear()
-    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10, "hold": True}))
-    await wait_for(lambda: driver.writer.sender is not None)
-    driver.on_timer(driver.writer.send_since + 5.0)
-    await wait_for(lambda: conn.closed() is not None)
+    await _blocked_past_slow_consumer_timeout(conn)
     await wait_for(lambda: driver.runner is not None and driver.runner.driver is None)  # detached at the close
     assert conn.closed() == CloseCode.SLOW_CONSUMER
     await asyncio.sleep(0.3)  # (well past close_timeout: the server's word is waited for)
@@ -419,13 +426,7 @@ async def test_a_server_that_cannot_drop_gets_its_connection_released_after_clos
     assert endpoint.admit((SUBPROTOCOL_PROTO,), None, None, "10.0.0.1") is not None
     driver.address = "10.0.0.1"
     receiving = driver.receiving = asyncio.create_task(asyncio.Event().wait())  # (a server's receive(), for good)
-    await conn.send(ev.Hello())
-    await end_of_turn()
-    conn.direct.writable.clear()
-    await conn.send(ev.Request(stream_id=1, text="x", params={"n": 10, "hold": True}))
-    await wait_for(lambda: driver.writer.sender is not None)
-    driver.on_timer(driver.writer.send_since + 5.0)
-    await wait_for(lambda: conn.closed() is not None)
+    await _blocked_past_slow_consumer_timeout(conn)
     await wait_for(lambda: driver not in endpoint.connections and endpoint.limiter.total == 0)
     await wait_for(receiving.done)
     assert receiving.cancelled() and driver.receiving is None  # (LowLatASGI.serve knows its end by that)

@@ -695,6 +695,15 @@ async def test_decompression_bomb_is_refused_within_bounded_memory(plain, name):
 PHASE = 6.0  # seconds of measurement without, then with, the attacker
 TOKEN_DELAY = 0.01  # the well-behaved client's model yields a token every 10 ms
 PROBE_EVERY = 0.02  # and the client sends a Ping every 20 ms (the control budget allows 200/s)
+# How much of each abuse an attack must have done before its measurement ends: the attacked client goes on past PHASE
+# until the attacker's progress file shows these counts (at most ATTACK_WAIT more seconds), so an attacker slowed by a
+# loaded machine (it runs at nice 10) still does all of it while the client measures. Measured in ~6 s on a quiet
+# machine (2026-12-08): 71,000-80,000 flood requests, 420-1,470 garbage, 210-920 bomb and 330-750 churn connections;
+# in a CI run of the whole suite (2026-12-07) 1,040 and 1,600 flood requests, under the 2,000 asked, so it failed.
+ATTACK_MINIMUM = {"garbage,bombs,flood,churn": {"garbage_closed_1007": 5, "bombs_closed_1009": 5,
+                                               "flood_requests": 2000, "churn_connections": 5},
+                  "bursts": {"bursts_closed_1008": 2}}
+ATTACK_WAIT = 30.0
 # attacked p99 < factor x baseline p99 + slack: 5x + 50 ms on the asyncio servers, daphne's runner and uvicorn's
 # wsproto included. Their reads used to be the exceptions. autobahn parsed every frame of one 64 KiB TCP read in a
 # single reactor callback (a flood of tiny frames: ~5,000 frames, 100-700 ms measured) and every message then went
@@ -733,23 +742,30 @@ class Victim:
     streams: int = 0
 
 
-async def _well_behaved(url: str, seconds: float) -> Victim:
-    """Stream replies for `seconds`, and send a Ping every PROBE_EVERY meanwhile without waiting for its Pong.
+async def _well_behaved(url: str, seconds: float, enough: Callable[[], bool] = lambda: True) -> Victim:
+    """Stream replies for `seconds` and until `enough()` (at most ATTACK_WAIT more), and send a Ping every PROBE_EVERY
+    meanwhile without waiting for its Pong.
 
     A stall of the server shows in the gaps once (the model waits out the stall, then goes on), but in every Ping sent
     during it: a server that stops every connection for 300 ms delays ~30 Pings, from 300 ms down."""
     victim = Victim()
-    async with asyncio.timeout(seconds + 30), connect(url) as client:
+    async with asyncio.timeout(seconds + ATTACK_WAIT + 30), connect(url) as client:
         end = time.monotonic() + seconds
+        cap = end + ATTACK_WAIT
+
+        def measuring() -> bool:
+            now = time.monotonic()
+            return now < end or (now < cap and not enough())
+
         pings: list[asyncio.Task[float]] = []
 
         async def probe() -> None:
-            while time.monotonic() < end:
+            while measuring():
                 pings.append(asyncio.ensure_future(client.ping(timeout=seconds + 20)))
                 await asyncio.sleep(PROBE_EVERY)
 
         prober = asyncio.ensure_future(probe())
-        while time.monotonic() < end:
+        while measuring():
             stream = client.stream("victim", model="agen", params={"n": 50, "delay": TOKEN_DELAY})
             chunks, last = [], None
             async for chunk in stream:
@@ -779,7 +795,7 @@ async def _measured_attack(plain: Any, conformance_dir: Path, fw: str,
     name = f"{fw}-{kinds.replace(',', '-')}"
     stats_file = conformance_dir / f"attack-{name}.json"
     ready_file = conformance_dir / f"attack-{name}.ready"
-    duration = PHASE + 2.0
+    duration = PHASE + ATTACK_WAIT + 5.0  # the stop file ends it sooner: when the client has measured
     with open(conformance_dir / "logs" / f"attacker-{name}.log", "wb") as log:
         attacker = subprocess.Popen([sys.executable, __file__, "--attack", plain.url, str(duration), str(stats_file),
                                      str(ready_file)], cwd=REPO, env=server_env({"ATTACK_KINDS": kinds}), stdout=log,
@@ -791,9 +807,17 @@ async def _measured_attack(plain: Any, conformance_dir: Path, fw: str,
             assert time.monotonic() < deadline, "attacker not ready"
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # the attack is in full swing
-        attacked = await _well_behaved(plain.url, PHASE)
+
+        def enough() -> bool:  # the attacker's progress file: has every kind of abuse happened as often as asked?
+            try:
+                done = json.loads(stats_file.read_text())
+            except (OSError, ValueError):
+                return False
+            return all(done.get(key, 0) >= n for key, n in ATTACK_MINIMUM[kinds].items())
+
+        attacked = await _well_behaved(plain.url, PHASE, enough)
         Path(f"{ready_file}.stop").write_text("measured")  # the attack may stop now
-        code = await asyncio.to_thread(attacker.wait, duration + 30)
+        code = await asyncio.to_thread(attacker.wait, duration + ATTACK_WAIT + 30)
         assert code == 0, (conformance_dir / "logs" / f"attacker-{name}.log").read_text()
     finally:
         if attacker.poll() is None:
@@ -814,8 +838,11 @@ async def test_attacker_does_not_delay_a_well_behaved_client(plain, conformance_
             f"{statistics.median(attacked.gaps) * 1000:.1f} ms; Ping round trip p99 {p99(baseline.rtts) * 1000:.1f} / "
             f"{p99(attacked.rtts) * 1000:.1f} ms; attacker: {stats}")
     # the attack really ran: every kind of abuse happened, and was answered as documented
-    assert stats["garbage_closed_1007"] >= 5 and stats["bombs_closed_1009"] >= 5, stats
-    assert stats["flood_requests"] >= 2000 and stats["churn_connections"] >= 5, stats
+    minimum = ATTACK_MINIMUM["garbage,bombs,flood,churn"]
+    assert stats["garbage_closed_1007"] >= minimum["garbage_closed_1007"], stats
+    assert stats["bombs_closed_1009"] >= minimum["bombs_closed_1009"], stats
+    assert stats["flood_requests"] >= minimum["flood_requests"], stats
+    assert stats["churn_connections"] >= minimum["churn_connections"], stats
     assert stats["other_errors"] == 0, stats
     assert att_p99 < bound, f"attacked p99 {att_p99 * 1000:.1f} ms over the bound {bound * 1000:.1f} ms"
 
@@ -836,7 +863,8 @@ async def test_bursts_of_ten_thousand_pings_or_cancels_do_not_delay_a_well_behav
             f"during bursts ({len(attacked.gaps)} gaps, {attacked.streams} streams), bound {bound * 1000:.1f} ms; Ping "
             f"round trip p99 {base_rtt * 1000:.1f} vs {att_rtt * 1000:.1f} ms ({len(attacked.rtts)} Pings, max "
             f"{max(attacked.rtts) * 1000:.1f} ms), bound {rtt_bound * 1000:.1f} ms; attacker: {stats}")
-    assert stats["bursts_closed_1008"] >= 2 and stats["other_errors"] == 0, stats
+    assert stats["bursts_closed_1008"] >= ATTACK_MINIMUM["bursts"]["bursts_closed_1008"], stats
+    assert stats["other_errors"] == 0, stats
     assert att_p99 < bound, f"p99 during bursts {att_p99 * 1000:.1f} ms over the bound {bound * 1000:.1f} ms"
     assert att_rtt < rtt_bound, f"Ping round trip p99 {att_rtt * 1000:.1f} ms over the bound {rtt_bound * 1000:.1f} ms"
 
@@ -866,6 +894,13 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
 
     def running() -> bool:
         return time.monotonic() < end and not stop_file.exists()
+
+    async def report() -> None:  # the progress file the test reads to know when the attack has done enough
+        while running():
+            progress = Path(f"{stats_file}.tmp")
+            progress.write_text(json.dumps(stats))
+            progress.replace(stats_file)
+            await asyncio.sleep(0.1)
 
     async def until_closed(ws: Any) -> int | None:
         try:
@@ -962,8 +997,9 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
     kinds = os.environ.get("ATTACK_KINDS", "garbage,bombs,flood,churn").split(",")
     attackers = {"garbage": [garbage_sender] * 3, "bombs": [bomber] * 2, "flood": [flooder], "churn": [churner],
                  "bursts": [burster]}
-    await asyncio.gather(*(make() for kind in kinds for make in attackers[kind]))
-    Path(stats_file).write_text(json.dumps(stats))
+    await asyncio.gather(report(), *(make() for kind in kinds for make in attackers[kind]))
+    Path(f"{stats_file}.tmp").write_text(json.dumps(stats))
+    Path(f"{stats_file}.tmp").replace(stats_file)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--attack"]:

@@ -38,6 +38,10 @@ __all__ = ["CLIENT_RECEIVES", "SERVER_RECEIVES", "STREAM_MOVES", "ConnState", "S
 class ConnState(enum.Enum):
     """Where a connection is in its life."""
 
+    # Members are singletons: hashed by identity, in C. (Enum's own __hash__ hashes the name in Python, and the
+    # tables below are looked up by state for every message.)
+    __hash__ = object.__hash__
+
     AWAIT_HELLO = "await_hello"
     """Server: the WebSocket is accepted, no Hello yet (only the handshake timeout runs)."""
     ADMITTING = "admitting"
@@ -76,6 +80,8 @@ def handlers(cls: type, table: dict[ConnState, dict[type, str]]) -> dict[ConnSta
 
 class StreamPhase(enum.Enum):
     """Where a stream is in its life (one session's bookkeeping of it; sans-IO, no clock)."""
+
+    __hash__ = object.__hash__  # (as ConnState's: STREAM_MOVES is looked up by phase twice a stream)
 
     RUNNING = "running"
     """Its model produces: output is recorded, Inputs and a Cancel are accepted."""

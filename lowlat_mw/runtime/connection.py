@@ -387,35 +387,43 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
             self._end_handshake()
 
     # ------------------------------------------------------------------ from the models
-    async def chunk(self, sid: int, chunk: Any, timer: StreamTimer | None) -> None:
-        """The model of stream `sid` produced `chunk`: frame it, record it for resume, write it.
+    def chunk(self, sid: int, chunk: Any, timer: StreamTimer | None) -> Awaitable[None] | None:
+        """The model of stream `sid` produced `chunk`: frame it, record it for resume, hand it to the writer; the
+        write to await if the writer could not take it at once (else None: no coroutine per Delta).
 
         Timed (`timer`): a sampled Delta (a stream's first two, then two in `timer.every`) reads the clock
         where the chunk arrived, where its frames were built and where they were handed over
         (StreamTimer.tick); the others only count down to the next sample."""
         proto = self.protocol
-        produced: float | None = None
         if timer is not None:
             left = timer.left - 1
             if left:
                 timer.left = left
             else:  # sampled
-                clock = self.clock
-                produced = clock()
-                compressor = proto.compressor
-                spent = compressor.spent if compressor is not None else 0.0
+                return self._sampled(proto, sid, chunk, timer)
         frames = proto.send_chunk(sid, chunk, self.monotonic())
-        if produced is not None:
-            encoded = clock()
+        return self.writer.take(frames) if frames else None
+
+    def _sampled(self, proto: ServerProtocol, sid: int, chunk: Any, timer: StreamTimer) -> Awaitable[None] | None:
+        """:meth:`chunk` of a sampled Delta: timed where it arrived, where its frames were built, where they left."""
+        clock = self.clock
+        produced = clock()
+        compressor = proto.compressor
+        spent = compressor.spent if compressor is not None else 0.0
+        frames = proto.send_chunk(sid, chunk, self.monotonic())
+        encoded = clock()
+        write = self.writer.take(frames) if frames else None
+        if write is None:
+            timer.tick(produced, encoded, clock(), compressor.spent - spent if compressor is not None else 0.0)
+            return None
+        return self._timed_write(write, timer, produced, encoded, compressor, spent)
+
+    async def _timed_write(self, write: Awaitable[None], timer: StreamTimer, produced: float, encoded: float,
+                           compressor: Any, spent: float) -> None:
         try:
-            if frames:  # (taken at once where the writer can: no coroutine per Delta)
-                write = self.writer.take(frames)
-                if write is not None:
-                    await write
+            await write
         finally:  # recorded, so it counts as sent even if a cancel lands while the socket write is finishing
-            if produced is not None:
-                timer.tick(produced, encoded, clock(),  # type: ignore[union-attr]
-                           compressor.spent - spent if compressor is not None else 0.0)
+            timer.tick(produced, encoded, self.clock(), compressor.spent - spent if compressor is not None else 0.0)
 
     async def end_stream(self, sid: int, ending: tuple[Any, ...], timings_ms: dict[str, float] | None, span: Any,
                          timer: StreamTimer | None) -> None:
@@ -433,7 +441,9 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
             st = proto.session.streams.get(sid) if proto.session is not None else None
             tracing.end_stream(span, st.terminal if st is not None else None, timer)
         if actions:
-            await self._act(actions)
+            rest = self._carry_out(actions)
+            if rest is not None:
+                await rest
         if proto.deadline_moved:
             self.reschedule()
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..protocol.session import StreamState
     from ..settings import Settings
 
-__all__ = ["TOO_BIG", "cached_reply", "each", "keep_reply", "merged_deltas", "model_chunks", "recorded"]
+__all__ = ["TOO_BIG", "cached_reply", "each", "keep_chunk", "keep_reply", "merged_deltas", "model_chunks", "recorded"]
 
 TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
 
@@ -91,19 +91,25 @@ def _kept(chunk: Any) -> Any:
     return bytes(chunk) if isinstance(chunk, bytearray | memoryview) else chunk
 
 
+def keep_chunk(chunk: Any, kept: list[Any], limit: int, size: int = 0) -> int:
+    """Put `chunk` in `kept` (copied if mutable), a reply for the result cache that holds `size` bytes so far,
+    recorded up to about `limit` bytes (past it, `kept` holds only TOO_BIG); returns its size now."""
+    if size <= limit:
+        sized = isinstance(chunk, str | bytes | bytearray | memoryview)
+        size += len(chunk) + CHUNK_OVERHEAD if sized else limit + 1
+        if size <= limit:
+            kept.append(_kept(chunk))
+        else:
+            kept[:] = [TOO_BIG]
+    return size
+
+
 async def recorded(agen: Any, kept: list[Any], limit: int) -> AsyncIterator[Any]:
-    """`agen`'s chunks, each also put in `kept` (copied if mutable): a reply for the result cache, recorded up to
-    about `limit` bytes (past it, `kept` holds only TOO_BIG). Closed, it closes `agen` at once."""
+    """`agen`'s chunks, each also put in `kept` (:func:`keep_chunk`). Closed, it closes `agen` at once."""
     size = 0
     try:
         async for chunk in agen:
-            if size <= limit:
-                sized = isinstance(chunk, str | bytes | bytearray | memoryview)
-                size += len(chunk) + CHUNK_OVERHEAD if sized else limit + 1
-                if size <= limit:
-                    kept.append(_kept(chunk))
-                else:
-                    kept[:] = [TOO_BIG]
+            size = keep_chunk(chunk, kept, limit, size)
             yield chunk
     finally:
         await agen.aclose()

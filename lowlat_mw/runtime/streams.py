@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 from .._fast import maker
@@ -28,7 +28,7 @@ from ..protocol.session import Session
 from . import eager, push, stalls
 from .finish import CANCELLED, INTERRUPTED, STOP, cancelled_by_client, failed, finish, send_end, stopped
 from .shared import process_id, shared_sessions
-from .sources import cached_reply, each, keep_reply, merged_deltas, model_chunks, recorded
+from .sources import cached_reply, each, keep_chunk, keep_reply, merged_deltas, model_chunks, recorded
 
 if TYPE_CHECKING:
     from .connection import ConnectionDriver
@@ -221,7 +221,7 @@ class ModelRunner:
         ends: list[ev.End | ev.Error] = []
         ending: tuple[Any, ...] = CANCELLED
         try:
-            await self._emit(sid, _relayed(source, ends), None, False)
+            await self._emit_each(sid, _relayed(source, ends), None, False)
             if ends:
                 ending = (ends[0],)
         except asyncio.CancelledError:  # a Cancel from the client: the other process stops its model too
@@ -238,7 +238,9 @@ class ModelRunner:
         finally:
             await source.aclose()  # type: ignore[attr-defined]
             self.tasks.pop(sid, None)
-        await send_end(self, sid, ending, None, None, None)
+        sent = send_end(self, sid, ending, None, None, None)
+        if sent is not None:
+            await sent
 
     def deliver(self, inp: ev.Input) -> str | None:
         """(v1.3) Hand the client's Input to its stream's model; why not, if it cannot take it."""
@@ -336,7 +338,7 @@ class ModelRunner:
             if cached is not None:  # the reply kept for this request, at once: the model does not run
                 if timer is not None:
                     timer.model_running()
-                await self._emit(sid, each(cached), timer, False)
+                await self._emit_each(sid, each(cached), timer, False)
                 return STOP
             kept = []
         mreq = self._model_request(req)
@@ -346,14 +348,18 @@ class ModelRunner:
             await warm_up(fn, mreq, self.endpoint.executor)
             return ("warmup",)
         source = await model_chunks(fn, mreq, kind, timer, self.settings, self.endpoint.executor)
-        whole = isinstance(source, WHOLE_REPLY)  # (one chunk: nothing to merge; see _emit for `fair`)
-        chunks = each((source,)) if whole else source
-        if kept is not None:
-            chunks = recorded(chunks, kept, cache.max_entry)  # type: ignore[union-attr]
-        merge = self.settings.merge_deltas and not whole
-        if merge:
-            chunks = merged_deltas(chunks, timer, self.settings)
-        await self._emit(sid, chunks, timer, not whole and not merge)
+        if isinstance(source, WHOLE_REPLY):  # one chunk: the one emit, without an iterator (nothing to merge)
+            if kept is not None:
+                keep_chunk(source, kept, cache.max_entry)  # type: ignore[union-attr]
+            wait = self._emit(sid, source, timer)
+            if wait is not None:
+                await wait
+        else:
+            chunks = source if kept is None else recorded(source, kept, cache.max_entry)  # type: ignore[union-attr]
+            merge = self.settings.merge_deltas
+            if merge:
+                chunks = merged_deltas(chunks, timer, self.settings)
+            await self._emit_each(sid, chunks, timer, not merge)  # (see _emit_each for `fair`)
         if asyncio.current_task(self.loop).cancelling():  # type: ignore[union-attr]
             return stopped(self.session, sid, fn, None, False)  # (the model caught its cancellation and returned)
         if kept is not None:
@@ -382,30 +388,38 @@ class ModelRunner:
         inputs.loop = self.loop
         return mreq
 
-    async def _emit(self, sid: int, chunks: AsyncIterator[Any], timer: StreamTimer | None, fair: bool) -> None:
-        """Every chunk of stream `sid` out, the one way a chunk leaves the runner: through the attached connection
-        (ConnectionDriver.chunk), else into the session for the resume; the shared store told; the model paused
-        while the flow-control window (or, detached, the replay buffer) is full. It closes `chunks`, however it
-        ends. (The loop is here, not in the caller: no call per token on the hottest path.)
+    def _emit(self, sid: int, chunk: Any, timer: StreamTimer | None) -> Awaitable[None] | None:
+        """One chunk of stream `sid` out, the one way a chunk leaves the runner: through the attached connection
+        (ConnectionDriver.chunk), else into the session for the resume; the shared store told. What comes back is
+        what to await before the model's next step (None: nothing): the write the connection could not take at once,
+        then the pause while the flow-control window (or, detached, the replay buffer) is full."""
+        driver = self.driver
+        if driver is not None:
+            write = driver.chunk(sid, chunk, timer)
+        else:
+            write = self._keep(sid, chunk, timer)
+        if self.shared is not None:
+            self.shared.touch(self.session)
+        session = self.session
+        if session.buffered >= session.pause_at:  # (Session.blocked)
+            return self._paused(timer) if write is None else self._written_then_paused(write, timer)
+        return write
+
+    async def _emit_each(self, sid: int, chunks: AsyncIterator[Any], timer: StreamTimer | None, fair: bool) -> None:
+        """Every chunk of `chunks` through the one emit (:meth:`_emit`), each awaited as it says; it closes `chunks`,
+        however it ends. (The loop is here, not in the caller: no call per token on the hottest path.)
 
         `fair` (a model iterated chunk by chunk; docs/architecture.md, "Fair scheduling"): once the first Delta is
         out, if the driver says another stream's went out in this loop turn too (a burst of Requests), the model's
         next step waits for the next turn, after the other Requests read in this one."""
-        session = self.session
-        shared = self.shared
         try:
             async for chunk in chunks:
-                driver = self.driver
-                if driver is not None:
-                    await driver.chunk(sid, chunk, timer)
-                else:
-                    self._keep(sid, chunk, timer)
-                if shared is not None:
-                    shared.touch(session)
-                if session.buffered >= session.pause_at:  # (Session.blocked)
-                    await self._paused(timer)
+                wait = self._emit(sid, chunk, timer)
+                if wait is not None:
+                    await wait
                 if fair:
                     fair = False
+                    driver = self.driver
                     if driver is not None and driver.writer.first_delta():
                         await asyncio.sleep(0)
         finally:
@@ -418,6 +432,10 @@ class ModelRunner:
         if timer is not None:
             now = self.clock()
             timer.tick(produced, now, now)
+
+    async def _written_then_paused(self, write: Awaitable[None], timer: StreamTimer | None) -> None:
+        await write
+        await self._paused(timer)
 
     async def _paused(self, timer: StreamTimer | None) -> None:
         """The flow-control window (or, detached, the replay buffer) is full: wait until it opens."""

@@ -43,18 +43,53 @@ def maker(cls: type, *given: str) -> Callable[..., Any]:
 def _make(cls: type, n: int, setters: tuple[Callable[[Any, Any], None], ...], constants: tuple[Any, ...],
           made: tuple[tuple[Callable[[Any, Any], None], Callable[[], Any]], ...]) -> Callable[..., Any]:
     """The constructor: a new object of `cls`, its `n` given values and then `constants` stored through `setters`
-    in turn, and a new object of each default factory in `made`."""
+    in turn, and a new object of each default factory in `made`. The given values of the arities the hot paths use
+    (4: a Request the fast decoder reads; 7: a stream's ModelRequest) are stored one statement each: a loop over
+    them cost about 0.6 µs a call more."""
     new = object.__new__
+    fixed = tuple(zip(setters[n:], constants, strict=True))
+    name = f"make_{cls.__name__}"
 
-    def make(*values: Any) -> Any:
-        if len(values) != n:
-            raise TypeError(f"make_{cls.__name__}() takes {n} positional arguments but {len(values)} were given")
-        obj = new(cls)
-        for put, value in zip(setters, values + constants, strict=False):  # (lengths checked above)
+    def rest(obj: Any) -> Any:
+        for put, value in fixed:
             put(obj, value)
         for put, factory in made:
             put(obj, factory())
         return obj
 
-    make.__qualname__ = make.__name__ = f"make_{cls.__name__}"
+    if n == 4:
+        s0, s1, s2, s3 = setters[:4]
+
+        def make(a: Any, b: Any, c: Any, d: Any) -> Any:
+            obj = new(cls)
+            s0(obj, a)
+            s1(obj, b)
+            s2(obj, c)
+            s3(obj, d)
+            return rest(obj)
+    elif n == 7:
+        s0, s1, s2, s3, s4, s5, s6 = setters[:7]
+
+        def make(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any, g: Any) -> Any:  # type: ignore[misc]
+            obj = new(cls)
+            s0(obj, a)
+            s1(obj, b)
+            s2(obj, c)
+            s3(obj, d)
+            s4(obj, e)
+            s5(obj, f)
+            s6(obj, g)
+            return rest(obj)
+    else:
+        given = setters[:n]
+
+        def make(*values: Any) -> Any:  # type: ignore[misc]
+            if len(values) != n:
+                raise TypeError(f"{name}() takes {n} positional arguments but {len(values)} were given")
+            obj = new(cls)
+            for put, value in zip(given, values, strict=True):
+                put(obj, value)
+            return rest(obj)
+
+    make.__qualname__ = make.__name__ = name
     return make

@@ -530,7 +530,8 @@ def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and
     info = SessionInfo(session_id="s", client=("127.0.0.1", 1))
     cases = [(ev.Request, ("stream_id", "model", "text", "params"), (7, "m", "hi", {"a": 1})),
              (ModelRequest, ("stream_id", "model", "text", "data", "messages", "params", "session"),
-              (3, "", None, b"x", None, {"b": 2}, info))]
+              (3, "", None, b"x", None, {"b": 2}, info)),
+             (ev.Ack, ("stream_id", "seq"), (4, 2))]  # (an arity the hot paths do not use: the generic loop)
     for cls, names, values in cases:
         make = maker(cls, *names)
         made, built = make(*values), cls(**dict(zip(names, values, strict=True)))
@@ -542,6 +543,8 @@ def test_a_maker_builds_what_init_builds_field_for_field_with_fresh_defaults_and
         assert made == built
         with pytest.raises(dataclasses.FrozenInstanceError):
             made.stream_id = 9  # type: ignore[misc]
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 3"):
+        maker(ev.Ack, "stream_id", "seq")(1, 2, 3)
     with pytest.raises(TypeError, match="no field"):
         maker(ev.Request, "stream_id", "prompt")
     with pytest.raises(TypeError, match="no default"):

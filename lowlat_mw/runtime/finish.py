@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ErrorCode
@@ -103,24 +104,25 @@ async def finish(runner: ModelRunner, req: ev.Request, fn: Any, label: str, endi
                                     timer if not req.warmup else None)
     if not runner.settings.stage_timings:
         timings = None
-    await send_end(runner, sid, ending, timings, span, timer)
+    sent = send_end(runner, sid, ending, timings, span, timer)
+    if sent is not None:
+        await sent
     if runner.shared is not None and not runner.destroyed:
         runner.shared.touch(runner.session)
 
 
-async def send_end(runner: ModelRunner, sid: int, ending: tuple[Any, ...], timings: dict[str, float] | None,
-                   span: Any, timer: StreamTimer | None) -> None:
+def send_end(runner: ModelRunner, sid: int, ending: tuple[Any, ...], timings: dict[str, float] | None,
+             span: Any, timer: StreamTimer | None) -> Awaitable[None] | None:
     """Stream `sid`'s End or Error (`ending`; or a relayed stream's own, alone) recorded, its span ended, and
-    sent: through the attached connection, else kept in the session for the resume. Once the session is
-    destroyed only the span ends."""
+    sent: through the attached connection (the send to await comes back), else kept in the session for the resume
+    (None). Once the session is destroyed only the span ends."""
     if runner.destroyed:
         if span is not None:
             tracing.end_stream(span, None, timer)
-        return
+        return None
     driver = runner.driver
     if driver is not None:
-        await driver.end_stream(sid, ending, timings, span, timer)
-        return
+        return driver.end_stream(sid, ending, timings, span, timer)
     now = runner.monotonic()
     if len(ending) > 1:
         terminal = runner.session.finish(sid, now, error=error_of(sid, ending))
@@ -130,3 +132,4 @@ async def send_end(runner: ModelRunner, sid: int, ending: tuple[Any, ...], timin
         terminal = runner.session.finish(sid, now, reason=ending[0], timings_ms=timings)
     if span is not None:
         tracing.end_stream(span, terminal, timer)
+    return None

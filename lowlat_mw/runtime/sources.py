@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ..protocol.session import StreamState
     from ..settings import Settings
 
-__all__ = ["TOO_BIG", "cached_reply", "each", "keep_chunk", "keep_reply", "merged_deltas", "model_chunks", "recorded"]
+__all__ = ["TOO_BIG", "cached_reply", "each", "keep_chunk", "keep_reply", "merged_deltas", "model_chunks", "recorded",
+           "reply_chunks"]
 
 TOO_BIG = object()  # (in a recorded reply: it grew past what the cache keeps, so it is not kept)
 
@@ -54,29 +55,30 @@ def keep_reply(cache: ResultCache, shared: Any, st: StreamState | None, key: byt
         shared.cache_put(key, merged(chunks))
 
 
-async def model_chunks(fn: Any, mreq: ModelRequest, kind: str, timer: StreamTimer | None, settings: Settings,
-                       executor: Any) -> Any:
-    """The model's source: its chunks as an async iterator, or its whole reply (one chunk: WHOLE_REPLY) when an
-    awaited call returned one. A micro-batched model (batch.is_batched) answers from its batch; an async
-    generator is iterated as it is and an async function awaited here (no wrapper generator per chunk: see
-    stream_model); anything else, and an async function whose output is merged, goes through stream_model.
+def model_chunks(fn: Any, mreq: ModelRequest, kind: str, timer: StreamTimer | None, settings: Settings,
+                 executor: Any) -> Any:
+    """The model's source: its chunks as an async iterator, or the call to await for its reply (then
+    :func:`reply_chunks`). A micro-batched model (batch.is_batched) answers from its batch; an async generator is
+    iterated as it is and an async function awaited by the caller (no wrapper generator per chunk, no coroutine in
+    between: see stream_model); anything else, and an async function whose output is merged, goes through
+    stream_model.
 
     Where the model's code starts, the timer's queue wait ends (StreamTimer.model_running; a batch's wait counts
     as the model's time)."""
     if getattr(fn, "batch", False):
         if timer is not None:
             timer.model_running()
-        result = await batcher_for(fn, executor, settings.max_batch_size, settings.max_batch_wait).reply(mreq)
-    elif kind == "asyncgen":
+        return batcher_for(fn, executor, settings.max_batch_size, settings.max_batch_wait).reply(mreq)
+    if kind == "asyncgen" or (kind == "async" and not settings.merge_deltas):
         if timer is not None:
             timer.model_running()
         return fn(mreq)
-    elif kind == "async" and not settings.merge_deltas:
-        if timer is not None:
-            timer.model_running()
-        result = await fn(mreq)
-    else:
-        return stream_model(fn, mreq, executor, timer.model_running if timer is not None else None, kind)
+    return stream_model(fn, mreq, executor, timer.model_running if timer is not None else None, kind)
+
+
+def reply_chunks(result: Any, executor: Any, fn: Any) -> Any:
+    """An awaited model's reply as a source: the whole reply itself (one chunk: WHOLE_REPLY), or its chunks (a
+    list, a generator... returned) as an async iterator."""
     return result if isinstance(result, WHOLE_REPLY) else chunks_of(result, executor, None, fn)
 
 

@@ -28,7 +28,7 @@ from ..protocol.session import Session
 from . import eager, push, stalls
 from .finish import CANCELLED, INTERRUPTED, STOP, cancelled_by_client, failed, finish, send_end, stopped
 from .shared import process_id, shared_sessions
-from .sources import cached_reply, each, keep_chunk, keep_reply, merged_deltas, model_chunks, recorded
+from .sources import cached_reply, each, keep_chunk, keep_reply, merged_deltas, model_chunks, recorded, reply_chunks
 
 if TYPE_CHECKING:
     from .connection import ConnectionDriver
@@ -347,7 +347,9 @@ class ModelRunner:
                 timer.model_running()
             await warm_up(fn, mreq, self.endpoint.executor)
             return ("warmup",)
-        source = await model_chunks(fn, mreq, kind, timer, self.settings, self.endpoint.executor)
+        source = model_chunks(fn, mreq, kind, timer, self.settings, self.endpoint.executor)
+        if not hasattr(source, "__aiter__"):  # a call to await: the model's reply
+            source = reply_chunks(await source, self.endpoint.executor, fn)
         if isinstance(source, WHOLE_REPLY):  # one chunk: the one emit, without an iterator (nothing to merge)
             if kept is not None:
                 keep_chunk(source, kept, cache.max_entry)  # type: ignore[union-attr]

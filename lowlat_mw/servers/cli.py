@@ -52,9 +52,10 @@ def _parse_set(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def build_app(model: Any = None, **options: Any) -> Any:
+def build_app(model: Any = None, dialects: Any = None, **options: Any) -> Any:
     """The ASGI app ``serve`` runs: `model` (default: the demo model) with `options` as settings, on a
-    home page. No web framework: :class:`~lowlat_mw.runtime.asgi.LowLatASGI` over a one-page ASGI app.
+    home page. No web framework: :class:`~lowlat_mw.runtime.asgi.LowLatASGI` over a one-page ASGI app
+    (`dialects`: its other wire protocols, path -> Dialect).
 
     With ``client_path`` set, ``/`` is the browser demo page (lowlat_mw/static/demo.html);
     otherwise a short text page. Other paths are 404.
@@ -91,7 +92,7 @@ def build_app(model: Any = None, **options: Any) -> Any:
                                                  ("content-length", str(len(text_page)))), text_page)
         await static.send_asgi(answer, send)
 
-    return LowLatASGI(model or demo_model, app=home, settings=settings)
+    return LowLatASGI(model or demo_model, app=home, settings=settings, dialects=dialects)
 
 
 class StatsPrinter:

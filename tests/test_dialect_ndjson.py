@@ -230,6 +230,18 @@ def test_lowlat_v1_and_the_dialect_share_a_path_told_apart_by_subprotocol(uvicor
     asyncio.run(main())
 
 
+def test_the_starlette_middleware_routes_dialects_with_no_change_of_its_own(uvicorn_server: Any,
+                                                                          starlette_app: Any) -> None:
+    srv = uvicorn_server(starlette_app(models(Probe()), dialects={"/ndjson": NDJSON}, metrics=False), path="/ndjson")
+
+    async def main() -> None:
+        async with connect(srv.url) as ws:
+            await ws.send(request("tokens", "starlette"))
+            assert await until_done(ws) == [{"delta": "starlette "}, {"done": True, "reason": "stop"}]
+
+    asyncio.run(main())
+
+
 # ================================================================================ the machine alone (sans-IO)
 def machine(**settings: Any) -> NdjsonMachine:
     return NdjsonMachine(Settings(**settings), subprotocol=None, now=0.0, session_id="s", secret="t")

@@ -67,7 +67,12 @@ def models(probe: Probe) -> dict[str, Any]:
         yield "x"
         raise ValueError("no")
 
-    return {"tokens": tokens, "whole": whole, "slow": slow, "boom": boom}
+    async def paced(req: Any) -> AsyncIterator[str]:
+        for i in range(8):
+            await asyncio.sleep(0.1)
+            yield str(i)
+
+    return {"tokens": tokens, "whole": whole, "slow": slow, "boom": boom, "paced": paced}
 
 
 @dataclass
@@ -208,6 +213,33 @@ def test_metrics_count_its_connections_streams_and_errors(served: Served) -> Non
     writes = "direct" if served.server == "lowlat-uvicorn" else "send"  # (the corked writer frames the dialect's too)
     assert served.sample("lowlat_connections_opened_total", subprotocol="ndjson", writes=writes) == 1
     assert served.sample("lowlat_frames_received_total", subprotocol="ndjson") == 4
+
+
+def test_a_server_shutting_down_drains_a_dialects_connections(uvicorn_server: Any) -> None:
+    # lowlat-mw's uvicorn protocols drain on shutdown: the running stream finishes, a new one is refused, then 4002.
+    srv = uvicorn_server(LowLatASGI(models(Probe()), dialects={"/ndjson": NDJSON}, metrics=False), path="/ndjson",
+                         **SERVERS["lowlat-uvicorn"])
+
+    async def main() -> None:
+        async with connect(srv.url) as ws:
+            await ws.send(request("paced"))
+            assert json.loads(await ws.recv()) == {"delta": "0"}
+            stopping = asyncio.ensure_future(asyncio.to_thread(srv.stop))
+            lines: list[dict[str, Any]] = []
+            while True:  # until the drain began: then a new stream is refused as such
+                await ws.send(request("whole", "late"))
+                while "error" not in (line := json.loads(await ws.recv())):
+                    lines.append(line)
+                if line["error"]["code"] == "draining":
+                    break
+                await asyncio.sleep(0.02)
+            lines += await until_done(ws)
+            assert [line["delta"] for line in lines if "delta" in line] == [str(i) for i in range(1, 8)]
+            assert lines[-1] == {"done": True, "reason": "stop"}
+            assert await closed_with(ws) == CloseCode.DRAINING
+            await stopping
+
+    asyncio.run(main())
 
 
 def test_lowlat_v1_and_the_dialect_share_a_path_told_apart_by_subprotocol(uvicorn_server: Any) -> None:

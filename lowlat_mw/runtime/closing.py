@@ -159,7 +159,8 @@ class Closing:
         deadline = self.monotonic() + (self.settings.drain_grace if grace is None else grace)
         runner = self.runner
         shared = runner.shared if runner is not None else None
-        if runner is not None and shared is not None and not shared.down and runner.models_running():
+        if runner is not None and shared is not None and not shared.down and runner.models_running() \
+                and self.protocol.resumable:
             # Shared sessions: the client moves to another process now and resumes there, which relays these
             # streams from the shared store while they go on here, detached, until they end or the grace is over.
             await self.close(CloseCode.DRAINING, "server shutting down")

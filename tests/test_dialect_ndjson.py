@@ -133,14 +133,20 @@ def test_an_async_generator_model_streams_one_line_per_chunk(served: Served) -> 
     asyncio.run(main())
 
 
-def test_a_whole_reply_model_is_one_delta_then_done(served: Served) -> None:
+def test_a_whole_reply_model_is_one_delta_then_done(served: Served, caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         async with connect(served.url, subprotocols=["ndjson"]) as ws:  # (offered: answered with it)
             assert ws.subprotocol == "ndjson"
             await ws.send(request("whole", "shout"))
             assert await until_done(ws) == [{"delta": "SHOUT"}, {"done": True, "reason": "stop"}]
+        async with connect(served.url) as ws:  # (none offered: logged by its frames' label)
+            await ws.send(request("whole", "again"))
+            await until_done(ws)
 
-    asyncio.run(main())
+    with caplog.at_level("INFO", logger="lowlat_mw"):
+        asyncio.run(main())
+    opened = [r.getMessage().partition("open: ")[2] for r in caplog.records if " open: " in r.getMessage()]
+    assert opened == ["ndjson, compression none", "ndjson, compression none"]
 
 
 def test_cancel_stops_the_model_and_the_stream_ends_cancelled(served: Served) -> None:

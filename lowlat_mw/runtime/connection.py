@@ -382,7 +382,7 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
         push.HUB.sessions[proto.session_id] = self
         if proto.principal is not None or proto.session.groups:  # type: ignore[union-attr]
             self._reachable()
-        log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or "json",
+        log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or proto.stats.label,
                  ",".join(proto.compression) or "none", " (resumed)" if proto.resumed else "",
                  extra={"session_id": proto.session_id, "subprotocol": proto.subprotocol,
                         "client": self.info.client, "resumed": proto.resumed})

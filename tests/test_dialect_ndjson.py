@@ -280,6 +280,28 @@ def test_the_starlette_middleware_routes_dialects_with_no_change_of_its_own(uvic
     asyncio.run(main())
 
 
+def test_a_websocket_route_of_the_apps_own_serves_a_dialect(uvicorn_server: Any) -> None:
+    # FastAPI/Starlette's route form: the app routes, the endpoint serves the socket in the dialect it is told.
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    from lowlat_mw.adapters.starlette import LowLatEndpoint
+
+    lowlat = LowLatEndpoint(model=models(Probe()), metrics=False)
+
+    async def ndjson_route(websocket: Any) -> None:
+        await lowlat.serve_websocket(websocket, dialect=NDJSON)
+
+    srv = uvicorn_server(Starlette(routes=[WebSocketRoute("/chat", ndjson_route)]), path="/chat")
+
+    async def main() -> None:
+        async with connect(srv.url) as ws:
+            await ws.send(request("whole", "routed"))
+            assert await until_done(ws) == [{"delta": "ROUTED"}, {"done": True, "reason": "stop"}]
+
+    asyncio.run(main())
+
+
 # ================================================================================ the machine alone (sans-IO)
 def machine(**settings: Any) -> NdjsonMachine:
     return NdjsonMachine(Settings(**settings), subprotocol=None, now=0.0, session_id="s", secret="t")

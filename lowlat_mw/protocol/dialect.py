@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from ..errors import CloseCode, ErrorCode
 from ..settings import SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, Settings
 from . import events as ev
-from .base import CloseConnection, FrameStats
+from .base import CloseConnection, FrameStats, SendFrame
 from .heartbeat import Heartbeat, HeartbeatFrames, MadePing
 from .selector import CompressionSelector
 from .server import ServerProtocol, negotiate_subprotocol
@@ -132,7 +132,7 @@ class ServerMachine(Protocol):
         """The server put the session in push group `group` (``lowlat_mw.join``): Membership actions (default: none)."""
         return []
 
-    def push(self, topic: str, body: str | bytes) -> Any:
+    def push(self, topic: str, body: str | bytes) -> SendFrame | None:
         """A push to the session: its SendFrame, or None to skip it (default: the dialect has no push)."""
         return None
 

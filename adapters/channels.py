@@ -26,6 +26,7 @@ from lowlat_mw import static_files as static
 from lowlat_mw.endpoint import Endpoint, settings_from_config
 from lowlat_mw.errors import app_close_code
 from lowlat_mw.model import Models, ModelSpec
+from lowlat_mw.protocol.dialect import Dialect
 from lowlat_mw.runtime.asgi import accept
 from lowlat_mw.runtime.connection import ConnectionDriver
 from lowlat_mw.runtime.shared import open_endpoint
@@ -49,8 +50,9 @@ setting_changed.connect(_on_setting_changed)
 class _App:
     """What one ``as_asgi()`` call serves: its Endpoint, re-configured when ``settings.LOWLAT_MW`` changes."""
 
-    def __init__(self, models: Models, options: dict[str, Any]) -> None:
+    def __init__(self, models: Models, options: dict[str, Any], dialect: Dialect | None = None) -> None:
         registry = options.pop("registry", None)
+        self.dialects = (dialect,) if dialect is not None else ()  # (none: lowlat.v1)
         self.options = options
         self.generation = _generation[0]
         self.endpoint = open_endpoint(models, self._settings(), registry=registry)
@@ -78,8 +80,9 @@ class LowLatConsumer(AsyncConsumer):
 
     @classmethod
     def as_asgi(cls, **initkwargs: Any) -> Any:  # type: ignore[override]
-        """An ASGI app making one consumer per connection; every kwarg but ``model`` and ``registry``
-        (a prometheus_client CollectorRegistry, default the global one) is a setting.
+        """An ASGI app making one consumer per connection; every kwarg but ``model``, ``registry``
+        (a prometheus_client CollectorRegistry, default the global one) and ``dialect`` (the wire protocol its
+        connections speak, default lowlat.v1: docs/architecture.md, "Adding a dialect") is a setting.
 
         The settings are validated here, when the routing is imported, so a wrong key in
         ``settings.LOWLAT_MW`` or in the kwargs stops the server at startup with its name.
@@ -87,7 +90,8 @@ class LowLatConsumer(AsyncConsumer):
         model = initkwargs.pop("model", cls.model)
         if model is None:
             raise TypeError("LowLatConsumer.as_asgi() needs model=<callable or 'module.callable'>")
-        return super().as_asgi(app=_App(Models(model), initkwargs))
+        dialect = initkwargs.pop("dialect", None)
+        return super().as_asgi(app=_App(Models(model), initkwargs, dialect))
 
     @property
     def endpoint(self) -> Endpoint:
@@ -96,7 +100,7 @@ class LowLatConsumer(AsyncConsumer):
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
         """Admission (HTTP 403; or accept, then the refusal's close code; or accept and start the connection)."""
-        self.driver = await accept(self.app.current(), self.scope, self._send)
+        self.driver = await accept(self.app.current(), self.scope, self._send, self.app.dialects)
         if self.driver is None:
             raise StopConsumer
 

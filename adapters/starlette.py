@@ -27,6 +27,7 @@ from starlette.types import ASGIApp
 from starlette.websockets import WebSocket
 
 from lowlat_mw.model import ModelSpec
+from lowlat_mw.protocol.dialect import Dialect
 from lowlat_mw.runtime.asgi import LowLatASGI
 from lowlat_mw.settings import Settings
 
@@ -55,13 +56,14 @@ class LowLatEndpoint(LowLatASGI):
                  **options: Any) -> None:
         super().__init__(model, settings=settings, registry=registry, **options)
 
-    async def serve_websocket(self, websocket: WebSocket, *, user: Any = None) -> None:
+    async def serve_websocket(self, websocket: WebSocket, *, user: Any = None, dialect: Dialect | None = None) -> None:
         """Serve `websocket` (not accepted yet) until it closes; `user` (e.g. what a dependency returned) is what
         models see as ``req.session.user`` and the ``authenticate`` hook as ``handshake.user`` (default: the
-        scope's ``user``, set by Starlette's AuthenticationMiddleware)."""
+        scope's ``user``, set by Starlette's AuthenticationMiddleware); `dialect`: the wire protocol it speaks
+        (default: lowlat.v1; docs/architecture.md, "Adding a dialect")."""
         if user is not None:
             websocket.scope["user"] = user
-        await self.serve(websocket.scope, websocket.receive, websocket.send)
+        await self.serve(websocket.scope, websocket.receive, websocket.send, (dialect,) if dialect else ())
 
 
 def lowlat_route(

@@ -34,6 +34,7 @@ from .errors import CloseCode, SettingsError
 from .model import Models, ModelSpec, shared_executor
 from .observability.logs import CLIENT_LOGS
 from .observability.metrics import Metrics
+from .protocol.dialect import Dialect
 from .protocol.limits import ConnectionLimiter
 from .protocol.server import negotiate_subprotocol
 from .protocol.session import MemorySessionStore, SessionStore
@@ -155,8 +156,9 @@ class Endpoint:
 
     # ------------------------------------------------------------------ admission
     def admit(self, subprotocols: Sequence[str], origin: str | None, host: str | None,
-              client: str | None) -> Accept | Refuse:
-        """Whether a WebSocket handshake may become a connection, and the answer to give.
+              client: str | None, dialect: Dialect | None = None) -> Accept | Refuse:
+        """Whether a WebSocket handshake may become a connection, and the answer to give (`dialect`: the wire
+        protocol the connection is routed to, which picks the subprotocol; None: lowlat.v1).
 
         Refused with HTTP 403 when no offered subprotocol is served or the Origin is not allowed
         (clients treat that as final); accepted and then closed with 4002 while draining (clients retry
@@ -164,11 +166,15 @@ class Endpoint:
         An Accept counts against the limits until :meth:`release`.
         """
         settings = self.settings
-        ok, subprotocol = negotiate_subprotocol(tuple(subprotocols), settings)
+        if dialect is None:
+            ok, subprotocol = negotiate_subprotocol(tuple(subprotocols), settings)
+        else:
+            ok, subprotocol = dialect.choose(tuple(subprotocols), settings)
         if not ok:
             CLIENT_LOGS.log(log, logging.INFO, client, "refused WebSocket from %s: no supported subprotocol in %s",
                             client, list(subprotocols))
-            served = ", ".join(settings.subprotocols)
+            served = ", ".join(settings.subprotocols if dialect is None or dialect.negotiate is negotiate_subprotocol
+                               else dialect.subprotocols) or "none"
             return self._refused(Refuse("forbidden", status=403, message=f"lowlat-mw: no subprotocol offered that this "
                                         f"endpoint serves ({served})"))
         if origin is not None and not origin_allowed(origin, host, settings.allowed_origins):

@@ -72,6 +72,7 @@ class ServerProtocol(ServerHandshake):
     """
 
     HANDLERS: Any = {}
+    resumable = True  # a dropped connection's session waits for a resume (the dialect seam: ServerMachine)
     APPLICATION = frozenset({ev.Request, ev.Cancel, ev.Context})  # Hello, Ping, Pong and Ack only prove the peer alive
     # Budgeted by control_rate_limit: every kind but Request (rate_limit's) and Hello (once per connection).
     CONTROL = frozenset(get_args(ev.Event)) - {ev.Request, ev.Hello}

@@ -4,7 +4,9 @@
 Starlette/FastAPI middleware is this class, ``lowlat-mw serve`` mounts it over a home page, and any
 ASGI server or router can mount it directly. Given an inner `app`, it is a middleware: it takes the
 WebSocket scopes at the ``path`` setting, HTTP requests for ``metrics_path`` (a Prometheus scrape)
-and under ``client_path`` (the browser client and demo page), and passes everything else on.
+and under ``client_path`` (the browser client and demo page), and passes everything else on. With
+``dialects`` it also serves other wire protocols (protocol/dialect.py), each at its own path (or at ``path``
+beside lowlat.v1, told apart by the subprotocol the client offers), on the same engine.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from .. import static_files as static
@@ -20,6 +22,7 @@ from ..asyncapi import asyncapi_json
 from ..endpoint import Endpoint, Refuse
 from ..errors import CloseCode, SettingsError
 from ..model import ModelSpec
+from ..protocol.dialect import LOWLAT_V1, Dialect, pick
 from ..settings import Settings
 from .connection import ConnectionDriver
 from .direct import EXTENSION
@@ -46,10 +49,14 @@ class LowLatASGI:
     server runs then fails the lifespan start-up instead of raising (see __init__). Routes and endpoints raise."""
 
     def __init__(self, model: ModelSpec, *, app: ASGIApp | None = None, settings: Settings | None = None,
-                 registry: Any = None, **options: Any) -> None:
+                 registry: Any = None, dialects: Mapping[str, Dialect | Sequence[Dialect]] | None = None,
+                 **options: Any) -> None:
         """Settings as keyword arguments (or ``settings=``, with keyword arguments on top); `registry`: the
-        prometheus_client CollectorRegistry for the metrics (default: the global one)."""
+        prometheus_client CollectorRegistry for the metrics (default: the global one); `dialects`: path -> the
+        dialect (or dialects, picked by subprotocol) served there besides lowlat.v1 at ``path``."""
         self.app = app
+        self.dialects: dict[str, tuple[Dialect, ...]] = {
+            at: (served,) if isinstance(served, Dialect) else tuple(served) for at, served in (dialects or {}).items()}
         self._metrics_app: Any = None
         self.failed: Exception | None = None
         """Why this app could not be built, when that was found while the server runs (see below)."""
@@ -81,7 +88,14 @@ class LowLatASGI:
         app = self.app
         settings = self.endpoint.settings
         if kind == "websocket":
-            if app is None or scope["path"] in (settings.path, scope.get("root_path", "") + settings.path):
+            path = scope["path"]
+            ours = path in (settings.path, scope.get("root_path", "") + settings.path)
+            if self.dialects:
+                at = self._dialects_at(path, scope.get("root_path", ""))
+                if at:
+                    await self.serve(scope, receive, send, (*at, LOWLAT_V1) if ours else at)
+                    return
+            if app is None or ours:
                 await self.serve(scope, receive, send)
                 return
         elif kind == "http":
@@ -153,12 +167,20 @@ class LowLatASGI:
         await static.send_asgi(static.StaticResponse(
             200, (("content-type", "application/json"), ("access-control-allow-origin", "*")), body), send)
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one WebSocket scope: admission, then the connection until the socket is gone."""
+    def _dialects_at(self, path: str, root_path: str) -> tuple[Dialect, ...]:
+        """The dialects served at `path` (with or without the scope's `root_path`), in the order given."""
+        found = self.dialects.get(path)
+        if found is None and root_path and path.startswith(root_path):
+            found = self.dialects.get(path[len(root_path):])
+        return found or ()
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send, dialects: Sequence[Dialect] = ()) -> None:
+        """Serve one WebSocket scope: admission, then the connection until the socket is gone (`dialects`: those
+        served at its path, picked by the subprotocol offered; none: lowlat.v1)."""
         message = await receive()
         if message["type"] != "websocket.connect":
             return
-        driver = await accept(self.endpoint, scope, send)
+        driver = await accept(self.endpoint, scope, send, dialects)
         if driver is None:
             return
         code: int | None = None
@@ -220,16 +242,20 @@ async def cut_streams(driver: ConnectionDriver) -> None:
         await asyncio.wait(running, timeout=driver.settings.close_timeout)
 
 
-async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriver | None:
+async def accept(endpoint: Endpoint, scope: Scope, send: Send,
+                 dialects: Sequence[Dialect] = ()) -> ConnectionDriver | None:
     """Admit the WebSocket of an ASGI scope whose ``websocket.connect`` arrived: accept it and return its
     driver, started; or refuse it (HTTP 403 before accepting, 4002 or 1013 after) and return None.
-    The ASGI app and the Channels consumer both open their connections here."""
+    The ASGI app and the Channels consumer both open their connections here. `dialects`: the wire protocols
+    served at the scope's path (the first that takes the offered subprotocols runs it); none: lowlat.v1."""
     headers: dict[str, str] = {}
     for key, value in scope.get("headers") or ():
         headers[key.decode("latin-1").lower()] = value.decode("latin-1")
     client = scope.get("client")
     address = str(client[0]) if client else None
-    answer = endpoint.admit(scope.get("subprotocols") or (), headers.get("origin"), headers.get("host"), address)
+    offered = scope.get("subprotocols") or ()
+    dialect = pick(dialects, offered, endpoint.settings) if dialects else None
+    answer = endpoint.admit(offered, headers.get("origin"), headers.get("host"), address, dialect)
     if type(answer) is Refuse and answer.status is not None:
         await refuse_handshake(scope, send, answer.status, answer.message)
         return None
@@ -239,14 +265,14 @@ async def accept(endpoint: Endpoint, scope: Scope, send: Send) -> ConnectionDriv
         await send({"type": "websocket.close", "code": int(answer.close_code), "reason": answer.message})
         return None
     extensions = scope.get("extensions")
-    offered = extensions.get(EXTENSION) if extensions else None  # (our servers': it drops unanswered closes too)
-    direct = offered if endpoint.settings.direct_writes else None
+    transport = extensions.get(EXTENSION) if extensions else None  # (our servers': it drops unanswered closes too)
+    direct = transport if endpoint.settings.direct_writes else None
     try:
         driver = ConnectionDriver(
             endpoint, send=send, subprotocol=answer.subprotocol, address=address,
             client=tuple(client) if client else None, headers=headers, user=scope.get("user"),  # what models see
             extra={"path": scope.get("path", ""), "query_string": scope.get("query_string", b"").decode("latin-1")},
-            direct=direct, closes=offered)
+            direct=direct, closes=transport, dialect=dialect or LOWLAT_V1)
     except BaseException:
         endpoint.release(address)
         raise

@@ -72,8 +72,8 @@ class Closing:
             log.debug("close failed: %r", exc)
         runner = self.runner
         if runner is not None and runner.driver is self:
-            if not close_code_reconnects(code):
-                # A final close (protocol error, idle...): nothing to resume, stop the models now.
+            if not close_code_reconnects(code) or not self.protocol.resumable:
+                # A final close (protocol error, idle...), or a dialect without resume: stop the models now.
                 runner.destroy()
             elif code in RESUMABLE:
                 # The client will resume: the session waits for it from now on, as once the socket is gone (which
@@ -137,7 +137,7 @@ class Closing:
         runner = self.runner
         if proto.close_code is not None:
             code = proto.close_code  # we closed: our reason decides
-        resumable = code in RESUMABLE and close_code_reconnects(code)
+        resumable = code in RESUMABLE and close_code_reconnects(code) and proto.resumable  # (a dialect may have none)
         if runner is None and resumable and self._welcomed and not self._superseded \
                 and proto.session is not None and self.endpoint.store.get(proto.session_id) is None:
             # A drop before any stream: the client may have sent a Request the drop lost. The session waits a
@@ -159,7 +159,8 @@ class Closing:
         deadline = self.monotonic() + (self.settings.drain_grace if grace is None else grace)
         runner = self.runner
         shared = runner.shared if runner is not None else None
-        if runner is not None and shared is not None and not shared.down and runner.models_running():
+        if runner is not None and shared is not None and not shared.down and runner.models_running() \
+                and self.protocol.resumable:
             # Shared sessions: the client moves to another process now and resumes there, which relays these
             # streams from the shared store while they go on here, detached, until they end or the grace is over.
             await self.close(CloseCode.DRAINING, "server shutting down")

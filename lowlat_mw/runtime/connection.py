@@ -41,6 +41,7 @@ from ..observability.metrics import Metrics
 from ..observability.timing import StreamTimer
 from ..protocol import events as ev
 from ..protocol.base import CloseConnection, Measured, SendFrame
+from ..protocol.dialect import LOWLAT_V1, Dialect, ServerMachine
 from ..protocol.server import (
     Authenticate,
     CancelStream,
@@ -102,9 +103,10 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
     def __init__(self, endpoint: Endpoint, *, send: Send, subprotocol: str | None, address: str | None = None,
                  client: tuple[str, int] | None = None, headers: Mapping[str, str] | None = None, user: Any = None,
                  extra: Mapping[str, Any] | None = None, direct: DirectTransport | None = None,
-                 closes: DropsCloses | None = None) -> None:
+                 closes: DropsCloses | None = None, dialect: Dialect = LOWLAT_V1) -> None:
         """`address`: what the endpoint admitted the connection as (released when it ends); `client`,
-        `headers`, `user` and `extra`: what models and the authenticate hook see of it (SessionInfo)."""
+        `headers`, `user` and `extra`: what models and the authenticate hook see of it (SessionInfo); `dialect`: the
+        wire protocol, whose machine this driver runs (protocol/dialect.py)."""
         settings = self.settings = endpoint.settings
         self.endpoint = endpoint
         self.metrics: Metrics | None = endpoint.metrics
@@ -120,8 +122,9 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
         self.loop = loop = asyncio.get_running_loop()
         scheduler = AsyncScheduler.by_loop.get(loop)
         self.scheduler = scheduler = scheduler if scheduler is not None else AsyncScheduler.current()
-        self.protocol = ServerProtocol(settings, subprotocol=subprotocol, now=now, session_id=session_id,
-                                       secret=secret, meter=cpu_clock, heartbeats=scheduler.heartbeats)
+        self.protocol: ServerMachine = dialect.machine(settings, subprotocol=subprotocol, now=now,
+                                                       session_id=session_id, secret=secret, meter=cpu_clock,
+                                                       heartbeats=scheduler.heartbeats)
         self.runner: ModelRunner | None = None
         self._arrived = 0.0  # when the frame being handled arrived (perf_counter), for a Request's stage timer
         self._timer_tasks: set[asyncio.Task[None]] = set()
@@ -148,9 +151,11 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
         if self.metrics is not None:
             self.metrics.connection_opened(self.protocol.stats, direct is not None, reads)
         endpoint.connection_started(self)  # drains reach it from now on
-        self._scheduled = self.protocol.handshake_deadline
+        self._scheduled = self.protocol.next_deadline()  # (lowlat.v1: the handshake timeout)
         self._answered = math.nan  # where on_timer put the timer for a Ping's Pong to come (nan: equal to nothing)
         self.scheduler.schedule(self, self._scheduled)
+        if self.protocol.state is ConnState.OPEN:  # a dialect without a handshake: open from the start
+            self._opened()
 
     @property
     def tasks(self) -> dict[int, asyncio.Task[None]]:
@@ -377,7 +382,7 @@ class ConnectionDriver(Deadlines, Closing, PushTarget):
         push.HUB.sessions[proto.session_id] = self
         if proto.principal is not None or proto.session.groups:  # type: ignore[union-attr]
             self._reachable()
-        log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or "json",
+        log.info("connection %s open: %s, compression %s%s", proto.session_id, proto.subprotocol or proto.stats.label,
                  ",".join(proto.compression) or "none", " (resumed)" if proto.resumed else "",
                  extra={"session_id": proto.session_id, "subprotocol": proto.subprotocol,
                         "client": self.info.client, "resumed": proto.resumed})

@@ -14,10 +14,12 @@ served under /lowlat, ``--client-path ""`` turns both off) and answers Prometheu
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -52,9 +54,10 @@ def _parse_set(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def build_app(model: Any = None, **options: Any) -> Any:
+def build_app(model: Any = None, dialects: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """The ASGI app ``serve`` runs: `model` (default: the demo model) with `options` as settings, on a
-    home page. No web framework: :class:`~lowlat_mw.runtime.asgi.LowLatASGI` over a one-page ASGI app.
+    home page. No web framework: :class:`~lowlat_mw.runtime.asgi.LowLatASGI` over a one-page ASGI app
+    (`dialects`: its other wire protocols, path -> Dialect or ``"module:attr"`` naming one).
 
     With ``client_path`` set, ``/`` is the browser demo page (lowlat_mw/static/demo.html);
     otherwise a short text page. Other paths are 404.
@@ -91,7 +94,37 @@ def build_app(model: Any = None, **options: Any) -> Any:
                                                  ("content-length", str(len(text_page)))), text_page)
         await static.send_asgi(answer, send)
 
-    return LowLatASGI(model or demo_model, app=home, settings=settings)
+    routes = {at: _load_dialect(d) if isinstance(d, str) else d for at, d in (dialects or {}).items()}
+    return LowLatASGI(model or demo_model, app=home, settings=settings, dialects=routes)
+
+
+def _load_dialect(spec: str) -> Any:
+    """The Dialect ``"module:attr"`` names (``serve --dialect PATH=module:attr``)."""
+    from ..protocol.dialect import Dialect
+
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--dialect {spec!r}: expected PATH=module:attr")
+    found: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ImportError(f"--dialect {spec!r}: module {module!r} has no attribute {attr!r}") from None
+    if not isinstance(found, Dialect):
+        raise TypeError(f"--dialect {spec!r} is {type(found).__name__}, not a lowlat_mw.protocol.dialect.Dialect")
+    return found
+
+
+def _dialect_routes(values: list[str]) -> dict[str, str]:
+    """``--dialect PATH=module:attr`` (repeatable) as path -> spec; ValueError naming a bad one."""
+    routes: dict[str, str] = {}
+    for value in values:
+        path, sep, spec = value.partition("=")
+        if not sep or not path.startswith("/") or not spec:
+            raise ValueError(f"--dialect {value!r}: expected PATH=module:attr, e.g. /ndjson=myapp.dialects:NDJSON")
+        routes[path] = spec
+    return routes
 
 
 class StatsPrinter:
@@ -184,14 +217,18 @@ def _serve(args: argparse.Namespace) -> int:
     app_dir = os.path.abspath(args.app_dir)
     if args.model is not None and app_dir not in sys.path:
         sys.path.insert(0, app_dir)
-    app: Any = build_app(args.model, settings=settings)
+    dialects = _dialect_routes(getattr(args, "dialect", []))
+    app: Any = build_app(args.model, dialects=dialects, settings=settings)
     extra: dict[str, Any] = {}
     if args.workers > 1:
-        os.environ[WORKER_ENV] = json.dumps({"model": args.model, "options": options, "app_dir": app_dir})
+        os.environ[WORKER_ENV] = json.dumps({"model": args.model, "options": options, "app_dir": app_dir,
+                                             "dialects": dialects})
         app = f"{__name__}:worker_app"
         extra = {"workers": args.workers, "factory": True}
     print(f"lowlat-mw serving {args.model or 'the demo model'} on ws://{args.host}:{args.port}{settings.path}",
           flush=True)
+    for at, spec in dialects.items():
+        print(f"lowlat-mw serving the dialect {spec} on ws://{args.host}:{args.port}{at}", flush=True)
     if settings.client_path:
         print(f"lowlat-mw demo page at http://{args.host}:{args.port}/", flush=True)
     if settings.metrics and settings.metrics_path:
@@ -217,7 +254,7 @@ def worker_app() -> Any:
     spec = json.loads(os.environ[WORKER_ENV])
     if spec["model"] is not None and spec["app_dir"] not in sys.path:
         sys.path.insert(0, spec["app_dir"])
-    return build_app(spec["model"], **spec["options"])
+    return build_app(spec["model"], spec.get("dialects"), **spec["options"])
 
 
 def _headers(values: list[str]) -> dict[str, str]:
@@ -376,6 +413,8 @@ def _add_serve(sub: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--path", default=None, help="WebSocket path (default /ws)")
+    serve.add_argument("--dialect", action="append", default=[], metavar="PATH=module:attr",
+                       help="also serve this Dialect (another wire protocol, docs/architecture.md) at PATH")
     serve.add_argument("--delay", type=float, default=None, help="demo model: seconds between tokens")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="a setting (see docs/settings.md), e.g. --set idle_timeout=60")

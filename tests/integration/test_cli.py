@@ -363,3 +363,36 @@ def test_serve_refuses_an_app_that_is_not_a_model_before_serving(tmp_path, sourc
     err = err_log.read_text()
     assert f"model 'notamodel:app' is {what}, not a model callable" in err, err
     assert "takes one argument, the request" in err and "Traceback" not in err, err
+
+
+def test_serve_routes_a_dialect_given_on_the_command_line(tmp_path, monkeypatch):
+    """`serve --dialect PATH=module:attr`: the Dialect (tests/support/ndjson.py) at PATH, lowlat.v1 at /ws still."""
+    import asyncio
+    import json
+
+    from websockets.asyncio.client import connect
+
+    tests = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", f"{tests}:{tests.parent}")  # (the subprocess imports support.ndjson)
+    source = "async def model(req):\n    return req.text[::-1]\n"
+    with _serve_model(tmp_path, "reverse", source, "--dialect", "/ndjson=support.ndjson:NDJSON") as port:
+        async def main() -> list[dict]:
+            async with connect(f"ws://127.0.0.1:{port}/ndjson") as ws:
+                await ws.send(json.dumps({"model": "", "input": "olleh"}))
+                return [json.loads(await ws.recv()) for _ in range(2)]
+
+        assert asyncio.run(main()) == [{"delta": "hello"}, {"done": True, "reason": "stop"}]
+    assert "serving the dialect support.ndjson:NDJSON on ws://127.0.0.1:" in (tmp_path / "serve.log").read_text()
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    ("ndjson", "expected PATH=module:attr"),
+    ("/x=json", "expected PATH=module:attr"),
+    ("/x=json:dumps", "not a lowlat_mw.protocol.dialect.Dialect"),
+    ("/x=json:nothing", "has no attribute 'nothing'"),
+])
+def test_serve_says_what_is_wrong_with_a_dialect_option(value, error, capsys):
+    from lowlat_mw.servers.cli import main
+
+    assert main(["serve", "--dialect", value]) == 2
+    assert error in capsys.readouterr().err

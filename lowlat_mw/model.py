@@ -328,7 +328,9 @@ def _close_quietly(close: Callable[[], Any]) -> None:
 class _SyncSteps:
     """A sync iterator stepped in worker threads. A close asked for while a step runs is done by that
     step's thread as soon as the step returns, so the model's cleanup runs then, not whenever the
-    garbage collector gets to it."""
+    garbage collector gets to it. A step still waiting for a worker when the close is asked (its
+    cancel withdraws it from the pool, or it starts later) does not count as running: the close is
+    a pool job of its own, and a step that starts after it does nothing."""
 
     __slots__ = ("close_asked", "it", "lock", "on_run", "running")
 
@@ -336,10 +338,14 @@ class _SyncSteps:
         self.it = it
         self.on_run = on_run
         self.lock = threading.Lock()
-        self.running = False  # set on the loop's thread when a step is handed to a worker
+        self.running = False  # set by a step's worker as it starts, under `lock`
         self.close_asked = False
 
     def step(self) -> Any:
+        with self.lock:
+            if self.close_asked:  # started after the close was asked: the close job has the iterator
+                return _DONE
+            self.running = True
         try:
             if self.on_run is not None:
                 self.on_run()
@@ -355,8 +361,8 @@ class _SyncSteps:
         if getattr(self.it, "close", None) is None:
             return
         with self.lock:
+            self.close_asked = True
             if self.running:
-                self.close_asked = True
                 return
         try:
             loop.run_in_executor(executor, _close_quietly, self.it.close)  # type: ignore[attr-defined]
@@ -370,7 +376,6 @@ async def _iterate_sync(it: Iterator[Any], executor: Executor | None,
     steps = _SyncSteps(it, on_run)
     try:
         while True:
-            steps.running = True
             item = await _in_pool(loop, executor, steps.step)
             if item is _DONE:
                 return

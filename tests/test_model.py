@@ -365,6 +365,44 @@ async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
     await wait_for(closed, seconds(1.0), what="the generator's finally block to run")
 
 
+async def test_cancelling_a_sync_generator_whose_next_step_waits_for_a_worker_closes_it() -> None:
+    # A step handed to a busy pool and cancelled before a worker took it never runs (the cancel withdraws it), so
+    # it cannot do the close. The generator is closed anyway, by a pool job of its own, not left to the garbage
+    # collector: a task that ends cancelled keeps its CancelledError, whose traceback holds the generator's
+    # frames and so the generator (a runner's task is in a reference cycle: its frame holds it), so its finally
+    # ran only when the collector got to them (conformance gen-disconnect, a fastapi server with two busy loops
+    # and four other streams: 9 of 200 streams' finally 2-13 s late before this fix, none over 117 ms after).
+    closed, blocking, free, second = threading.Event(), threading.Event(), threading.Event(), asyncio.Event()
+
+    def gen(req: ModelRequest) -> Iterator[str]:
+        try:
+            yield "one"
+            yield "two"
+        finally:
+            closed.set()
+
+    async def consume() -> None:
+        async for chunk in agen:
+            if chunk == "one":
+                pool.submit(lambda: (blocking.set(), free.wait(seconds(30))))  # the one worker is busy now
+                await asyncio.to_thread(blocking.wait, seconds(10))
+                second.set()  # the next step goes to the pool's queue, behind the busy worker
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    agen = stream_model(gen, REQ, pool)
+    try:
+        task = asyncio.create_task(consume())
+        await wait_for(second, seconds(10), what="the first chunk")
+        task.cancel()  # (it handed the next step to the pool in the turn it set `second`, and waits for it)
+        await asyncio.wait([task])  # (not awaited: its CancelledError stays in it, as in a destroyed runner's)
+        assert task.cancelled()
+        free.set()  # the worker is free again: the withdrawn step is dropped, the close job runs
+        await wait_for(closed, seconds(5.0), what="the generator's finally block to run")
+    finally:
+        free.set()
+        pool.shutdown(wait=False)
+
+
 async def test_cancelling_an_async_generator_closes_it() -> None:
     closed, busy = asyncio.Event(), asyncio.Event()
     produced: list[int] = []

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+from support.waits import wait_until
 
 from lowlat_mw.testing import FaultProxy
 from lowlat_mw.testing.proxy import MAX_IN_FLIGHT
@@ -179,9 +180,19 @@ async def test_in_flight_is_bounded_when_the_reader_stops() -> None:
                     sent += len(chunk)
 
             sender = asyncio.ensure_future(send())
-            await asyncio.sleep(1.0)  # nothing is read on the client: everything backs up
+            [link] = await wait_until(lambda: list(proxy._links), what="the proxy's link")
+            peak = [0]
+
+            def capped() -> bool:
+                """Nothing is read on the client: everything backs up until a pipe holds MAX_IN_FLIGHT and the proxy
+                stops reading into it (the most it holds meanwhile is kept in `peak`)."""
+                pending = max(p.pending for p in link.pipes)
+                peak[0] = max(peak[0], pending)
+                return sender.done() or pending > MAX_IN_FLIGHT
+
+            await wait_until(capped, what="a pipe to fill up to MAX_IN_FLIGHT")
             assert not sender.done()
-            [link] = list(proxy._links)
+            assert peak[0] <= MAX_IN_FLIGHT + 65536, peak
             assert all(p.pending <= MAX_IN_FLIGHT + 65536 for p in link.pipes)
             assert max(p.pending for p in link.pipes) > MAX_IN_FLIGHT // 2  # the delayed pipe did fill up
             sender.cancel()

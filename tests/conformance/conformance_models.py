@@ -372,6 +372,20 @@ def next_log_window(req):
 MODELS.update({"next_log_window": next_log_window})
 
 
+# "log_mark" writes "log mark <prompt>" to the server's stdout and stderr (flushed): a test that finds it in both
+# log files has every line the server wrote to them before it.
+def log_mark(req):
+    import sys
+
+    line = f"log mark {req.prompt}"
+    print(line, flush=True)
+    print(line, file=sys.stderr, flush=True)
+    return "marked"
+
+
+MODELS.update({"log_mark": log_mark})
+
+
 # ---------------------------------------------------------------- replies no Delta carries (issue 38, item 8)
 # For test_conformance_streaming.py: a mapping's keys were streamed as the reply; a number got a TypeError.
 async def returns_dict(req):

@@ -15,6 +15,7 @@ import re
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,10 @@ from typing import Any
 import lz4.frame
 import pytest
 import zstandard
-from conformance_servers import SERVERS, ServerProcess, base_env, server_argv, start_ready
+from conformance_servers import SERVERS, ServerProcess, base_env, http_get, server_argv, start_ready
 from conformance_support import assert_streams, measure
 from support.raw import JSON, PROTO, codec_of, hello, raw_connect, read_until_closed
+from support.waits import wait_until
 from test_conformance_transport import frame
 from websockets.exceptions import ConnectionClosed
 
@@ -198,12 +200,39 @@ def _log_size(srv: Any) -> tuple[int, int]:
 
 
 def _log_since(srv: Any, sizes: tuple[int, int]) -> list[str]:
-    lines: list[str] = []
+    return [line for text in _log_texts(srv, sizes) for line in text.splitlines()]
+
+
+def _open_connections(srv: Any) -> float:
+    """The server's open-connections gauge (its /metrics)."""
+    status, body = http_get(srv.port, "/metrics")
+    assert status == 200, (status, body[:300])
+    found = re.search(rb"^lowlat_connections ([0-9.e+]+)$", body, re.M)
+    assert found, body[:300]
+    return float(found[1])
+
+
+async def _logs_settled(srv: Any, sizes: tuple[int, int]) -> list[str]:
+    """The server's log lines since `sizes`, once it has let every connection go (its gauge is back to 0) and then
+    written a mark to both log files (the model log_mark): every line it wrote about them is in by then."""
+    await wait_until(lambda: _open_connections(srv) == 0, what=f"{srv.name} to let every connection go")
+    mark = uuid.uuid4().hex
+    async with connect(srv.url) as client:
+        assert await client.complete(mark, model="log_mark") == "marked"
+    line = f"log mark {mark}"
+    await wait_until(lambda: all(line in text for text in _log_texts(srv, sizes)),
+                     what=f"the log mark in both of {srv.name}'s log files")
+    return [got for got in _log_since(srv, sizes) if line not in got]
+
+
+def _log_texts(srv: Any, sizes: tuple[int, int]) -> list[str]:
+    """What the server wrote to each of its log files since `sizes`."""
+    texts = []
     for path, start in zip((srv.stderr_path, srv.stdout_path), sizes, strict=True):
         with open(path, "rb") as f:
             f.seek(start)
-            lines += f.read().decode(errors="replace").splitlines()
-    return lines
+            texts.append(f.read().decode(errors="replace"))
+    return texts
 
 
 async def _bad_utf8(url: str) -> int | None:
@@ -231,8 +260,7 @@ async def test_a_thousand_connections_of_invalid_utf8_write_no_traceback_and_a_f
     codes = await asyncio.gather(*(one() for _ in range(STORM)))
     assert {canonical_close_code(c) for c in codes} == {1007}, sorted(set(codes), key=str)
     await assert_streams(server.url, "json")
-    await asyncio.sleep(0.5)  # (the server's last lines reach its log files)
-    lines = _log_since(server, sizes)
+    lines = await _logs_settled(server, sizes)
     storm = [line for line in lines if STORM_LINE.search(line) and not CONNECTION_LINE.search(line)]
     tracebacks = [i for i, line in enumerate(lines) if "traceback" in line.lower()]
     assert not tracebacks, f"{len(tracebacks)} tracebacks; the first:\n" + "\n".join(lines[tracebacks[0]:][:40])
@@ -325,7 +353,7 @@ async def test_a_hundred_connections_from_one_address_write_at_most_the_budget(l
     async with connect(srv.url) as client:
         assert await client.complete("", model="next_log_window") == "moved"
     assert canonical_close_code(await _garbage(srv.url)) == 1007
-    lines = await _wait_for_lines(srv, sizes, BUDGETED, at_least=1 + min(CLIENT_LOGS.burst, BUDGET_CONNECTIONS))
+    lines = await _logs_settled(srv, sizes)  # (every line about them: a count read earlier could miss late ones)
     budgeted = [line for line in lines if BUDGETED.search(line)]
     *storm, last = budgeted
     # One window holds the storm unless it took a minute or more (then each window lets its burst through).
@@ -338,16 +366,6 @@ async def test_a_hundred_connections_from_one_address_write_at_most_the_budget(l
     assert not [line for line in lines if "traceback" in line.lower()], "\n".join(lines)
     measure(f"log budget {srv.framework}", f"{BUDGET_CONNECTIONS} connections with a bad frame from one address: "
             f"{len(storm)} lines ({took:.1f} s), then '{summary[0]}'")
-
-
-async def _wait_for_lines(srv: Any, sizes: tuple[int, int], pattern: re.Pattern[str], at_least: int) -> list[str]:
-    """The server's log lines since `sizes`, once `at_least` of them match `pattern` (bounded: 20 s)."""
-    deadline = time.monotonic() + 20
-    while True:
-        lines = _log_since(srv, sizes)
-        if sum(1 for line in lines if pattern.search(line)) >= at_least or time.monotonic() > deadline:
-            return lines
-        await asyncio.sleep(0.1)
 
 
 # ================================================================================ a raw client (asyncio)
@@ -402,8 +420,7 @@ async def test_invalid_utf8_and_a_control_frame_in_one_read_log_no_traceback(log
         finally:
             writer.close()
     await assert_streams(srv.url, "json")
-    await asyncio.sleep(0.5)  # (the server's last lines reach its log files)
-    lines = _log_since(srv, sizes)
+    lines = await _logs_settled(srv, sizes)
     tracebacks = [i for i, line in enumerate(lines) if "traceback" in line.lower()]
     assert not tracebacks, "\n".join(lines[max(0, tracebacks[0] - 3):][:40])
 

@@ -19,6 +19,7 @@ from conformance_servers import DIRECT_READS, DIRECT_WRITES, http_get
 from conformance_support import MODES, measure
 from prometheus_client.parser import text_string_to_metric_families
 from support.raw import JSON, PROTO, hello, raw_connect, read_until_closed
+from support.time import WAIT
 from websockets.exceptions import InvalidStatus
 
 from lowlat_mw import ErrorCode, StreamError
@@ -28,8 +29,8 @@ from lowlat_mw.observability.timing import SAMPLE_EVERY, STAGES, stage_sum
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-SETTLE_BOUND = 10.0  # seconds for a shared server's gauges to settle before a baseline scrape
-CLOSE_BOUND = 5.0  # seconds for the server to process the clients' closes (they are asynchronous)
+SETTLE_BOUND = WAIT  # for a shared server's gauges to settle before a baseline scrape (a hang guard)
+CLOSE_BOUND = WAIT  # for the server to process the clients' closes (they are asynchronous; a hang guard)
 
 
 # ================================================================================ scraping
@@ -260,7 +261,10 @@ async def test_scrape_counts_refused_handshakes(server):
 
 # ================================================================================ End.timings_ms
 STREAMS = 20  # per round; a connection's rate_burst (40) allows a round on one connection
-ROUNDS = 3  # the statistical checks pass if one round passes them (see below)
+# The statistical checks pass if one round passes them (see below); rounds go on until one does, 10 at most. A
+# stall hits one round (measured, 4 busy loops on 2 cores: 0-8 of 20 streams over the margin per round, a round in
+# 20 failed and the next passed); a shift of the server's total fails every round (its median), however many.
+ROUNDS = 10
 DELTAS, DELTA_DELAY = 5, 0.002
 STAGE_TOLERANCE_MS = 1.0
 # The client's total runs from sending the Request to the End's arrival, the server's from the
@@ -337,7 +341,7 @@ def _describe(samples: list[Sample]) -> str:
 @pytest.mark.parametrize("mode", MODES)
 async def test_end_timings_add_up_and_match_the_client_clock(server, mode):
     rounds: list[list[Sample]] = []
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(50):  # (a hang guard: a round takes 0.2-1 s)
         for _ in range(ROUNDS):
             rounds.append(await _timed_round(server.url, mode))
             if _round_ok(rounds[-1]):

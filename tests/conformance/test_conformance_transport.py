@@ -32,6 +32,7 @@ import pytest
 from conformance_servers import ServerProcess, base_env, server_argv, start_ready, transport_settings
 from conformance_support import KnownBug, measure
 from support.raw import PROTO, raw_connect
+from support.time import MARGIN, seconds
 from support.waits import wait_until
 from test_conformance_limits import PeakRSS, serving_pid
 
@@ -476,87 +477,124 @@ def test_fragmented_message_over_the_limit_is_refused_with_1009(srv):
 # ================================================================================ handshakes
 SLOW_SOCKETS = 200
 NORMAL_GAP = 0.005  # between a normal client's handshakes: ~200-400 of them while the 200 are held
+# Normal handshakes measured while slow sockets are held: the slow sockets reconnect (each held until the server
+# closes it) until there are this many. At the first 3 s alone, a loaded machine got 108 (django, 4 busy loops;
+# 170-300 otherwise), and a p99 of ~100 samples is their second slowest: one scheduling hiccup.
+MIN_NORMAL = 200
 
 
-async def _slow_socket(port: int, drip: bool, connected: list[bool] | None = None) -> float:
-    """Seconds until the server closed a connection that sends nothing (or drips its request); `connected` gets
-    an entry once the connection is up."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    start = time.monotonic()
-    if connected is not None:
-        connected.append(True)
+async def _slow_socket(port: int, drip: bool, connected: list[bool], first_closed: list[bool],
+                       enough: asyncio.Event) -> list[tuple[float, float]]:
+    """Connect and send nothing (or drip the request a byte a second) until the server closes the connection,
+    then again, until `enough` is set. For each connection, the seconds until the server closed it from before the
+    connect (the server's deadline cannot start earlier) and from the connect (the client's view). `connected`
+    gets an entry once the first connection is up, `first_closed` once it is closed."""
     request = _upgrade_request(port)
+    held: list[tuple[float, float]] = []
+    while True:
+        before = time.monotonic()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        start = time.monotonic()
+        if not held:
+            connected.append(True)
 
-    async def dripper() -> None:
-        for i in range(len(request)):
-            try:
-                writer.write(request[i:i + 1])
-                await writer.drain()
-            except OSError:
-                return
-            await asyncio.sleep(1.0)
+        async def dripper(writer: asyncio.StreamWriter = writer) -> None:
+            for i in range(len(request)):
+                try:
+                    writer.write(request[i:i + 1])
+                    await writer.drain()
+                except OSError:
+                    return
+                await asyncio.sleep(1.0)  # the drip itself: a byte a second
 
-    task = asyncio.create_task(dripper()) if drip else None
-    try:
-        async with asyncio.timeout(HANDSHAKE_TIMEOUT + 10):
-            while await reader.read(4096):
-                pass
-    except (OSError, TimeoutError):
-        pass
-    finally:
-        elapsed = time.monotonic() - start
-        if task is not None:
-            task.cancel()
-        writer.close()
-    return elapsed
+        task = asyncio.create_task(dripper()) if drip else None
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT + seconds(10)):  # (a hang guard: the bounds are below)
+                while await reader.read(4096):
+                    pass
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            end = time.monotonic()
+            held.append((end - before, end - start))
+            if task is not None:
+                task.cancel()
+            writer.close()
+        if len(held) == 1:
+            first_closed.append(True)
+        if enough.is_set():
+            return held
 
 
 @SHIPPED
 async def test_silent_and_dripping_sockets_are_closed_within_the_handshake_timeout(srv):
     """200 sockets connect at once and send nothing, or drip their request a byte a second: each is
     closed within the handshake timeout (3 s), while a normal client's handshakes, back to back all
-    that time (a few hundred), have a p99 under 100 ms, and an HTTP upload whose headers came at once
-    but whose body takes longer than the timeout is answered by the app (neither 408 nor 431)."""
+    that time (at least MIN_NORMAL: the slow sockets connect again until there are), have a p99 under
+    100 ms, and an HTTP upload whose headers came at once but whose body takes longer than the timeout
+    is answered by the app (neither 408 nor 431)."""
     failures: list[str] = []
     connected: list[bool] = []
-    slow = [asyncio.ensure_future(_slow_socket(srv.port, i % 2 == 1, connected)) for i in range(SLOW_SOCKETS)]
+    first_closed: list[bool] = []
+    enough = asyncio.Event()  # the normal client has its handshakes: the slow sockets stop connecting again
+    slow = [asyncio.ensure_future(_slow_socket(srv.port, i % 2 == 1, connected, first_closed, enough))
+            for i in range(SLOW_SOCKETS)]
     # and a slow upload: its headers are in at once, its body takes longer than the handshake timeout
     upload, upload_body = _post(srv.port, 64 * KiB)
     upload.sendall(upload_body[:1000])
+    upload_rest = [upload_body[1000:]]
+
+    def send_upload_rest() -> None:
+        """The upload's body, once the handshake timeout of the sockets that connected with it is past."""
+        if upload_rest:
+            try:
+                upload.sendall(upload_rest.pop())
+            except OSError:
+                pass
 
     async def normal_handshakes() -> list[float]:
         times: list[float] = []
         await wait_until(lambda: len(connected) == SLOW_SOCKETS or any(task.done() for task in slow),
                          what="the slow sockets to connect")
+        guard = time.monotonic() + seconds(30)  # a hang guard: the count is asserted below
         while not all(task.done() for task in slow):  # until the server has closed every slow socket
+            if len(first_closed) == SLOW_SOCKETS:
+                send_upload_rest()
+            if len(times) >= MIN_NORMAL or time.monotonic() > guard:
+                enough.set()
             start = time.monotonic()
             try:
                 async with raw_connect(srv.url, [PROTO]):
                     times.append(time.monotonic() - start)
             except Exception as exc:
                 failures.append(f"{time.monotonic() - start:.3f} s after connecting: {exc!r} ({exc.__cause__!r})")
-            await asyncio.sleep(NORMAL_GAP)
+            await asyncio.sleep(NORMAL_GAP)  # the gap between a normal client's handshakes (not an ordering wait)
         return times
 
     normal = await normal_handshakes()
-    closed = await asyncio.gather(*slow)
-    try:
-        upload.sendall(upload_body[1000:])
-    except OSError:
-        pass
+    held = await asyncio.gather(*slow)
+    send_upload_rest()
     upload_status = await asyncio.to_thread(_status, upload)
     assert not failures, f"normal handshakes failed: {failures}\n{srv.output()[-4000:]}"
-    silent, drip = closed[0::2], closed[1::2]
+    silent = [h for i, socket_held in enumerate(held) if i % 2 == 0 for h in socket_held]
+    drip = [h for i, socket_held in enumerate(held) if i % 2 == 1 for h in socket_held]
     p99 = statistics.quantiles(normal, n=100, method="inclusive")[98]
     measure(f"transport slow-handshake {srv.variant}",
-            f"{len(silent)} silent closed after max {max(silent):.2f} s, {len(drip)} dripping after max "
-            f"{max(drip):.2f} s (handshake_timeout {HANDSHAKE_TIMEOUT} s); normal handshake p50 "
+            f"{len(silent)} silent closed after min {min(t for t, _ in silent):.2f} s (from before the connect), "
+            f"max {max(t for _, t in silent):.2f} s (from the connect), {len(drip)} dripping after min "
+            f"{min(t for t, _ in drip):.2f} s, max {max(t for _, t in drip):.2f} s (handshake_timeout "
+            f"{HANDSHAKE_TIMEOUT} s); normal handshake p50 "
             f"{statistics.median(normal) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {max(normal) * 1000:.1f} ms "
-            f"over {len(normal)}; an upload whose body took {max(closed):.1f} s: {upload_status}")
+            f"over {len(normal)}; an upload: {upload_status}")
     # slack: 200 sockets accepted at once on a loaded 2-core machine, and the shims' timer granularity
-    assert max(silent) < HANDSHAKE_TIMEOUT + 1.0 and max(drip) < HANDSHAKE_TIMEOUT + 1.0, (silent, drip)
-    assert min(silent) > HANDSHAKE_TIMEOUT - 0.5, silent  # held until the deadline, not refused at once
-    assert len(normal) >= 100, f"only {len(normal)} normal handshakes in {HANDSHAKE_TIMEOUT} s"
+    late = [t for _, t in silent + drip if t >= HANDSHAKE_TIMEOUT + MARGIN]
+    assert not late, (late, silent, drip)
+    # held until the deadline, not refused at once: timed from before the connect, since the server's clock starts
+    # at its accept, which may come before the client sees its connect on a loaded machine (django: closes 2.96 s
+    # after the client's connect, with a 3 s timeout)
+    early = [t for t, _ in silent if t <= HANDSHAKE_TIMEOUT - 0.5]
+    assert not early, (early, silent)
+    assert len(normal) >= MIN_NORMAL, f"only {len(normal)} normal handshakes in {seconds(30)} s"
     assert p99 < 0.100, normal
     # the deadline is for the request line and headers: a body may take its time
     assert _answered_by_the_app(upload_status), upload_status

@@ -28,6 +28,7 @@ from conformance_servers import SERVERS, ServerProcess, base_env, http_get, serv
 from conformance_support import STARTUP_TIMES, assert_streams, measure
 from prometheus_client.parser import text_string_to_metric_families
 from support.raw import PROTO, hello, raw_connect
+from support.waits import wait_until
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Opcode
@@ -121,26 +122,47 @@ def _server_sockets(srv: ServerProcess, ports: set[int]) -> set[int]:
     return held
 
 
+def _client_sockets(srv: ServerProcess) -> int:
+    """How many connected TCP sockets (not listening ones) the server processes hold."""
+    held = 0
+    for proc in _processes(srv):
+        try:
+            held += sum(1 for c in proc.net_connections(kind="tcp") if c.raddr)
+        except psutil.NoSuchProcess:
+            pass
+    return held
+
+
 async def _settled(srv: ServerProcess) -> tuple[int, int]:
-    """(descriptors, threads) once two looks 0.5 s apart agree (a shared server finishing earlier closes)."""
+    """(descriptors, threads) once the server holds no client's socket (the connections before are gone, not
+    closing) and then two looks 0.5 s apart agree (its thread pools are done winding down)."""
+    await wait_until(lambda: _client_sockets(srv) == 0, timeout=SETTLE_BOUND, what=f"{srv.name} to hold no socket")
+    looks = [await asyncio.to_thread(_fds_and_threads, srv)]
+
+    async def steady() -> bool:
+        await asyncio.sleep(0.5)  # the span the two looks must agree over (a steadiness check, not an ordering)
+        looks.append(await asyncio.to_thread(_fds_and_threads, srv))
+        return looks[-1] == looks[-2]
+
     deadline = time.monotonic() + SETTLE_BOUND
-    last = await asyncio.to_thread(_fds_and_threads, srv)
-    while True:
-        await asyncio.sleep(0.5)
-        now = await asyncio.to_thread(_fds_and_threads, srv)
-        if now == last or time.monotonic() > deadline:
-            return now
-        last = now
+    while not await steady():
+        assert time.monotonic() < deadline, f"{srv.name}'s descriptors and threads still changing: {looks[-5:]}"
+    return looks[-1]
 
 
 async def _back_to(srv: ServerProcess, fds: int, threads: int | None) -> tuple[int, int]:
-    """Wait (bounded) until the server holds at most `fds` descriptors (and `threads` threads); what it holds."""
-    deadline = time.monotonic() + SETTLE_BOUND
-    while True:
-        now = await asyncio.to_thread(_fds_and_threads, srv)
-        if (now[0] <= fds and (threads is None or now[1] <= threads)) or time.monotonic() > deadline:
-            return now
-        await asyncio.sleep(0.1)
+    """Wait until the server holds at most `fds` descriptors (and `threads` threads); what it holds then. Past
+    SETTLE_BOUND (a hang guard) it returns what it holds, for the caller's assertion to tell."""
+    try:
+        await wait_until(lambda: _within(_fds_and_threads(srv), fds, threads), timeout=SETTLE_BOUND,
+                         what=f"{srv.name} back to {fds} descriptors, {threads} threads")
+    except AssertionError:
+        pass  # (the caller asserts on what it holds, with its own message)
+    return await asyncio.to_thread(_fds_and_threads, srv)
+
+
+def _within(now: tuple[int, int], fds: int, threads: int | None) -> bool:
+    return now[0] <= fds and (threads is None or now[1] <= threads)
 
 
 def _closed_4003(port: int) -> float:

@@ -164,6 +164,21 @@ class Served:
     def live_sessions(self) -> int:
         return len(self.endpoint.store)  # type: ignore[arg-type]
 
+    def detached(self) -> int:
+        """Sessions stored with no connection attached (waiting for a resume)."""
+        items = getattr(self.endpoint.store, "_items", {})
+        return sum(1 for live in list(items.values()) if live.driver is None)
+
+    def paused(self) -> int:
+        """Models of every session still stored that wait for their window (or, detached, the replay buffer)."""
+        items = getattr(self.endpoint.store, "_items", {})
+        return sum(live.waiting for live in list(items.values()))
+
+    def closing_with(self) -> list[int]:
+        """The close codes the server chose for its connections still open (it closed them; the peer has not
+        taken the close yet)."""
+        return [c.protocol.close_code for c in list(self.endpoint.connections) if c.protocol.close_code is not None]
+
     def model_tasks(self) -> int:
         """Model tasks of every session still stored."""
         items = getattr(self.endpoint.store, "_items", {})

@@ -17,8 +17,9 @@ import time
 from typing import Any
 
 import pytest
-from support import seconds, wait_until
+from support import wait_until
 from support.raw import LIMIT, codec_of, raw_connect
+from support.time import WAIT
 from websockets.exceptions import ConnectionClosed
 
 from lowlat_mw.client import AsyncClient
@@ -43,8 +44,8 @@ def start(uvicorn_server: Any, probe: Probe | None = None, **settings: Any) -> S
     return serve(uvicorn_server, probe, **{**NO_RATE_LIMIT, **settings})
 
 
-async def assert_nothing_left(served: Served, timeout: float = 5.0) -> None:
-    """No stored session, no model task, every model generator ran its `finally`."""
+async def assert_nothing_left(served: Served, timeout: float = WAIT) -> None:
+    """No stored session, no model task, every model generator ran its `finally` (`timeout`: a hang guard)."""
     await wait_until(lambda: served.live_sessions() == 0 and served.model_tasks() == 0
                      and served.probe.running == 0, timeout=timeout)
 
@@ -114,7 +115,7 @@ async def test_cuts_during_the_handshake_are_retried(uvicorn_server, mode):
                 cuts_before = proxy.cuts
                 client = AsyncClient(url, mode=mode, backoff=FAST)
                 opener = asyncio.create_task(client.open())
-                await wait_until(lambda before=cuts_before: proxy.cuts >= before + 3, timeout=seconds(5))
+                await wait_until(lambda before=cuts_before: proxy.cuts >= before + 3, timeout=WAIT)
                 assert not opener.done()  # still retrying
                 proxy.cut_after(None)
                 await opener
@@ -205,9 +206,8 @@ async def test_resume_window_exceeded_fails_with_resume_failed(uvicorn_server, m
             proxy.stall()
             proxy.cut_all()
             # Reconnects hang (stalled link) and time out; the server gives the session up at 0.3 s.
-            await wait_until(lambda: served.live_sessions() == 0, timeout=seconds(5))
-            await asyncio.sleep(0.2)
-            proxy.resume()
+            await wait_until(lambda: served.live_sessions() == 0, timeout=WAIT)
+            proxy.resume()  # (nothing passed the stalled link: the resume comes after the session expired)
             rest: list[str] = []
             with pytest.raises(ResumeFailed) as info:
                 async for chunk in stream:
@@ -232,7 +232,7 @@ async def test_resume_fails_when_missed_output_exceeded_the_buffer(uvicorn_serve
             stream = client.stream("x", model="count", params={"n": n, "pause_at": 10, "pause": 0.3})
             head = await read_n(stream, 10)
             proxy.stall()  # the model's remaining output queues up in front of the proxy
-            await wait_until(lambda: served.probe.running == 0, timeout=seconds(5))
+            await wait_until(lambda: served.probe.running == 0, timeout=WAIT)
             proxy.cut_all()
             proxy.resume()
             rest: list[str] = []
@@ -256,7 +256,7 @@ async def test_resume_within_the_buffer_succeeds_without_acks(uvicorn_server):
             stream = client.stream("x", model="count", params={"n": n, "pause_at": 10, "pause": 0.3})
             head = await read_n(stream, 10)
             proxy.stall()
-            await wait_until(lambda: served.probe.running == 0, timeout=seconds(5))
+            await wait_until(lambda: served.probe.running == 0, timeout=WAIT)
             proxy.cut_all()
             proxy.resume()
             assert split_tokens("".join(head + await drain_rest(stream))) == tokens(n)
@@ -275,10 +275,12 @@ async def test_detached_session_without_acks_pauses_the_model_instead_of_droppin
                                                     open_timeout=0.25) as client:
             stream = client.stream("x", model="count", params={"n": n, "size": size, "pause_at": 10, "pause": 0.3})
             head = await read_n(stream, 10)
-            await wait_until(lambda: stream.received_seq == 10, timeout=seconds(5))
+            await wait_until(lambda: stream.received_seq == 10, timeout=WAIT)
             proxy.stall()
             proxy.cut_all()  # cut while the model sleeps: everything it makes next is made detached
-            await asyncio.sleep(0.6)
+            # the server sees the cut (the session detaches), and the model fills the replay buffer and pauses
+            await wait_until(lambda: served.detached() == 1 and served.paused() == 1, timeout=WAIT,
+                             what="the detached model to pause")
             produced = served.probe.only_stream()
             proxy.resume()
             rest = await drain_rest(stream)
@@ -301,11 +303,13 @@ async def test_slow_reader_pauses_the_model_then_4003_and_memory_stays_bounded(u
             rss_before = rss_kib()
             stream = client.stream("x", model="count", params={"n": n, "size": size})
             await read_n(stream, 1)  # then stop reading (no more Acks)
-            await wait_until(lambda: client.last_close is not None, timeout=seconds(5))  # server closed: 4003
+            await wait_until(lambda: client.last_close is not None, timeout=WAIT)  # server closed: 4003
             produced = served.probe.only_stream()
             rss_after = rss_kib()
             assert client.last_close.code == CloseCode.SLOW_CONSUMER
-            await asyncio.sleep(0.2)
+            # The session detached on 4003; resume_window later it expires and its model is stopped. Until then
+            # the model stays paused: nothing more is produced, however long that takes.
+            await wait_until(lambda: served.probe.running == 0, timeout=WAIT, what="the model to be stopped")
             assert served.probe.only_stream() == produced  # still paused
             bound = window // cost + 2
             print(f"\nslow reader: window {window} B -> model produced {produced} of {n} chunks "
@@ -328,9 +332,14 @@ async def test_raw_client_without_acks_that_does_not_read_gets_4003(uvicorn_serv
         assert isinstance(welcome, ev.Welcome) and welcome.flow_window == 0
         rss_before = rss_kib()
         await ws.send(codec.encode(ev.Request(stream_id=1, model="count", text="x", params={"n": n, "size": size})))
-        await asyncio.sleep(1.2)  # slow_consumer_timeout is 0.5 s
+        # The server's send blocks on the full socket buffers: the model pauses, and slow_consumer_timeout (0.5 s)
+        # later the server closes with 4003 (its close frame waits behind the queued Deltas, close_timeout at most)
+        await wait_until(lambda: served.closing_with() == [CloseCode.SLOW_CONSUMER], timeout=WAIT,
+                         what="the server to close with 4003")
         produced = served.probe.only_stream()
         rss_after = rss_kib()
+        # The model is paused behind the blocked send: a while later (the close still waits, up to close_timeout,
+        # 5 s) it has produced nothing more. (The window is what is tested: nothing happens during it.)
         await asyncio.sleep(0.3)
         assert served.probe.only_stream() == produced  # paused, not producing into memory
         # Now read: the queued Deltas, then the close with 4003.
@@ -364,7 +373,7 @@ async def test_cancel_stops_the_model_within_one_chunk(uvicorn_server, model):
         await stream.cancel()
         rest = await drain_rest(stream)  # ends quietly with End("cancelled")
         assert stream.end is not None and stream.end.finish_reason == "cancelled"
-        await wait_until(lambda: served.probe.running == 0, timeout=seconds(2))
+        await wait_until(lambda: served.probe.running == 0, timeout=WAIT)
         after = served.probe.only_stream() - at_cancel
         print(f"\n{model}: {after} chunk(s) produced after Cancel; {len(rest)} delivered after it")
         assert after <= 1
@@ -386,7 +395,7 @@ async def test_drain_finishes_running_stream_and_moves_new_requests(uvicorn_serv
             head = await read_n(running, 5)
             [old_conn] = list(old.endpoint.connections)
             drain = asyncio.ensure_future(old.on_server_loop(old.endpoint.drain(5.0)))
-            await wait_until(lambda: client.goaway is not None, timeout=seconds(5))
+            await wait_until(lambda: client.goaway is not None, timeout=WAIT)
             proxy.target = ("127.0.0.1", new.port)  # new connections reach the new server
             later = asyncio.ensure_future(client.complete("x", model="count", params={"n": 40}))
             rest = await drain_rest(running)
@@ -416,7 +425,7 @@ async def test_request_crossing_the_goaway_is_refused_then_resent(uvicorn_server
             head = await read_n(running, 5)
             proxy.delay = 0.05  # the GoAway and the new Request cross on the wire
             drain = asyncio.ensure_future(old.on_server_loop(old.endpoint.drain(5.0)))
-            await wait_until(lambda: old.endpoint.draining, timeout=seconds(5))
+            await wait_until(lambda: old.endpoint.draining, timeout=WAIT)
             proxy.target = ("127.0.0.1", new.port)
             assert client.goaway is None
             crossing = asyncio.ensure_future(client.complete("x", model="count", params={"n": 40}))
@@ -442,7 +451,7 @@ async def test_drain_then_restart_on_the_same_port_carries_the_new_request(uvico
             running = client.stream("x", model="slow", params={"n": 30, "delay": 0.01})
             head = await read_n(running, 5)
             drain = asyncio.ensure_future(old.on_server_loop(old.endpoint.drain(5.0)))
-            await wait_until(lambda: client.goaway is not None, timeout=seconds(5))
+            await wait_until(lambda: client.goaway is not None, timeout=WAIT)
             later = asyncio.ensure_future(client.complete("x", model="count", params={"n": 40}))
             assert split_tokens("".join(head + await drain_rest(running))) == tokens(30)
             await drain

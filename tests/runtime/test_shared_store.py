@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Any
+
+from support.waits import wait_until
 
 from lowlat_mw.errors import ErrorCode
 from lowlat_mw.protocol import events as ev
@@ -167,8 +170,23 @@ async def test_many_followed_streams_share_one_redis_connection_and_each_arrives
     async def follow(i: int) -> list:
         return [item async for item in reader.follow(f"s{i}", 1, after[i], 0, process_id())]
 
+    reads = [0]  # the tail's XREADs that returned
+    xread = reader.redis.xread
+
+    async def counted_xread(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await xread(*args, **kwargs)
+        finally:
+            reads[0] += 1
+
+    reader.redis.xread = counted_xread  # type: ignore[method-assign]
     followers = [asyncio.create_task(follow(i)) for i in range(150)]
-    await asyncio.sleep(0.2)  # (the tail reads them all, nothing new yet)
+    # The tail reads them all, nothing new yet: every follower joined, then two of its reads returned (the second
+    # began after the last join, so it read for all 150).
+    tail = reader._tail
+    await wait_until(lambda: sum(map(len, tail.followers.values())) == 150, what="150 followers to join")
+    joined = reads[0]
+    await wait_until(lambda: reads[0] >= joined + 2, what="the tail to read for every follower")
     try:
         connections = len(await client.client_list())
         # A resume storm on the same process meanwhile: 150 loads and owner reads at once wait for the pool's

@@ -11,12 +11,19 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["STOP_TIMEOUT", "LoggedProcess"]
 
 STOP_TIMEOUT = 8.0  # seconds for each of SIGTERM and SIGKILL to take effect
+
+# Run before the server when this process ignores SIGINT (started in the background of a shell without job control,
+# under nohup...): a child inherits SIG_IGN, and Python and Twisted then leave Ctrl-C ignored, so a test sending
+# SIGINT (the shutdown tests' Ctrl-C) saw daphne never drain. It restores the default, then execs the server.
+_SIGINT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 class LoggedProcess:
@@ -27,9 +34,12 @@ class LoggedProcess:
         self.name = name
         self.argv = list(argv)
         self.logdir = Path(logdir)
+        launch = self.argv
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            launch = [sys.executable, "-c", _SIGINT_DEFAULT, *self.argv]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-                self.argv, cwd=cwd, env=dict(env if env is not None else os.environ), stdout=out, stderr=err,
+                launch, cwd=cwd, env=dict(env if env is not None else os.environ), stdout=out, stderr=err,
                 stdin=subprocess.DEVNULL, pass_fds=tuple(pass_fds), start_new_session=True)
 
     @property

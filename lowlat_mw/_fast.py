@@ -50,6 +50,13 @@ def _make(cls: type, n: int, setters: tuple[Callable[[Any, Any], None], ...], co
     fixed = tuple(zip(setters[n:], constants, strict=True))
     name = f"make_{cls.__name__}"
 
+    def defaults(obj: Any) -> Any:  # the other fields: their defaults, a new object of each default factory
+        for put, value in fixed:
+            put(obj, value)
+        for put, factory in made:
+            put(obj, factory())
+        return obj
+
     if n == 4:
         s0, s1, s2, s3 = setters[:4]
 
@@ -59,11 +66,7 @@ def _make(cls: type, n: int, setters: tuple[Callable[[Any, Any], None], ...], co
             s1(obj, b)
             s2(obj, c)
             s3(obj, d)
-            for put, value in fixed:  # the defaults
-                put(obj, value)
-            for put, factory in made:
-                put(obj, factory())
-            return obj
+            return defaults(obj)
     elif n == 7:
         s0, s1, s2, s3, s4, s5, s6 = setters[:7]
 
@@ -76,11 +79,7 @@ def _make(cls: type, n: int, setters: tuple[Callable[[Any, Any], None], ...], co
             s4(obj, e)
             s5(obj, f)
             s6(obj, g)
-            for put, value in fixed:  # the defaults
-                put(obj, value)
-            for put, factory in made:
-                put(obj, factory())
-            return obj
+            return defaults(obj)
     else:
         given = setters[:n]
 
@@ -90,11 +89,7 @@ def _make(cls: type, n: int, setters: tuple[Callable[[Any, Any], None], ...], co
             obj = new(cls)
             for put, value in zip(given, values, strict=True):
                 put(obj, value)
-            for put, value in fixed:  # the defaults
-                put(obj, value)
-            for put, factory in made:
-                put(obj, factory())
-            return obj
+            return defaults(obj)
 
     make.__qualname__ = make.__name__ = name
     return make

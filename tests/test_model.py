@@ -11,7 +11,7 @@ import functools
 import os.path
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -349,8 +349,8 @@ async def test_cancelling_a_sync_generator_stops_it_within_one_chunk_and_runs_fi
     assert len(produced) <= 2
 
 
-async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
-    closed = threading.Event()
+def _one_two_then(closed: threading.Event) -> Callable[[ModelRequest], Iterator[str]]:
+    """A sync generator model yielding "one", "two" that sets `closed` in its finally."""
 
     def gen(req: ModelRequest) -> Iterator[str]:
         try:
@@ -358,6 +358,14 @@ async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
             yield "two"
         finally:
             closed.set()
+
+    return gen
+
+
+async def test_cancelling_an_idle_sync_generator_closes_it() -> None:
+    closed = threading.Event()
+
+    gen = _one_two_then(closed)
 
     agen = stream_model(gen, REQ)
     assert await agen.__anext__() == "one"
@@ -374,12 +382,7 @@ async def test_cancelling_a_sync_generator_whose_next_step_waits_for_a_worker_cl
     # and four other streams: 9 of 200 streams' finally 2-13 s late before this fix, none over 117 ms after).
     closed, blocking, free, second = threading.Event(), threading.Event(), threading.Event(), asyncio.Event()
 
-    def gen(req: ModelRequest) -> Iterator[str]:
-        try:
-            yield "one"
-            yield "two"
-        finally:
-            closed.set()
+    gen = _one_two_then(closed)
 
     async def consume() -> None:
         async for chunk in agen:

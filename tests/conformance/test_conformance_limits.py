@@ -895,11 +895,14 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
     def running() -> bool:
         return time.monotonic() < end and not stop_file.exists()
 
+    def save() -> None:  # the stats, whole: written beside the file, then moved over it
+        progress = Path(f"{stats_file}.tmp")
+        progress.write_text(json.dumps(stats))
+        progress.replace(stats_file)
+
     async def report() -> None:  # the progress file the test reads to know when the attack has done enough
         while running():
-            progress = Path(f"{stats_file}.tmp")
-            progress.write_text(json.dumps(stats))
-            progress.replace(stats_file)
+            save()
             await asyncio.sleep(0.1)
 
     async def until_closed(ws: Any) -> int | None:
@@ -998,8 +1001,7 @@ async def _attack(url: str, seconds: float, stats_file: str, ready_file: str) ->
     attackers = {"garbage": [garbage_sender] * 3, "bombs": [bomber] * 2, "flood": [flooder], "churn": [churner],
                  "bursts": [burster]}
     await asyncio.gather(report(), *(make() for kind in kinds for make in attackers[kind]))
-    Path(f"{stats_file}.tmp").write_text(json.dumps(stats))
-    Path(f"{stats_file}.tmp").replace(stats_file)
+    save()
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--attack"]:
